@@ -1,0 +1,123 @@
+"""mHC kernels on the GPU: dsv4-jit vs DeepSeek tile-kernels vs torch, V4-Flash shapes.
+
+Prints a table and writes JSON. Time = median of triton.testing.do_bench (warmup 25 ms, rep 200 ms),
+inputs rotated over several buffers for small T is unnecessary (T<=64 inputs are tiny and L2-resident
+for every contender alike). Bytes (as peers.md counts them): pre = residual read + fn read + layer_input
+write; post = x read + residual read + out write. Bandwidth is reported against a measured
+device-to-device copy (256 MiB, read + write).
+
+    python benchmarks/bench_mhc.py --out bench_out/mhc.json [--tokens 1 8 64 512 4096]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+H, HC, M = 4096, 4, 24
+EPS, ITERS, POST_MULT = 1e-6, 20, 2.0
+
+
+def copy_bandwidth_gbs() -> float:
+    from triton.testing import do_bench
+    n = 256 * 1024 * 1024
+    a = torch.empty(n, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    ms = do_bench(lambda: b.copy_(a), warmup=25, rep=200, return_mode="median")
+    return 2 * n / (ms * 1e-3) / 1e9
+
+
+def import_tile_kernels():
+    """tile-kernels 1.0.0 imports tilelang.utils.target, which moved to tilelang.backend.target (peers.md)."""
+    try:
+        import tilelang
+        import tilelang.backend.target as tgt
+        sys.modules.setdefault("tilelang.utils.target", tgt)
+        tilelang.utils.target = tgt
+        from tile_kernels.modeling.mhc.ops.pre_big_fuse import mhc_pre_big_fuse
+        from tile_kernels.modeling.mhc.ops.post import mhc_post
+        return mhc_pre_big_fuse, mhc_post
+    except Exception as e:  # benchmark dependency only
+        print(f"tile-kernels unavailable: {type(e).__name__}: {e}")
+        return None, None
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", type=int, nargs="+", default=[1, 8, 64, 512, 4096])
+    ap.add_argument("--out", default="bench_out/mhc.json")
+    ap.add_argument("--arch", default=None, help="schedule to time (default: the GPU's)")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("no GPU: nothing to benchmark")
+        return 0
+    from triton.testing import do_bench
+    import dsv4_jit
+    from dsv4_jit.kernels import mhc_reference as ref
+
+    def bench(fn) -> float:
+        return do_bench(fn, warmup=25, rep=200, return_mode="median") * 1e3  # us
+
+    bw = copy_bandwidth_gbs()
+    tk_pre, tk_post = import_tile_kernels()
+    dev = "cuda"
+    g = torch.Generator(device=dev).manual_seed(0)
+    fn = torch.randn(M, HC * H, device=dev, generator=g) * 1e-2
+    scale = torch.rand(3, device=dev, generator=g) + 0.5
+    base = torch.randn(M, device=dev, generator=g) * 0.1
+    rows = []
+    for t in args.tokens:
+        residual = torch.randn(t, HC, H, device=dev, generator=g).to(torch.bfloat16)
+        x = torch.randn(t, H, device=dev, generator=g).to(torch.bfloat16)
+        post = torch.rand(t, HC, device=dev, generator=g) * 2
+        comb = torch.rand(t, HC, HC, device=dev, generator=g)
+        pre_bytes = residual.numel() * 2 + fn.numel() * 4 + t * H * 2
+        post_bytes = x.numel() * 2 + residual.numel() * 2 + residual.numel() * 2
+        kw = dict(rms_eps=EPS, hc_eps=EPS, sinkhorn_iters=ITERS, post_mult=POST_MULT)
+        r = {"T": t}
+        # ours: warm the selected variants first (compiles stay out of the timing)
+        dsv4_jit.mhc_pre(residual, fn, scale, base, arch=args.arch, **kw)
+        dsv4_jit.mhc_post(x, residual, post, comb, arch=args.arch)
+        r["pre_us"] = bench(lambda: dsv4_jit.mhc_pre(residual, fn, scale, base, arch=args.arch, **kw))
+        r["post_us"] = bench(lambda: dsv4_jit.mhc_post(x, residual, post, comb, arch=args.arch))
+        r["torch_pre_us"] = bench(lambda: ref.ref_mhc_pre(residual, fn, scale, base, EPS, EPS, ITERS, POST_MULT))
+        r["torch_post_us"] = bench(lambda: ref.ref_mhc_post(x, residual, post, comb))
+        if tk_pre is not None:
+            try:
+                tk_pre(residual, fn, scale, base, EPS, EPS, EPS, POST_MULT, ITERS)
+                r["tk_pre_us"] = bench(lambda: tk_pre(residual, fn, scale, base, EPS, EPS, EPS, POST_MULT, ITERS))
+                x4, res4 = x.view(1, t, H), residual.view(1, t, HC, H)
+                p4, c4 = post.view(1, t, HC, 1), comb.view(1, t, HC, HC)
+                tk_post(x4, res4, p4, c4)
+                r["tk_post_us"] = bench(lambda: tk_post(x4, res4, p4, c4))
+            except Exception as e:
+                print(f"tile-kernels failed at T={t}: {type(e).__name__}: {e}")
+        for k in ("pre", "tk_pre", "torch_pre"):
+            if f"{k}_us" in r:
+                r[f"{k}_gbs"] = pre_bytes / (r[f"{k}_us"] * 1e-6) / 1e9
+        for k in ("post", "tk_post", "torch_post"):
+            if f"{k}_us" in r:
+                r[f"{k}_gbs"] = post_bytes / (r[f"{k}_us"] * 1e-6) / 1e9
+        rows.append(r)
+
+    name = torch.cuda.get_device_name()
+    print(f"\n{name}; copy bandwidth {bw:,.0f} GB/s; V4-Flash shapes (H={H}, hc={HC}); times in us (median)")
+    hdr = f"{'T':>5} | {'pre':>7} {'tk pre':>7} {'torch':>7} {'%copy':>6} | {'post':>7} {'tk post':>7} {'torch':>7} {'%copy':>6}"
+    print(hdr)
+    print("-" * len(hdr))
+    f = lambda r, k: f"{r[k]:7.1f}" if k in r else f"{'-':>7}"
+    for r in rows:
+        print(f"{r['T']:>5} | {f(r, 'pre_us')} {f(r, 'tk_pre_us')} {f(r, 'torch_pre_us')} {100 * r['pre_gbs'] / bw:5.1f}% | "
+              f"{f(r, 'post_us')} {f(r, 'tk_post_us')} {f(r, 'torch_post_us')} {100 * r['post_gbs'] / bw:5.1f}%")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"device": name, "copy_gbs": bw, "rows": rows}, indent=1))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""dsv4-jit: DeepSeek V4 TileLang kernels compiled ahead of serving.
+
+Engines call the ops below (torch tensors in, torch tensors out). Each op picks its kernel
+variant with the kernel's own `select` (the function the warmup planner enumerates), loads it
+from the artifact cache and launches it; after warmup, `seal()` turns any further compile into a
+logged warning or an error.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+__version__ = "0.1.0"
+
+from .arch import ArchProfile, PROFILES, get_profile, detect_arch, resolve_archs  # noqa: E402
+from .errors import (Dsv4JitError, UnsupportedArchError, SharedMemoryBudgetError,  # noqa: E402
+                     SealedCompileError, ConfigError)
+from .jit import seal, sealed, counters, reset_counters, get_kernel, kernel_getter, load, compile_variant  # noqa: E402
+from .model_config import ModelConfig, ParallelConfig, load_model_config  # noqa: E402
+
+
+def _arch_kw(arch: ArchProfile | str | None) -> dict[str, Any]:
+    from .jit import current_arch
+    profile = current_arch() if arch is None else get_profile(arch)
+    return {"arch": profile, "get_kernel": kernel_getter(profile)}
+
+
+def mhc_pre(residual, fn, hc_scale, hc_base, *, arch=None, **kw):
+    """hc_pre: prenorm GEMM (split-K) + big fuse. Returns (layer_input, post, comb)."""
+    from .kernels import mhc_pre as _m
+    return _m.mhc_pre(residual, fn, hc_scale, hc_base, **_arch_kw(arch), **kw)
+
+
+def mhc_sinkhorn(mixes, hc_scale, hc_base, *, arch=None, **kw):
+    """Standalone split + Sinkhorn of already RMS-scaled mixes. Returns (pre, post, comb)."""
+    from .kernels import mhc_pre as _m
+    return _m.mhc_sinkhorn(mixes, hc_scale, hc_base, **_arch_kw(arch), **kw)
+
+
+def mhc_post(x, residual, post, comb, *, arch=None, **kw):
+    """hc_post: out[t, j] = post[t, j] * x[t] + sum_i comb[t, i, j] * residual[t, i]."""
+    from .kernels import mhc_post as _m
+    return _m.mhc_post(x, residual, post, comb, **_arch_kw(arch), **kw)
+
+
+def mhc_post_pre_fused(x, residual, post, comb, fn_next, *, arch=None, **kw):
+    """hc_post fused with the next layer's prenorm GEMM partials (small token counts)."""
+    from .kernels import mhc_post as _m
+    return _m.mhc_post_pre_fused(x, residual, post, comb, fn_next, **_arch_kw(arch), **kw)
+
+
+def hc_head(residual, fn, hc_scale, hc_base, *, arch=None, **kw):
+    """Final hyper-connection collapse before the LM head (and in MTP)."""
+    from .kernels import mhc_head as _m
+    return _m.hc_head(residual, fn, hc_scale, hc_base, **_arch_kw(arch), **kw)
+
+
+def warmup(plan, *, rank: int = 0, world_size: int = 1, seal_mode: str = "warn", **kw):
+    """Inside an engine: compile this rank's share of `plan`, wait for the others, load everything, seal."""
+    from .warmup.runner import warmup_in_engine
+    return warmup_in_engine(plan, rank=rank, world_size=world_size, seal_mode=seal_mode, **kw)
+
+
+__all__ = [
+    "ArchProfile", "PROFILES", "get_profile", "detect_arch", "resolve_archs",
+    "Dsv4JitError", "UnsupportedArchError", "SharedMemoryBudgetError", "SealedCompileError", "ConfigError",
+    "seal", "sealed", "counters", "reset_counters", "get_kernel", "kernel_getter", "load", "compile_variant",
+    "ModelConfig", "ParallelConfig", "load_model_config",
+    "mhc_pre", "mhc_sinkhorn", "mhc_post", "mhc_post_pre_fused", "hc_head", "warmup",
+]

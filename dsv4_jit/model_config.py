@@ -1,0 +1,83 @@
+"""DeepSeek V4 model numbers that kernels bake in, embedded or read from a HF config.json."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, asdict
+from pathlib import Path
+
+from .errors import ConfigError
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str
+    hidden_size: int
+    num_hidden_layers: int
+    num_nextn_predict_layers: int
+    num_attention_heads: int
+    head_dim: int
+    hc_mult: int
+    hc_sinkhorn_iters: int
+    hc_eps: float
+    rms_norm_eps: float
+    hc_post_mult: float = 2.0
+
+    @property
+    def hc_hidden(self) -> int:
+        return self.hc_mult * self.hidden_size
+
+    @property
+    def mix_width(self) -> int:
+        # pre (hc) + post (hc) + comb (hc * hc)
+        return (2 + self.hc_mult) * self.hc_mult
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    tp_size: int = 1
+
+    def __post_init__(self) -> None:
+        if self.tp_size < 1:
+            raise ConfigError(f"tensor parallel size must be >= 1, got {self.tp_size}")
+
+
+_HF_FIELDS = {
+    "hidden_size": "hidden_size", "num_hidden_layers": "num_hidden_layers",
+    "num_nextn_predict_layers": "num_nextn_predict_layers", "num_attention_heads": "num_attention_heads",
+    "head_dim": "head_dim", "hc_mult": "hc_mult", "hc_sinkhorn_iters": "hc_sinkhorn_iters",
+    "hc_eps": "hc_eps", "rms_norm_eps": "rms_norm_eps",
+}
+
+_EMBEDDED_DIR = Path(__file__).parent / "model_configs"
+EMBEDDED = {"deepseek-v4-flash": "deepseek-v4-flash.json", "deepseek-v4-pro": "deepseek-v4-pro.json"}
+
+
+def from_hf_dict(d: dict, name: str) -> ModelConfig:
+    missing = [k for k in _HF_FIELDS.values() if k not in d]
+    if missing:
+        raise ConfigError(f"{name}: config.json lacks {', '.join(missing)} (is this a DeepSeek V4 config?)")
+    kw = {ours: d[theirs] for ours, theirs in _HF_FIELDS.items()}
+    cfg = ModelConfig(name=name, **kw)
+    if cfg.hc_mult < 1 or cfg.hidden_size % 256:
+        raise ConfigError(f"{name}: unsupported hidden_size={cfg.hidden_size} / hc_mult={cfg.hc_mult}")
+    return cfg
+
+
+def load_model_config(model: str | Path) -> ModelConfig:
+    """An embedded name (deepseek-v4-flash, deepseek-v4-pro) or a path to a HF config.json."""
+    key = str(model).strip().lower()
+    if key in EMBEDDED:
+        return from_hf_dict(json.loads((_EMBEDDED_DIR / EMBEDDED[key]).read_text()), key)
+    path = Path(model)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.exists():
+        raise ConfigError(f"unknown model {model!r}: not one of {', '.join(EMBEDDED)} and no such config.json")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}: not valid JSON ({e})") from None
+    return from_hf_dict(data, path.parent.name or path.stem)

@@ -1,0 +1,140 @@
+"""How a kernel is described once and named by its parameters (like FlashInfer's JitSpec).
+
+A `KernelSpec` owns:
+  * `static_params(model, parallel)`  - what the model / parallel config bakes in;
+  * `select(arch, static, num_tokens)` - a PURE function picking the variant. Serving calls it
+    on every launch and the planner enumerates it, so warmup can never miss what serving asks;
+  * `build(variant)`                   - the TileLang prim_func for a variant;
+  * `smem_bytes(variant)`              - shared-memory need, checked before nvcc is run.
+"""
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any, Callable, Mapping
+
+from .arch import ArchProfile, get_profile
+from .errors import SharedMemoryBudgetError
+
+
+def _freeze(params: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
+    out = []
+    for k in sorted(params):
+        v = params[k]
+        if isinstance(v, float):
+            v = float(repr(v)) if v == v else v
+        elif isinstance(v, (list, tuple)):
+            v = tuple(v)
+        elif not isinstance(v, (int, str, bool)) and v is not None:
+            raise TypeError(f"variant parameter {k}={v!r} must be int/float/str/bool/tuple")
+        out.append((k, v))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One compiled kernel: family + compile-time parameters + schedule arch + target arch."""
+    kernel: str
+    params: tuple[tuple[str, Any], ...]
+    arch: str            # target ISA the binary is for (e.g. sm_90a)
+    schedule: str        # profile whose schedule it uses (e.g. sm_120a; equals arch unless emulating)
+
+    @classmethod
+    def make(cls, kernel: str, params: Mapping[str, Any], profile: ArchProfile, schedule: str | None = None) -> "Variant":
+        return cls(kernel, _freeze(params), profile.name, schedule or profile.schedule)
+
+    @property
+    def p(self) -> dict[str, Any]:
+        return dict(self.params)
+
+    @property
+    def name(self) -> str:
+        inner = ",".join(f"{k}={v}" for k, v in self.params)
+        sched = "" if self.schedule == self.arch else f"/{self.schedule}-schedule"
+        return f"{self.kernel}[{inner}]@{self.arch}{sched}"
+
+    def key_fields(self) -> dict:
+        return {"kernel": self.kernel, "params": [[k, list(v) if isinstance(v, tuple) else v] for k, v in self.params],
+                "arch": self.arch, "schedule": self.schedule}
+
+
+class KernelSpec:
+    """Subclass per kernel family (see kernels/). Subclasses set `name` and `module`."""
+
+    name: str = ""
+    # Modules whose source defines this kernel; their bytes form the code fingerprint.
+    source_modules: tuple = ()
+
+    def static_params(self, model, parallel) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def select(self, arch: ArchProfile, static: Mapping[str, Any], num_tokens: int) -> Variant:
+        raise NotImplementedError
+
+    def build(self, variant: Variant):
+        """Return the TileLang prim_func for this variant."""
+        raise NotImplementedError
+
+    def smem_bytes(self, variant: Variant) -> int:
+        raise NotImplementedError
+
+    def pass_configs(self, variant: Variant) -> dict[str, Any]:
+        return dict(get_profile(variant.schedule).pass_configs)
+
+    # ---- shared helpers -------------------------------------------------------------------
+    @cached_property
+    def code_fingerprint(self) -> str:
+        """sha256 over this kernel's source files: no TileLang elaboration needed on the warm path."""
+        h = hashlib.sha256()
+        mods = self.source_modules or (inspect.getmodule(type(self)),)
+        for m in mods:
+            h.update(inspect.getsource(m).encode())
+        return h.hexdigest()
+
+    def check_fits(self, variant: Variant) -> int:
+        need = self.smem_bytes(variant)
+        budget = get_profile(variant.schedule).max_smem_per_block
+        if need > budget:
+            raise SharedMemoryBudgetError(
+                f"{variant.name}: needs {need:,} B of shared memory per block but {variant.schedule} "
+                f"allows {budget:,} B; pick a smaller tile for this family")
+        return need
+
+    def check_tokens(self, num_tokens: int) -> None:
+        if not isinstance(num_tokens, int) or num_tokens < 1:
+            raise ValueError(f"{self.name}: num_tokens must be a positive int, got {num_tokens!r}")
+
+
+def stable_json(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
+
+
+_REGISTRY: dict[str, KernelSpec] = {}
+
+
+def register(spec_cls: type[KernelSpec]) -> type[KernelSpec]:
+    inst = spec_cls()
+    if not inst.name:
+        raise TypeError(f"{spec_cls.__name__} has no name")
+    _REGISTRY[inst.name] = inst
+    return spec_cls
+
+
+def get_spec(name: str) -> KernelSpec:
+    _load_all()
+    if name not in _REGISTRY:
+        raise KeyError(f"unknown kernel {name!r}; known: {', '.join(sorted(_REGISTRY))}")
+    return _REGISTRY[name]
+
+
+def all_specs() -> dict[str, KernelSpec]:
+    _load_all()
+    return dict(_REGISTRY)
+
+
+def _load_all() -> None:
+    # Importing the kernel families registers them; TileLang itself is imported lazily in build().
+    import dsv4_jit.kernels  # noqa: F401

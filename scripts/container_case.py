@@ -1,0 +1,57 @@
+"""Container-build case, on the GPU machine: import a bundle that was compiled for sm_90a on a machine
+with no GPU (another Python, another torch), then run every mHC op across token counts with compiles
+forbidden (seal "error" before the first call). Passes only with zero compiles and correct numerics.
+
+    python scripts/container_case.py BUNDLE [--tokens 1 7 64 513 4096]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import torch
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("bundle")
+    ap.add_argument("--tokens", type=int, nargs="+", default=[1, 7, 64, 513, 4096])
+    args = ap.parse_args()
+    import dsv4_jit
+    from dsv4_jit.cache_tools.bundle import import_bundle
+    from dsv4_jit.jit import default_store
+    from dsv4_jit.toolchain import toolchain_fingerprint
+    from dsv4_jit.kernels import mhc_reference as ref
+
+    t0 = time.perf_counter()
+    report = import_bundle(default_store(), args.bundle, toolchain_fingerprint())
+    print(f"imported {args.bundle} in {time.perf_counter() - t0:.2f} s: {report}")
+    dsv4_jit.seal("error")  # any compile from here on raises
+    H, HC, M = 4096, 4, 24
+    g = torch.Generator(device="cuda").manual_seed(1)
+    fn = torch.randn(M, HC * H, device="cuda", generator=g) * 1e-2
+    scale = torch.rand(3, device="cuda", generator=g) + 0.5
+    base = torch.randn(M, device="cuda", generator=g) * 0.1
+    worst = 0.0
+    for t in args.tokens:
+        res = torch.randn(t, HC, H, device="cuda", generator=g).to(torch.bfloat16)
+        x = torch.randn(t, H, device="cuda", generator=g).to(torch.bfloat16)
+        li, post, comb = dsv4_jit.mhc_pre(res, fn, scale, base, rms_eps=1e-6, hc_eps=1e-6, sinkhorn_iters=20, post_mult=2.0)
+        rli, rpost, rcomb = ref.ref_mhc_pre(res, fn, scale, base, 1e-6, 1e-6, 20, 2.0)
+        out = dsv4_jit.mhc_post(x, res, post, comb)
+        rout = ref.ref_mhc_post(x, res, post, comb)
+        for a, b in ((li, rli), (post, rpost), (comb, rcomb), (out, rout)):
+            err = ((a.float() - b.float()).norm() / b.float().norm()).item()
+            worst = max(worst, err)
+    torch.cuda.synchronize()
+    c = dsv4_jit.counters()
+    print(json.dumps({"tokens": args.tokens, "max_rel_err": worst, "counters": {k: c[k] for k in ("hits", "loads", "compiles")}}))
+    ok = c["compiles"] == 0 and worst < 2e-2
+    print("CONTAINER CASE", "PASSED" if ok else "FAILED", f"(compiles={c['compiles']}, loads={c['loads']}, max rel err {worst:.2e})")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The whole GPU pass in one command (run on the GPU machine, from the repo root):
+#   source .gpu/env.sh && bash scripts/gpu_pass.sh [BUNDLE]
+# 1. container-build case: import BUNDLE (compiled for sm_90a on a machine with no GPU), then run every
+#    planned kernel with compiles forbidden; 2. GPU tests; 3. benchmarks. Logs and JSON go to $OUT.
+set -uo pipefail
+OUT=${OUT:-bench_out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 DSV4_JIT_CACHE_DIR=${DSV4_JIT_CACHE_DIR:-/tmp/dsv4-jit-cache}
+bundle=${1:-}
+status=0
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nvcc --version | tail -1;
+  python3 -c "import sys, torch; print(sys.version.split()[0], torch.__version__)"; } 2>&1 | tee "$OUT/env.log"
+if [ -n "$bundle" ]; then
+  python3 scripts/container_case.py "$bundle" 2>&1 | tee "$OUT/container_case.log" || status=1
+fi
+python3 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tee "$OUT/gpu_tests.log" || status=1
+python3 benchmarks/bench_mhc.py --out "$OUT/bench_mhc.json" 2>&1 | tee "$OUT/bench_mhc.log" || status=1
+python3 benchmarks/bench_warm_load.py --repeat 5 --out "$OUT/warm_load.json" 2>&1 | tee "$OUT/warm_load.log" || status=1
+exit $status
