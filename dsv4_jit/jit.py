@@ -128,8 +128,8 @@ _STORE = None
 def default_store():
     global _STORE
     if _STORE is None:
-        from .cache_tools.store import ArtifactStore
-        _STORE = ArtifactStore()
+        from .cache_tools.store import Store
+        _STORE = Store()
     return _STORE
 
 

@@ -1,0 +1,137 @@
+"""Compile/load core: keys, the shared-memory check before nvcc, warm load with zero compiles, seal."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from dsv4_jit import jit
+from dsv4_jit.arch import get_profile
+from dsv4_jit.errors import SealedCompileError, SharedMemoryBudgetError
+from dsv4_jit.model_config import load_model_config, ParallelConfig
+
+sys.path.insert(0, str(Path(__file__).parent))
+from jit_toy_kernel import ToySpec  # noqa: E402
+
+FLASH = load_model_config("deepseek-v4-flash")
+
+
+@pytest.fixture()
+def store(tmp_path, monkeypatch):
+    from dsv4_jit.cache_tools.store import Store
+    monkeypatch.setenv("DSV4_JIT_CACHE_DIR", str(tmp_path / "cache"))
+    s = Store()
+    jit.set_default_store(s)
+    jit.reset_counters()
+    jit._LOADED.clear()
+    jit._SELECT_MEMO.clear()
+    yield s
+    jit.set_default_store(None)
+    jit.seal("off")
+
+
+def _variant(spec, arch="sm_120a", tokens=8):
+    return spec.select(get_profile(arch), spec.static_params(FLASH, ParallelConfig()), tokens)
+
+
+def test_key_is_content_only(tmp_path, monkeypatch):
+    spec = ToySpec()
+    v = _variant(spec)
+    k1 = jit.artifact_key(spec, v)
+    fields = jit.key_fields(spec, v)
+    text = json.dumps(fields)
+    assert os.path.expanduser("~") not in text and str(Path.cwd()) not in text
+    for name in ("tilelang", "tilelang_libs", "nvcc", "host_abi"):
+        assert name in fields["toolchain"]
+    assert fields["arch"] == "sm_120a" and fields["code"] == spec.code_fingerprint
+    # Another variant, another arch, another schedule: other keys. Same inputs: same key.
+    assert jit.artifact_key(spec, _variant(spec, tokens=100)) != k1
+    assert jit.artifact_key(spec, _variant(spec, arch="sm_90a")) != k1
+    emu = get_profile("sm_120a").emulated(get_profile("sm_90a"))
+    v_emu = spec.select(emu, {"hidden": 4096}, 8)
+    assert v_emu.arch == "sm_90a" and v_emu.schedule == "sm_120a"
+    assert jit.artifact_key(spec, v_emu) not in (k1, jit.artifact_key(spec, _variant(spec, arch="sm_90a")))
+    jit._KEY_MEMO.clear()
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    assert jit.artifact_key(spec, v) == k1
+
+
+def test_smem_budget_checked_before_nvcc(store, monkeypatch):
+    spec = ToySpec(smem_elems=80_000)  # 160,000 B: fits Hopper's 232,448, not SM120's 101,376
+    v = _variant(spec, "sm_120a")
+    import tilelang
+    monkeypatch.setattr(tilelang, "compile", lambda *a, **k: pytest.fail("nvcc must not run"))
+    with pytest.raises(SharedMemoryBudgetError) as e:
+        jit.compile_variant(spec, v, store)
+    msg = str(e.value)
+    assert "toy_scale2" in msg and "160,000" in msg and "101,376" in msg and "sm_120a" in msg
+    assert store.lookup(jit.artifact_key(spec, v)) is None
+
+
+@pytest.mark.compile
+def test_compile_records_real_smem_and_warm_load_has_zero_compiles(store, tmp_path):
+    spec = ToySpec(smem_elems=2048)
+    v = _variant(spec, "sm_120a")
+    entry = jit.compile_variant(spec, v, store)
+    assert jit.counters()["compiles"] == 1
+    meta = entry.extra
+    assert meta["smem_bytes"] == 4096 and meta["smem_estimate"] == 4096
+    assert meta["signature"][0]["shape"] == ["num_tokens", 4096]
+    src = Path(entry.files[jit.SOURCE_NAME]).read_text()
+    assert "wgmma" not in src and "setmaxnreg" not in src
+    # Same key again: served from the store, no second compile.
+    assert jit.compile_variant(spec, v, store).key == entry.key
+    assert jit.counters()["compiles"] == 1
+
+    # A fresh process loads it with TileLang's front end booby-trapped: zero compiles, no lowering.
+    child = textwrap.dedent(f"""
+        import json, sys
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        import tilelang
+        from tilelang.jit.kernel import JITKernel
+        def trap(*a, **k): raise SystemExit("TileLang front end was used")
+        tilelang.compile = trap; tilelang.lower = trap; JITKernel.__init__ = trap
+        from dsv4_jit import jit
+        from dsv4_jit.arch import get_profile
+        from jit_toy_kernel import ToySpec
+        spec = ToySpec(smem_elems=2048)
+        v = spec.select(get_profile("sm_120a"), {{"hidden": 4096}}, 8)
+        k = jit.load(spec, v, compile_missing=False)
+        assert callable(k._fn)
+        print(json.dumps(jit.counters()))
+    """)
+    env = dict(os.environ, DSV4_JIT_CACHE_DIR=str(store.root))
+    out = subprocess.run([sys.executable, "-c", child], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    c = json.loads(out.stdout.strip().splitlines()[-1])
+    assert c["compiles"] == 0 and c["loads"] == 1
+
+
+def test_seal_error_and_warn(store, caplog):
+    spec = ToySpec(smem_elems=80_000)  # never compiles on sm_120a; the seal must fire first
+    v = _variant(spec, "sm_120a", tokens=8)
+    jit.seal("error")
+    with pytest.raises(SealedCompileError) as e:
+        jit.load(spec, v, store, caller="num_tokens=8")
+    assert "toy_scale2" in str(e.value) and "num_tokens=8" in str(e.value)
+    jit.seal("warn")
+    with caplog.at_level(logging.WARNING, logger="dsv4_jit"), pytest.raises(SharedMemoryBudgetError):
+        jit.load(spec, v, store, caller="num_tokens=8")
+    assert any("compile after seal" in r.message for r in caplog.records)
+    assert jit.counters()["sealed_compiles"] == 2
+    with pytest.raises(ValueError):
+        jit.seal("maybe")
+
+
+def test_select_rejects_bad_token_counts():
+    spec = ToySpec()
+    for bad in (0, -3, 2.5, "8"):
+        with pytest.raises(ValueError):
+            spec.select(get_profile("sm_120a"), {"hidden": 4096}, bad)
