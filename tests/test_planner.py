@@ -1,0 +1,193 @@
+"""The planner: keys == {select(t) for every token count}, every capture size maps to a planned key."""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from dsv4_jit.arch import get_profile
+from dsv4_jit.warmup import parse_engine_args, vllm_shapes
+from dsv4_jit.warmup.planner import (SECONDS_PER_VARIANT_PER_CORE, build_plan, format_table, intervals,
+                                     missing_in_keys, missing_in_store)
+
+from dsv4_jit.spec import KernelSpec, Variant
+
+
+# ---- fakes (also used by test_warmup.py, whose spawned workers import this module by name) ---------
+
+class StepSpec(KernelSpec):
+    """Fake kernel: block size steps at 16 and 256, split count depends on parity above 4096."""
+    name = "fake_step"
+
+    def select(self, arch, static, num_tokens):
+        self.check_tokens(num_tokens)
+        block = 16 if num_tokens <= 16 else (64 if num_tokens <= 256 else 128)
+        split = 1 if num_tokens <= 4096 else 2 + num_tokens % 2
+        return Variant.make(self.name, {"block": block, "split": split, "hidden": static["hidden"]}, arch)
+
+
+class ConstSpec(KernelSpec):
+    name = "fake_const"
+
+    def select(self, arch, static, num_tokens):
+        return Variant.make(self.name, {"hidden": static["hidden"]}, arch)
+
+
+@dataclass
+class Use:
+    spec: KernelSpec
+    static: dict
+    label: str
+
+
+USES = [Use(StepSpec(), {"hidden": 4096}, "step.a"), Use(StepSpec(), {"hidden": 4096}, "step.same_static"),
+        Use(StepSpec(), {"hidden": 7168}, "step.b"), Use(ConstSpec(), {"hidden": 4096}, "const")]
+
+
+def fake_key(spec, variant):
+    return f"{spec.name}:{json.dumps(variant.key_fields(), sort_keys=True)}"
+
+
+
+
+class DirStore:
+    """Minimal store: an entry is a file named after the key (no `root`, so workers keep it as is)."""
+
+    def __init__(self, path):
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+
+    def lookup(self, key):
+        f = self.path / _fname(key)
+        return str(f) if f.exists() else None
+
+    def add(self, key):
+        (self.path / _fname(key)).write_text(key)
+
+
+def _fname(key: str) -> str:
+    import hashlib
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def fake_compile(spec_name, variant):
+    """Worker job: 'compiles' into $WARMUP_FAKE_STORE; block=64 variants fail; sleeps $WARMUP_FAKE_SLEEP."""
+    time.sleep(float(os.environ.get("WARMUP_FAKE_SLEEP", "0")))
+    if dict(variant.params).get("block") == 64:
+        raise RuntimeError("nvcc exploded")
+    key = f"{spec_name}:{json.dumps(variant.key_fields(), sort_keys=True)}"
+    DirStore(os.environ["WARMUP_FAKE_STORE"]).add(key)
+    return {"status": "compiled"}
+
+
+
+def plan_for(shapes, archs=("sm_120a",)):
+    return build_plan("deepseek-v4-flash", shapes, list(archs), arch_reason="test", uses=USES, key_fn=fake_key)
+
+
+def test_intervals():
+    assert intervals([5, 1, 2, 3, 7, 8, 8]) == [(1, 3), (5, 5), (7, 8)]
+    assert intervals([]) == []
+
+
+@pytest.mark.parametrize("flags", ["", "--speculative-config '{\"num_speculative_tokens\": 1}'",
+                                   "--max-num-seqs 64 --max-num-batched-tokens 6000",
+                                   "--enforce-eager --max-num-seqs 256 --max-num-batched-tokens 2048"])
+def test_keys_equal_select_over_every_token_count(flags):
+    shapes = parse_engine_args("vllm", flags)
+    archs = ["sm_120a", "sm_90a"]
+    plan = plan_for(shapes, archs)
+    memo: dict = {}
+    key_of = {}                              # (arch, label, t) -> key, straight from select
+    for a in archs:
+        for u in USES:
+            for t in range(1, shapes.max_num_tokens + 1):
+                var = u.spec.select(get_profile(a), u.static, t)
+                if var not in memo:
+                    memo[var] = fake_key(u.spec, var)
+                key_of[(a, u.label, t)] = memo[var]
+    assert set(plan.keys()) == set(key_of.values())
+    assert plan.compiles == len(set(key_of.values()))
+    byk = plan.by_key()
+    # every capture size maps to a planned key, per arch and use, and the plan records it
+    for (a, label, t), k in key_of.items():
+        if t in shapes.capture_sizes:
+            assert k in byk and t in byk[k].capture_sizes
+    # token ranges cover exactly the counts whose select gives that key
+    for v in plan.variants:
+        covered = {t for lo, hi in v.token_ranges for t in range(lo, hi + 1)}
+        want = {t for (a, label, t), k in key_of.items() if k == v.key and a == v.arch}
+        assert covered == want
+    assert plan.naive_compiles == len(shapes.capture_sizes) * len(USES) * len(archs)
+
+
+def test_plan_figures_and_json():
+    shapes = vllm_shapes(max_num_seqs=64, max_num_batched_tokens=4096)
+    plan = plan_for(shapes)
+    # step.a and step.same_static share keys; parity split never triggers below 4097
+    assert plan.compiles == 3 + 3 + 1
+    rows = {r.label: r for r in plan.rows}
+    assert len(rows["step.a"].keys) == 3 and len(rows["const"].keys) == 1 and rows["const"].naive == 19
+    v16 = next(v for v in plan.variants if v.token_ranges == [(1, 16)] and "step.a" in v.labels)
+    assert v16.capture_sizes == [1, 2, 4, 8, 16] and v16.labels == ["step.a", "step.same_static"]
+    d = json.loads(plan.to_json(jobs=2))
+    assert d["totals"]["compiles"] == 7 and d["totals"]["naive_compiles"] == 19 * 4
+    assert d["totals"]["estimated_cold_seconds"] == 4 * SECONDS_PER_VARIANT_PER_CORE
+    assert d["model"] == "deepseek-v4-flash" and d["engine"]["capture_sizes"][-1] == 128
+    cov = plan.coverage()
+    assert cov["keys"] == sorted(plan.keys()) and cov["token_range"] == [1, 4096]
+    table = format_table(plan, jobs=2)
+    assert "distinct compiles: 7" in table and "one-per-capture-size: 76" in table
+
+
+def test_parity_dependent_select_is_not_merged():
+    plan = plan_for(vllm_shapes(max_num_seqs=64, max_num_batched_tokens=4100))
+    odd = next(v for v in plan.variants if v.variant.p.get("split") == 3 and "step.a" in v.labels)
+    assert odd.token_ranges == [(4097, 4097), (4099, 4099)]
+
+
+def test_missing():
+    plan = plan_for(vllm_shapes(max_num_seqs=64, max_num_batched_tokens=4096))
+    keys = plan.keys()
+    assert missing_in_keys(plan, keys) == []
+    assert [v.key for v in missing_in_keys(plan, keys[1:])] == [keys[0]]
+
+    class Store:
+        def lookup(self, k):
+            return object() if k != keys[-1] else None
+    assert [v.key for v in missing_in_store(plan, Store())] == [keys[-1]]
+
+
+# ---- with the real kernels (once the core's model_kernel_uses is in) ------------------------------------
+
+def _real_uses():
+    try:
+        from dsv4_jit import kernels
+    except ImportError as e:
+        pytest.skip(f"dsv4_jit.kernels not importable yet: {e}")
+    if not hasattr(kernels, "model_kernel_uses"):
+        pytest.skip("dsv4_jit.kernels.model_kernel_uses not available yet")
+    from dsv4_jit.model_config import ParallelConfig, load_model_config
+    model = load_model_config("deepseek-v4-flash")
+    return model, kernels.model_kernel_uses(model, ParallelConfig(tp_size=1))
+
+
+@pytest.mark.parametrize("k", [0, 1])
+def test_real_plan_covers_every_select(k):
+    model, uses = _real_uses()
+    from dsv4_jit.jit import artifact_key
+    shapes = vllm_shapes(num_speculative_tokens=k)
+    plan = build_plan(model, shapes, ["sm_120a"], uses=uses)
+    prof = get_profile("sm_120a")
+    variants = {(u.spec, u.spec.select(prof, u.static, t)) for u in uses for t in shapes.token_counts()}
+    expect = {artifact_key(spec, var) for spec, var in variants}
+    assert set(plan.keys()) == expect
+    byk = plan.by_key()
+    for u in uses:
+        for cs in shapes.capture_sizes:
+            assert artifact_key(u.spec, u.spec.select(prof, u.static, cs)) in byk
+    assert plan.compiles < plan.naive_compiles

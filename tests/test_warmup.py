@@ -1,0 +1,233 @@
+"""The warmup runner (worker processes, time budget, rerun), in-engine sharing, and the CLI plumbing."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import sys
+import tarfile
+import threading
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+from test_planner import USES, DirStore, fake_compile, fake_key  # noqa: E402
+
+from dsv4_jit.errors import ConfigError  # noqa: E402
+from dsv4_jit.warmup import vllm_shapes  # noqa: E402
+from dsv4_jit.warmup import runner  # noqa: E402
+from dsv4_jit.warmup.planner import build_plan  # noqa: E402
+from dsv4_jit.warmup.runner import Progress, available_cpus, format_report, run_warmup, warmup_in_engine  # noqa: E402
+
+
+def small_plan(archs=("sm_120a",), mnbt=300):
+    shapes = vllm_shapes(max_num_seqs=64, max_num_batched_tokens=mnbt)
+    return build_plan("deepseek-v4-flash", shapes, list(archs), uses=USES, key_fn=fake_key)
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    monkeypatch.setenv("WARMUP_FAKE_STORE", str(tmp_path / "store"))
+    monkeypatch.setenv("WARMUP_FAKE_SLEEP", "0")
+    return DirStore(tmp_path / "store")
+
+
+def test_available_cpus():
+    n = available_cpus()
+    assert 1 <= n <= len(os.sched_getaffinity(0))
+
+
+def test_cgroup_v2_quota(tmp_path, monkeypatch):
+    # /proc/self/cgroup says "0::/job"; /sys/fs/cgroup/job/cpu.max = 1.5 CPUs -> 2 workers at most
+    root = tmp_path / "sys_fs_cgroup"
+    (root / "job").mkdir(parents=True)
+    (root / "job" / "cpu.max").write_text("150000 100000\n")
+    (root / "cpu.max").write_text("max 100000\n")
+    real_path = runner.Path
+
+    def fake_path(p, *rest):
+        p = str(p)
+        if p == "/proc/self/cgroup":
+            f = tmp_path / "cgroup"
+            f.write_text("0::/job\n")
+            return real_path(f, *rest)
+        if p == "/sys/fs/cgroup":
+            return real_path(root, *rest)
+        return real_path(p, *rest)
+    monkeypatch.setattr(runner, "Path", fake_path)
+    assert runner._cgroup_v2_limit() == 1.5
+    monkeypatch.setattr(runner.os, "sched_getaffinity", lambda pid: set(range(16)))
+    assert runner.available_cpus() == 2
+
+
+def test_run_warmup_compiles_caches_and_reports_failures(store):
+    plan = small_plan()
+    # blocks 16/64/128 for two step statics + one const: the block=64 variants "fail"
+    first = plan.variants[0]
+    store.add(first.key)                                 # one already cached
+    rep = run_warmup(plan, jobs=2, store=store, compile_fn=fake_compile, quiet=True)
+    by = {r.key: r.status for r in rep.results}
+    assert len(by) == plan.compiles and by[first.key] == "cached"
+    fails = [v for v in plan.variants if v.variant.p.get("block") == 64]
+    assert fails and all(by[v.key] == "failed" for v in fails)
+    assert not rep.ok and rep.count("compiled") == plan.compiles - 1 - len(fails)
+    assert all("nvcc exploded" in r.error for r in rep.results if r.status == "failed")
+    d = rep.to_dict()
+    assert d["totals"]["failed"] == len(fails) and json.dumps(d)
+    assert "failed" in format_report(rep)
+    # rerun: successes are kept, only the failures are retried
+    rep2 = run_warmup(plan, jobs=2, store=store, compile_fn=fake_compile, quiet=True)
+    assert rep2.count("cached") == plan.compiles - len(fails) and rep2.count("failed") == len(fails)
+
+
+def test_time_budget_stops_new_starts(store, monkeypatch):
+    monkeypatch.setenv("WARMUP_FAKE_SLEEP", "0.3")
+    plan = small_plan(archs=("sm_120a", "sm_90a", "sm_100a"))
+    ok = [v for v in plan.variants if v.variant.p.get("block") != 64]
+    assert len(ok) >= 6
+    rep = run_warmup(plan, jobs=1, time_budget=0.2, store=store, compile_fn=fake_compile, quiet=True,
+                     mp_context="fork")
+    assert rep.budget_hit and rep.count("not_done") > 0 and not rep.ok
+    done = rep.count("compiled") + rep.count("failed")
+    assert 1 <= done < plan.compiles
+
+
+def test_bad_runner_args(store):
+    with pytest.raises(ConfigError, match="--time-budget"):
+        run_warmup(small_plan(), jobs=1, time_budget=0, store=store, compile_fn=fake_compile)
+
+
+def test_progress_plain_and_tty():
+    out = io.StringIO()
+    p = Progress(2, 1, out=out, tty=False)
+    p.update("k1", "compiled", 3.0)
+    p.update("k2", "failed", 1.0)
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("[1/2] compiled k1 (3.0 s, ETA 3s)") and lines[1].startswith("[2/2] failed")
+    out = io.StringIO()
+    p = Progress(2, 1, out=out, tty=True)
+    p.update("k1", "compiled", 2.0)
+    assert out.getvalue().startswith("\r[##############..............] 1/2  50%") and "ETA 2s" in out.getvalue()
+
+
+# ---- inside an engine -------------------------------------------------------------------------------------
+
+class FakeJit:
+    def __init__(self):
+        self.compiled, self.loaded, self.sealed = [], [], []
+        self.lock = threading.Lock()
+
+    def install(self, monkeypatch):
+        from dsv4_jit import jit
+        monkeypatch.setattr(jit, "compile_variant", self.compile_variant)
+        monkeypatch.setattr(jit, "load", self.load)
+        monkeypatch.setattr(jit, "seal", lambda mode: self.sealed.append(mode))
+
+    def compile_variant(self, spec, variant, store, caller=""):
+        with self.lock:
+            self.compiled.append(fake_key(spec, variant))
+        store.add(fake_key(spec, variant))
+
+    def load(self, spec, variant, store, caller=""):
+        assert store.lookup(fake_key(spec, variant)) is not None
+        with self.lock:
+            self.loaded.append(fake_key(spec, variant))
+
+
+def test_warmup_in_engine_shares_work(store, monkeypatch):
+    fj = FakeJit()
+    fj.install(monkeypatch)
+    plan = small_plan(archs=("sm_90a", "sm_120a"))
+    mine = [v.key for v in plan.variants if v.arch == "sm_90a"]
+    results = [None, None, None]
+
+    def rank(r):
+        results[r] = warmup_in_engine(plan, rank=r, world_size=3, store=store, arch="sm_90a", use_dist=False,
+                                      timeout=10, poll=0.01)
+    ts = [threading.Thread(target=rank, args=(r,)) for r in range(3)]
+    [t.start() for t in ts]
+    [t.join() for t in ts]
+    assert sorted(fj.compiled) == sorted(mine)              # each key built once, by its owner
+    assert sorted(fj.loaded) == sorted(mine * 3)            # every rank loads everything for its arch
+    assert fj.sealed == ["warn"] * 3
+    assert sum(r["share"] for r in results) == len(mine)
+
+
+def test_warmup_in_engine_builds_what_a_slow_rank_missed(store, monkeypatch):
+    fj = FakeJit()
+    fj.install(monkeypatch)
+    plan = small_plan()
+    out = warmup_in_engine(plan, rank=0, world_size=2, store=store, arch="sm_120a", use_dist=False,
+                           timeout=0.05, poll=0.01)              # rank 1 never shows up
+    assert sorted(fj.compiled) == sorted(plan.keys()) and out["loaded"] == plan.compiles
+
+
+def test_warmup_in_engine_errors(store):
+    with pytest.raises(ConfigError, match="rank=2 / world_size=2"):
+        warmup_in_engine(small_plan(), rank=2, world_size=2, store=store, arch="sm_120a")
+    with pytest.raises(ConfigError, match="no variants for this GPU's arch sm_90a"):
+        warmup_in_engine(small_plan(), store=store, arch="sm_90a")
+
+
+# ---- CLI ------------------------------------------------------------------------------------------------------
+
+def _parse(argv):
+    from dsv4_jit.cli import build_parser
+    from dsv4_jit.warmup.cli import _normalise
+    args = build_parser().parse_args(argv)
+    _normalise(args)
+    return args
+
+
+def test_cli_engine_args_forms():
+    a = _parse(["plan", "--vllm-args", "--max-num-seqs 256 -tp 2"])
+    assert a.vllm_args == ["--max-num-seqs", "256", "-tp", "2"]
+    a = _parse(["plan", "--json", "--vllm-args", "--max-num-seqs", "256", "--arch", "sm_90a", "-O",
+                '{"cudagraph_capture_sizes": [1, 2]}', "--json"])
+    assert a.vllm_args == ["--max-num-seqs", "256", "-O", '{"cudagraph_capture_sizes": [1, 2]}']
+    assert a.arch == "sm_90a" and a.json
+    a = _parse(["warmup", "-j", "3", "--sglang-args=--enable-dp-attention"])
+    assert a.sglang_args == ["--enable-dp-attention"] and a.jobs == 3
+
+
+@pytest.fixture
+def fake_planner(monkeypatch):
+    from dsv4_jit import jit
+    from dsv4_jit.warmup import planner
+    monkeypatch.setattr(planner, "_default_uses", lambda model, shapes: USES)
+    monkeypatch.setattr(jit, "artifact_key", fake_key)
+
+
+def test_cli_plan_json(fake_planner, capsys):
+    from dsv4_jit.cli import main
+    rc = main(["plan", "--arch", "sm_90a", "--json", "--vllm-args", "vllm serve deepseek-ai/DeepSeek-V4-Pro "
+               "--max-num-seqs 64 --max-num-batched-tokens 300"])
+    d = json.loads(capsys.readouterr().out)
+    assert rc == 0 and d["model"] == "deepseek-v4-pro" and d["archs"] == ["sm_90a"]
+    assert d["totals"]["compiles"] == 7 and d["totals"]["naive_compiles"] == 19 * len(USES)
+    rc = main(["plan", "--arch", "sm_90a", "--vllm-args", "--max-num-seqs 64 --max-num-batched-tokens 300"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "distinct compiles: 7" in out and "from --arch" in out
+
+
+def test_cli_check_bundle(fake_planner, tmp_path, capsys):
+    from dsv4_jit.cli import main
+    plan = small_plan(archs=("sm_90a",))
+    bundle = tmp_path / "b.tar.gz"
+
+    def write(keys):
+        raw = json.dumps({"entries": [{"key": k} for k in keys]}).encode()
+        with tarfile.open(bundle, "w:gz") as tf:
+            ti = tarfile.TarInfo("manifest.json")
+            ti.size = len(raw)
+            tf.addfile(ti, io.BytesIO(raw))
+    argv = ["check", "--arch", "sm_90a", "--bundle", str(bundle), "--vllm-args",
+            "--max-num-seqs 64 --max-num-batched-tokens 300"]
+    write(plan.keys())
+    assert main(argv) == 0 and "covered" in capsys.readouterr().out
+    write(plan.keys()[1:])
+    assert main(argv) == 1
+    out = capsys.readouterr().out
+    assert "NOT covered: 1 of 7" in out
+    assert main(argv[:3] + ["--bundle", str(tmp_path / "nope.tar")] + argv[5:]) == 1
+    assert "--bundle: no such file" in capsys.readouterr().err
