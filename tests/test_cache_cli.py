@@ -1,0 +1,133 @@
+"""`python -m dsv4_jit cache ...` in real subprocesses: JSON output, exit codes, one-line errors."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dsv4_jit.cache_tools import CacheError, Store, compute_key
+from dsv4_jit.cache_tools import store as store_mod
+from dsv4_jit.cache_tools.cli import human_bytes, parse_size, table
+
+
+@pytest.fixture(autouse=True)
+def _isolate(monkeypatch, tmp_path):
+    for var in ("DSV4_JIT_CACHE_DIR", "DSV4_JIT_CACHE_LAYERS", "DSV4_JIT_ALLOW_SHARED_CACHE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setattr(store_mod, "_warned", set())
+    monkeypatch.setattr(store_mod, "_verified", set())
+    monkeypatch.setattr(store_mod, "_bad", {})
+
+
+def cli(tmp_path: Path, *args: str, cache: Path | None = None, stdin: str | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DSV4_JIT_")}
+    env.update(DSV4_JIT_CACHE_DIR=str(cache or tmp_path / "cache"), XDG_CACHE_HOME=str(tmp_path / "xdg"))
+    return subprocess.run([sys.executable, "-m", "dsv4_jit", "cache", *args], env=env, text=True,
+                          capture_output=True, input=stdin if stdin is not None else "", timeout=120)
+
+
+def ok_json(r: subprocess.CompletedProcess) -> dict:
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def one_line_error(r: subprocess.CompletedProcess, needle: str) -> None:
+    assert r.returncode != 0
+    assert "Traceback" not in r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("dsv4-jit: error: ") and needle in lines[0], r.stderr
+
+
+def populate(root: Path, n: int = 3) -> list[str]:
+    s = Store(root, layers=[])
+    keys = []
+    for i in range(n):
+        f = {"kernel": "mhc_post" if i % 2 else "mhc_pre", "arch": "sm_90a", "variant": i}
+        keys.append(compute_key(f))
+
+        def build(st: Path, i=i):
+            (st / "kernel.so").write_bytes(b"\x7fELF" + os.urandom(3000 + i))
+            return {"smem_bytes": 4096 * (i + 1)}
+        s.get_or_build(keys[-1], f, build)
+    s.flush_stats()
+    return keys
+
+
+def test_parse_size_and_formatting():
+    assert parse_size("10G") == 10 << 30 and parse_size("500M") == 500 << 20
+    assert parse_size("4096") == 4096 and parse_size("1.5GiB") == int(1.5 * (1 << 30)) and parse_size("2kb") == 2048
+    for bad in ("10X", "", "-1G", "G"):
+        with pytest.raises(CacheError, match="bad size"):
+            parse_size(bad)
+    assert human_bytes(1536) == "1.5 KiB"
+    t = table(["A", "LONG"], [["xxxx", 1]]).splitlines()
+    assert t[0] == "A     LONG" and t[2] == "xxxx  1"
+
+
+def test_dir_ls_stats_verify(tmp_path):
+    root = tmp_path / "cache"
+    d = ok_json(cli(tmp_path, "dir", "--json"))
+    assert d["writable"] == str(root) and not d["memory_only"]
+    keys = populate(root)
+    ls = ok_json(cli(tmp_path, "ls", "--json"))
+    assert ls["count"] == 3 and sorted(e["key"] for e in ls["entries"]) == sorted(keys)
+    assert {e["kernel"] for e in ls["entries"]} == {"mhc_pre", "mhc_post"}
+    assert all(e["extra"]["smem_bytes"] % 4096 == 0 for e in ls["entries"])
+    human = cli(tmp_path, "ls")
+    assert human.returncode == 0 and "KERNEL" in human.stdout and "3 entries" in human.stdout
+    st = ok_json(cli(tmp_path, "stats", "--json"))["layers"][0]
+    assert st["entries"] == 3 and st["misses"] == 3 and st["kind"] == "writable"
+    v = ok_json(cli(tmp_path, "verify", "--json"))
+    assert v["ok"] == 3 and v["bad"] == []
+    # damage one blob: verify reports it, exits 1, and the entry is gone afterwards
+    blob = next((root / "v1" / "blobs").rglob("*.so"))
+    os.chmod(blob, 0o644)
+    blob.write_bytes(b"\x7fELF" + b"\0" * (blob.stat().st_size - 4))
+    r = cli(tmp_path, "verify", "--json")
+    assert r.returncode == 1 and len(json.loads(r.stdout)["bad"]) == 1
+    assert ok_json(cli(tmp_path, "ls", "--json"))["count"] == 2
+    assert ok_json(cli(tmp_path, "stats", "--json"))["layers"][0]["quarantined"] == 1
+
+
+def test_prune_clear(tmp_path):
+    populate(tmp_path / "cache")
+    p = ok_json(cli(tmp_path, "prune", "--max-size", "0", "--json"))
+    assert p["evicted_count"] == 3 and p["bytes_after"] == 0
+    populate(tmp_path / "cache", 2)
+    one_line_error(cli(tmp_path, "clear"), "--yes")  # no tty, no --yes: refuse
+    assert ok_json(cli(tmp_path, "ls", "--json"))["count"] == 2
+    c = ok_json(cli(tmp_path, "clear", "--yes", "--json"))
+    assert c["cleared"] and c["entries_removed"] == 2
+    assert ok_json(cli(tmp_path, "ls", "--json"))["count"] == 0
+
+
+def test_export_import_cli(tmp_path):
+    keys = populate(tmp_path / "cache")
+    b = tmp_path / "bundle.tar.gz"
+    e = ok_json(cli(tmp_path, "export", str(b), "--kernel", "mhc_pre", "--arch", "sm_90a", "--json"))
+    assert e["entries"] == 2 and b.exists()
+    other = tmp_path / "other"
+    i = ok_json(cli(tmp_path, "import", str(b), "--json", cache=other))
+    assert i["installed"] == 2 and i["fingerprint_match"] and i["mb_per_s"] is not None
+    assert {x["key"] for x in ok_json(cli(tmp_path, "ls", "--json", cache=other))["entries"]} == {keys[0], keys[2]}
+    human = cli(tmp_path, "import", str(b), cache=other)
+    assert human.returncode == 0 and "2 already present" in human.stdout
+
+
+def test_errors_are_one_line(tmp_path):
+    one_line_error(cli(tmp_path, "import", str(tmp_path / "nope.tar.gz")), "bundle not found")
+    one_line_error(cli(tmp_path, "prune", "--max-size", "10X"), "bad size")
+    bad = tmp_path / "bad.tar.gz"
+    bad.write_bytes(b"garbage")
+    one_line_error(cli(tmp_path, "import", str(bad)), "not a dsv4-jit bundle")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    one_line_error(cli(tmp_path, "ls", cache=shared), "DSV4_JIT_ALLOW_SHARED_CACHE=1")
+    r = cli(tmp_path, "frobnicate")
+    assert r.returncode == 2 and "Traceback" not in r.stderr  # argparse usage error
