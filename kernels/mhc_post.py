@@ -1,0 +1,425 @@
+"""mHC post (`mhc_post`) and post fused with the next layer's prenorm partials (`mhc_post_pre_fused`).
+
+post:   out[t, j, :] = post[t, j] * x[t, :] + sum_i comb[t, i, j] * residual[t, i, :]   (fp32 math, bf16 out)
+
+Both kernels are memory bound and use no tensor cores, TMA or warp specialisation, so the
+SM12x and sm_90a schedules differ only in the split heuristics (driven by `num_sms_hint`).
+
+Fused output layout (what the pre big-fuse consumes):
+  mix_part [S, T, MP] fp32: split s's partial of sum_k out_flat[t, k] * fn_next[m, k], where
+      out_flat = out.view(T, hc*H) rounded to bf16 (what the next layer reads) and split s owns
+      h in [s*H/S, (s+1)*H/S) of EVERY stream i (k = i*H + h) - not a contiguous K range, which
+      does not matter because the consumer only sums over s. Columns m >= M are written as 0.
+  sq_part  [S, T] fp32: the same split's partial of sum_k out_flat[t, k]^2.
+  S = hidden / split_h (variant param, see `fused_num_splits`), MP = mix_pad = mhc_pre.mix_pad(hc)
+  (32 for hc=4), i.e. exactly the [S, T, MP] layout mhc_pre_norm_fn writes, so mhc_pre_fuse (S dynamic)
+  consumes either. (mhc_pre_norm_fn leaves columns >= M stale; the fuse never reads them.)
+"""
+# No `from __future__ import annotations`: TileLang evaluates the T.Tensor annotations, and
+# under PEP 563 names used only in annotations (not captured by the closure) are not found.
+from typing import Any, Mapping
+
+from dsv4_jit.arch import PROFILES, ArchProfile, get_profile
+from dsv4_jit.spec import KernelSpec, Variant, get_spec, register
+
+from .mhc_pre import mix_pad as pre_mix_pad
+
+VEC = 8                    # bf16 per 16-byte access
+MAX_MIX_PAD = 32           # one lane per mix_part column
+FUSED_WARPS = 4
+
+
+def fused_tokens_per_cta(num_tokens: int) -> int:
+    """4 warps per CTA. Up to 16 tokens: one token per warp (TB=4), the shortest dot phase (H200
+    Flash: 2.3 us at T=1, 2.8 us at T=8). Beyond: 16 tokens share one staged fn slice, 4 per warp,
+    each fn_s read feeding 4 tokens (5.2 us at T=32 vs 6.3 us with TB=4, where the fn re-reads and
+    the per-token smem traffic dominate)."""
+    return 4 if num_tokens <= 16 else 16
+
+
+# Above this many tokens re-reading the fn slice per 16 tokens costs more than post + prenorm GEMM
+# (SGLang switches at 32 too); the runtime should route larger T to mhc_post + the pre kernels.
+FUSED_POST_PRE_MAX_TOKENS = 32
+
+_FAMILY_SCHEDULE = {"hopper": "sm_90a", "blackwell_dc": "sm_100a", "blackwell_consumer": "sm_120a"}
+
+
+def schedule_name(arch: ArchProfile) -> str:
+    """Schedule an (possibly emulated) profile stands for: an SM120 profile retargeted to sm_90a
+    keeps its family, so the variant records schedule=sm_120a and gets SM12x pass configs."""
+    canon = PROFILES.get(arch.name)
+    if canon is not None and canon.family == arch.family:
+        return arch.name
+    return _FAMILY_SCHEDULE[arch.family]
+
+
+def pass_configs_for(variant: Variant) -> dict[str, Any]:
+    """Profile pass configs plus 128-bit vectors only: TileLang 0.1.15 emits 256-bit global loads
+    for sm_100+/sm_120 (tl::load_global_256), which an SM120 schedule proven on H200 (compiled for
+    sm_90a) would never exercise; 2 x 16 B costs nothing here."""
+    cfg = dict(get_profile(variant.schedule).pass_configs)
+    cfg["tl.disable_vectorize_256"] = True
+    return cfg
+
+
+def _int_param(name: str, static: Mapping[str, Any], key: str, lo: int = 1) -> int:
+    if key not in static:
+        raise ValueError(f"{name}: static params lack {key!r} (got {sorted(static)})")
+    v = static[key]
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+        raise ValueError(f"{name}: {key} must be an int >= {lo}, got {v!r}")
+    return v
+
+
+def check_hidden_hc(name: str, static: Mapping[str, Any]) -> tuple[int, int]:
+    hidden = _int_param(name, static, "hidden_size")
+    hc = _int_param(name, static, "hc_mult")
+    if hidden % 256:
+        raise ValueError(f"{name}: hidden_size must be a multiple of 256 (16-byte vectors per thread), got {hidden}")
+    if hc > 16:
+        raise ValueError(f"{name}: hc_mult={hc} is out of range (1..16)")
+    return hidden, hc
+
+
+def check_arch(name: str, arch: ArchProfile) -> None:
+    if not isinstance(arch, ArchProfile):
+        raise ValueError(f"{name}: arch must be an ArchProfile, got {type(arch).__name__}")
+    if arch.family not in _FAMILY_SCHEDULE:
+        raise ValueError(f"{name}: unknown arch family {arch.family!r}")
+
+
+# =============================================================================================
+# mhc_post
+# =============================================================================================
+def _post_block(hidden: int, big: bool) -> int:
+    if not big:
+        return 256  # 32 threads x 8: many small CTAs so a few tokens still spread over SMs
+    for h_blk in (1024, 512, 256):
+        if hidden % h_blk == 0:
+            return h_blk
+    raise AssertionError("unreachable: hidden % 256 == 0 was checked")
+
+
+def build_post(hidden: int, hc: int, threads: int):
+    import tilelang.language as T
+
+    h_blk = threads * VEC
+    n_hblk = hidden // h_blk
+    num_tokens = T.dynamic("num_tokens")
+
+    @T.prim_func
+    def mhc_post_kernel(
+        x: T.Tensor[(num_tokens, hidden), "bfloat16"],
+        residual: T.Tensor[(num_tokens, hc, hidden), "bfloat16"],
+        post: T.Tensor[(num_tokens, hc), "float32"],
+        comb: T.Tensor[(num_tokens, hc, hc), "float32"],
+        out: T.Tensor[(num_tokens, hc, hidden), "bfloat16"],
+    ):
+        # token on grid.x (no 65,535 limit), h-block on grid.y
+        with T.Kernel(num_tokens, n_hblk, threads=threads) as (bt, bh):
+            tx = T.get_thread_binding()
+            h0 = bh * h_blk + tx * VEC
+            xb = T.alloc_local([VEC], "bfloat16")
+            rb = T.alloc_local([hc, VEC], "bfloat16")
+            ob = T.alloc_local([hc, VEC], "bfloat16")
+            pl = T.alloc_local([hc], "float32")
+            cl = T.alloc_local([hc, hc], "float32")
+            acc = T.alloc_local([1], "float32")
+            # every load is issued before any math: hc+1 independent 16-byte loads in flight per thread
+            for v in T.vectorized(VEC):
+                xb[v] = x[bt, h0 + v]
+            for i in T.unroll(hc):
+                for v in T.vectorized(VEC):
+                    rb[i, v] = residual[bt, i, h0 + v]
+            for j in T.unroll(hc):
+                pl[j] = post[bt, j]
+            for i in T.unroll(hc):
+                for j in T.unroll(hc):
+                    cl[i, j] = comb[bt, i, j]
+            for j in T.unroll(hc):
+                for v in T.unroll(VEC):
+                    acc[0] = pl[j] * T.Cast("float32", xb[v])
+                    for i in T.unroll(hc):
+                        acc[0] = acc[0] + cl[i, j] * T.Cast("float32", rb[i, v])
+                    ob[j, v] = T.Cast("bfloat16", acc[0])
+            for j in T.unroll(hc):
+                for v in T.vectorized(VEC):
+                    out[bt, j, h0 + v] = ob[j, v]
+
+    return mhc_post_kernel
+
+
+@register
+class MhcPostSpec(KernelSpec):
+    name = "mhc_post"
+    arg_names = ("x", "residual", "post", "comb", "out")
+
+    def static_params(self, model, parallel) -> dict[str, Any]:
+        return {"hidden_size": int(model.hidden_size), "hc_mult": int(model.hc_mult)}
+
+    def select(self, arch: ArchProfile, static: Mapping[str, Any], num_tokens: int) -> Variant:
+        check_arch(self.name, arch)
+        self.check_tokens(num_tokens)
+        hidden, hc = check_hidden_hc(self.name, static)
+        # 1024-wide blocks once they fill the GPU; before that 256-wide ones keep the grid wide
+        big = num_tokens * max(1, hidden // 1024) >= arch.num_sms_hint
+        h_blk = _post_block(hidden, big)
+        params = {"hidden": hidden, "hc": hc, "threads": h_blk // VEC}
+        return Variant.make(self.name, params, arch, schedule_name(arch))
+
+    def build(self, variant: Variant):
+        p = variant.p
+        return build_post(p["hidden"], p["hc"], p["threads"])
+
+    def smem_bytes(self, variant: Variant) -> int:
+        return 0  # registers only
+
+    def pass_configs(self, variant: Variant) -> dict[str, Any]:
+        return pass_configs_for(variant)
+
+
+# =============================================================================================
+# mhc_post_pre_fused
+# =============================================================================================
+def fused_split_h(hidden: int, num_sms: int) -> int:
+    """h-columns per split (per stream). Widest slice (fewest partials for the consumer to sum)
+    that still gives >= num_sms/2 splits, so the fn read at T=1 spreads over the GPU; at most 64
+    (2 per lane) so the per-lane dot stays <= 256 long and smem <= 29 KB."""
+    best = 32
+    for lanes_v in (1, 2):
+        hs = 32 * lanes_v
+        if hidden % hs == 0 and hidden // hs >= max(1, num_sms // 2):
+            best = hs
+    return best
+
+
+def fused_num_splits(variant: Variant) -> int:
+    p = variant.p
+    return p["hidden"] // p["split_h"]
+
+
+def build_post_pre_fused(hidden: int, hc: int, mix: int, mix_pad: int, split_h: int, tokens_per_cta: int,
+                         warps: int):
+    import tilelang.language as T
+
+    TB = tokens_per_cta
+    TW = TB // warps               # tokens per warp (both phases)
+    threads = warps * 32
+    hs = split_h
+    v_per_lane = hs // 32          # consecutive h per lane
+    KS = hc * hs                   # K elements one split owns
+    S = hidden // hs
+    K = hc * hidden
+    FN_ELEMS = mix * KS
+    fn_iters = (FN_ELEMS + threads - 1) // threads
+    num_tokens = T.dynamic("num_tokens")
+
+    @T.prim_func
+    def mhc_post_pre_fused_kernel(
+        x: T.Tensor[(num_tokens, hidden), "bfloat16"],
+        residual: T.Tensor[(num_tokens, hc, hidden), "bfloat16"],
+        post: T.Tensor[(num_tokens, hc), "float32"],
+        comb: T.Tensor[(num_tokens, hc, hc), "float32"],
+        fn_next: T.Tensor[(mix, K), "float32"],
+        out: T.Tensor[(num_tokens, hc, hidden), "bfloat16"],
+        mix_part: T.Tensor[(S, num_tokens, mix_pad), "float32"],
+        sq_part: T.Tensor[(S, num_tokens), "float32"],
+    ):
+        with T.Kernel(T.ceildiv(num_tokens, TB), S, threads=threads) as (bt, bs):
+            tx = T.get_thread_binding()
+            w = tx // 32
+            lane = tx % 32
+            # +1 column: lane m reads row m at the same k -> 32 different banks
+            fn_s = T.alloc_shared([mix, KS + 1], "float32")
+            o_s = T.alloc_shared([TB, KS], "float32")
+            xb = T.alloc_local([v_per_lane], "bfloat16")
+            rb = T.alloc_local([hc, v_per_lane], "bfloat16")
+            ob = T.alloc_local([hc, v_per_lane], "bfloat16")
+            pl = T.alloc_local([hc], "float32")
+            cl = T.alloc_local([hc, hc], "float32")
+            tmp = T.alloc_local([1], "float32")
+            fv = T.alloc_local([4], "float32")
+            ov = T.alloc_local([4], "float32")
+            acc = T.alloc_local([TW], "float32")
+            sq = T.alloc_local([TW], "float32")
+            h_base = bs * hs
+            hl = lane * v_per_lane
+
+            # this split's fn columns (k = i*H + h_base + h) for every mix row; coalesced along h
+            for it in T.unroll(fn_iters):
+                e = it * threads + tx
+                if e < FN_ELEMS:
+                    m = e // KS
+                    k = e % KS
+                    fn_s[m, k] = fn_next[m, (k // hs) * hidden + h_base + k % hs]
+
+            # post for the warp's TW tokens; lane owns v_per_lane consecutive h of every stream
+            for q in T.unroll(TW):
+                t = bt * TB + w * TW + q
+                if t < num_tokens:
+                    for v in T.vectorized(v_per_lane):
+                        xb[v] = x[t, h_base + hl + v]
+                    for i in T.unroll(hc):
+                        for v in T.vectorized(v_per_lane):
+                            rb[i, v] = residual[t, i, h_base + hl + v]
+                    for j in T.unroll(hc):
+                        pl[j] = post[t, j]
+                    for i in T.unroll(hc):
+                        for j in T.unroll(hc):
+                            cl[i, j] = comb[t, i, j]
+                    for j in T.unroll(hc):
+                        for v in T.unroll(v_per_lane):
+                            tmp[0] = pl[j] * T.Cast("float32", xb[v])
+                            for i in T.unroll(hc):
+                                tmp[0] = tmp[0] + cl[i, j] * T.Cast("float32", rb[i, v])
+                            ob[j, v] = T.Cast("bfloat16", tmp[0])
+                            # the next layer reads the bf16 value, so its partials use it too
+                            o_s[w * TW + q, j * hs + hl + v] = T.Cast("float32", ob[j, v])
+                    for j in T.unroll(hc):
+                        for v in T.vectorized(v_per_lane):
+                            out[t, j, h_base + hl + v] = ob[j, v]
+            T.sync_threads()
+
+            # lane m: dots of the warp's TW tokens with fn row m. Each fn_s value read is used for
+            # TW tokens and o_s is read as broadcast float4, so smem traffic is ~4x below a
+            # token-per-warp loop (which made this phase smem-bound). All lanes also form sum(out^2).
+            mrow = T.min(lane, mix - 1)
+            for q in T.unroll(TW):
+                acc[q] = T.float32(0)
+                sq[q] = T.float32(0)
+            for k0 in T.serial(KS // 4):
+                for u in T.unroll(4):
+                    fv[u] = fn_s[mrow, k0 * 4 + u]
+                for q in T.unroll(TW):
+                    for u in T.vectorized(4):
+                        ov[u] = o_s[w * TW + q, k0 * 4 + u]
+                    for u in T.unroll(4):
+                        acc[q] = acc[q] + ov[u] * fv[u]
+                        sq[q] = sq[q] + ov[u] * ov[u]
+            for q in T.unroll(TW):
+                t = bt * TB + w * TW + q
+                if t < num_tokens:
+                    if lane < mix_pad:
+                        mix_part[bs, t, lane] = T.if_then_else(lane < mix, acc[q], T.float32(0))
+                    if lane == 0:
+                        sq_part[bs, t] = sq[q]
+
+    return mhc_post_pre_fused_kernel
+
+
+@register
+class MhcPostPreFusedSpec(KernelSpec):
+    name = "mhc_post_pre_fused"
+    arg_names = ("x", "residual", "post", "comb", "fn_next", "out", "mix_part", "sq_part")
+
+    def static_params(self, model, parallel) -> dict[str, Any]:
+        return {"hidden_size": int(model.hidden_size), "hc_mult": int(model.hc_mult),
+                "mix_width": int(model.mix_width)}
+
+    def select(self, arch: ArchProfile, static: Mapping[str, Any], num_tokens: int) -> Variant:
+        check_arch(self.name, arch)
+        self.check_tokens(num_tokens)
+        hidden, hc = check_hidden_hc(self.name, static)
+        mix = _int_param(self.name, static, "mix_width")
+        mp = pre_mix_pad(hc)  # the consumer's (mhc_pre_fuse) compile-time column count
+        if not mix <= mp <= MAX_MIX_PAD:
+            raise ValueError(f"{self.name}: mix_width={mix} with hc_mult={hc} needs mix_pad={mp}; this kernel "
+                             f"supports mix_width <= mix_pad <= {MAX_MIX_PAD} (one lane per column)")
+        # Two variants (T <= 16, T > 16); the token dim is dynamic. Correct for any T, but it only
+        # pays for T <= FUSED_POST_PRE_MAX_TOKENS (see use_fused_post_pre).
+        params = {"hidden": hidden, "hc": hc, "mix": mix, "mix_pad": mp,
+                  "split_h": fused_split_h(hidden, arch.num_sms_hint),
+                  "tokens_per_cta": fused_tokens_per_cta(num_tokens), "warps": FUSED_WARPS}
+        return Variant.make(self.name, params, arch, schedule_name(arch))
+
+    def build(self, variant: Variant):
+        p = variant.p
+        return build_post_pre_fused(p["hidden"], p["hc"], p["mix"], p["mix_pad"], p["split_h"],
+                                    p["tokens_per_cta"], p["warps"])
+
+    def smem_bytes(self, variant: Variant) -> int:
+        p = variant.p
+        ks = p["hc"] * p["split_h"]
+        return 4 * (p["mix"] * (ks + 1) + p["tokens_per_cta"] * ks)
+
+    def pass_configs(self, variant: Variant) -> dict[str, Any]:
+        return pass_configs_for(variant)
+
+
+def use_fused_post_pre(num_tokens: int) -> bool:
+    """Whether the fused kernel beats post + prenorm GEMM (routing hint for the runtime)."""
+    return 1 <= num_tokens <= FUSED_POST_PRE_MAX_TOKENS
+
+
+# =============================================================================================
+# op wrappers
+# =============================================================================================
+def _torch():
+    import torch
+    return torch
+
+
+def _check_post_inputs(x, residual, post, comb):
+    torch = _torch()
+    from dsv4_jit.validate import check_tensor
+    check_tensor(x, "x", [None, None], torch.bfloat16)
+    dev = x.device
+    num_tokens, hidden = x.shape
+    if residual is None or not hasattr(residual, "dim") or residual.dim() != 3:
+        raise ValueError(f"residual: expected shape [{num_tokens}, hc, {hidden}], got "
+                         f"{list(residual.shape) if hasattr(residual, 'shape') else type(residual).__name__}")
+    hc = residual.shape[1]
+    check_tensor(residual, "residual", [num_tokens, hc, hidden], torch.bfloat16, dev)
+    check_tensor(post, "post", [num_tokens, hc], torch.float32, dev)
+    check_tensor(comb, "comb", [num_tokens, hc, hc], torch.float32, dev)
+    return num_tokens, hidden, hc
+
+
+def mhc_post(x, residual, post, comb, *, arch, get_kernel, out=None):
+    """out[t, j] = post[t, j] * x[t] + sum_i comb[t, i, j] * residual[t, i]  -> [T, hc, H] bf16."""
+    torch = _torch()
+    from dsv4_jit.validate import check_tensor
+    num_tokens, hidden, hc = _check_post_inputs(x, residual, post, comb)
+    if out is None:
+        out = torch.empty((num_tokens, hc, hidden), dtype=torch.bfloat16, device=x.device)
+    else:
+        check_tensor(out, "out", [num_tokens, hc, hidden], torch.bfloat16, x.device)
+    if num_tokens == 0:
+        return out
+    spec = get_spec("mhc_post")
+    static = {"hidden_size": hidden, "hc_mult": hc}
+    spec.select(get_profile(arch), static, num_tokens)  # validates shapes before any launch
+    get_kernel(spec, static, num_tokens)(x, residual, post, comb, out)
+    return out
+
+
+def mhc_post_pre_fused(x, residual, post, comb, fn_next, *, arch, get_kernel, out=None,
+                       mix_part=None, sq_part=None):
+    """post, plus the next layer's prenorm partials. Returns (out, mix_part [S,T,MP], sq_part [S,T])."""
+    torch = _torch()
+    from dsv4_jit.validate import check_tensor
+    num_tokens, hidden, hc = _check_post_inputs(x, residual, post, comb)
+    dev = x.device
+    if not isinstance(fn_next, torch.Tensor) or fn_next.dim() != 2:
+        raise ValueError("fn_next: expected a 2-D fp32 tensor [mix_width, hc*hidden]")
+    mix = fn_next.shape[0]
+    check_tensor(fn_next, "fn_next", [mix, hc * hidden], torch.float32, dev)
+    spec = get_spec("mhc_post_pre_fused")
+    static = {"hidden_size": hidden, "hc_mult": hc, "mix_width": mix}
+    variant = spec.select(get_profile(arch), static, max(num_tokens, 1))
+    splits, mix_pad = fused_num_splits(variant), variant.p["mix_pad"]
+    if out is None:
+        out = torch.empty((num_tokens, hc, hidden), dtype=torch.bfloat16, device=dev)
+    else:
+        check_tensor(out, "out", [num_tokens, hc, hidden], torch.bfloat16, dev)
+    if mix_part is None:
+        mix_part = torch.empty((splits, num_tokens, mix_pad), dtype=torch.float32, device=dev)
+    else:
+        check_tensor(mix_part, "mix_part", [splits, num_tokens, mix_pad], torch.float32, dev)
+    if sq_part is None:
+        sq_part = torch.empty((splits, num_tokens), dtype=torch.float32, device=dev)
+    else:
+        check_tensor(sq_part, "sq_part", [splits, num_tokens], torch.float32, dev)
+    if num_tokens > 0:
+        get_kernel(spec, static, num_tokens)(x, residual, post, comb, fn_next, out, mix_part, sq_part)
+    return out, mix_part, sq_part

@@ -1,0 +1,685 @@
+"""mHC "pre" family: prenorm GEMM + square-sum (split-K), the big fuse, and standalone Sinkhorn.
+
+Math (DeepSeek V4 `Block.hc_pre`), per token t, with K = hc*H and M = (2+hc)*hc:
+    mixes = (x_t . fn^T) * rsqrt(mean(x_t^2) + rms_eps)
+    pre   = sigmoid(mixes[:hc]*s0 + b[:hc]) + hc_eps
+    post  = post_mult * sigmoid(mixes[hc:2hc]*s1 + b[hc:2hc])
+    comb  = sinkhorn(mixes[2hc:].view(hc, hc)*s2 + b[2hc:])
+    layer_input = sum_i pre_i * X_i            (optionally RMSNorm'ed in fp32 before the bf16 cast)
+
+Kernels (each a KernelSpec; parameter order = inputs then outputs, see `arg_names`):
+  * mhc_pre_norm_fn: x[T,K] bf16 (x[T,H] when broadcast) . fn[M,K]^T -> mix_part[S,T,MP], sq_part[S,T]
+    Split s owns K-slice [s*K/S, (s+1)*K/S); S and the tiles are compile-time, T is dynamic.
+  * mhc_pre_fuse: reduces the S partials (S is a *dynamic* dim, so one fuse variant serves every split
+    count), applies the RMS scale, sigmoids, Sinkhorn and the pre-weighted stream sum.
+  * mhc_sinkhorn: standalone split for already RMS-scaled mixes[T,M] (big-fuse path off).
+
+TileLang is imported only inside the builders: importing this module must stay cheap.
+"""
+# No `from __future__ import annotations`: TileLang evaluates prim_func annotations, which name
+# builder-local shapes (PEP 563 strings cannot see closure variables).
+from typing import Any, Mapping
+
+from dsv4_jit.arch import ArchProfile, get_profile
+from dsv4_jit.spec import KernelSpec, Variant, register
+
+# ---------------------------------------------------------------------------------------------
+# shared constants / helpers
+# ---------------------------------------------------------------------------------------------
+
+# GEMM N (mix) dimension padded to a multiple of 16 (mma n-tiles); M=24 -> 32, as the public kernels.
+_MIX_ALIGN = 16
+# Largest split count norm_fn may use (see split_ladder: a small enumerable set per K).
+_MAX_SPLITS = 64
+# Fuse kernel: one warp for the Sinkhorn, _FUSE_APPLY_THREADS threads for the pre-apply (16 B each).
+_FUSE_APPLY_THREADS = 128
+_VEC = 8  # bf16 elements per 16-byte access
+_SINKHORN_TOKENS_PER_CTA = 128  # standalone Sinkhorn: one thread per token
+
+
+def mix_width(hc: int) -> int:
+    return (2 + hc) * hc
+
+
+def mix_pad(hc: int) -> int:
+    m = mix_width(hc)
+    return -(-m // _MIX_ALIGN) * _MIX_ALIGN
+
+
+def _schedule_family(arch: ArchProfile) -> str:
+    return arch.family
+
+
+def _check_static(kernel: str, static: Mapping[str, Any], required: dict[str, type]) -> dict[str, Any]:
+    """Exact key set with the right types; a clear ValueError otherwise (never assert)."""
+    if not isinstance(static, Mapping):
+        raise ValueError(f"{kernel}: static params must be a mapping, got {type(static).__name__}")
+    missing = [k for k in required if k not in static]
+    extra = [k for k in static if k not in required]
+    if missing or extra:
+        raise ValueError(f"{kernel}: static params mismatch (missing {missing}, unexpected {extra}); "
+                         f"build them with statics_for()")
+    out = {}
+    for k, typ in required.items():
+        v = static[k]
+        if typ is float:
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise ValueError(f"{kernel}: {k} must be a float, got {v!r}")
+            v = float(v)
+            if not v == v or v < 0:
+                raise ValueError(f"{kernel}: {k} must be a finite non-negative float, got {v!r}")
+        elif typ is bool:
+            if not isinstance(v, bool):
+                raise ValueError(f"{kernel}: {k} must be a bool, got {v!r}")
+        elif typ is int:
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{kernel}: {k} must be a positive int, got {v!r}")
+        out[k] = v
+    return out
+
+
+def _check_hc_hidden(kernel: str, hc: int, hidden: int) -> None:
+    if not 1 <= hc <= 4:
+        # The fuse kernel reduces the M mixes + the square-sum with one warp-wide column each.
+        raise ValueError(f"{kernel}: hc_mult={hc} unsupported (1..4; DeepSeek V4 uses 4)")
+    if hidden % 256:
+        raise ValueError(f"{kernel}: hidden_size={hidden} must be a multiple of 256")
+
+
+def _arch_of(kernel: str, arch) -> ArchProfile:
+    if not isinstance(arch, ArchProfile):
+        raise ValueError(f"{kernel}: arch must be an ArchProfile (dsv4_jit.arch.get_profile), got {arch!r}")
+    return arch
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. prenorm GEMM + square-sum (split-K)
+# ---------------------------------------------------------------------------------------------
+
+# Per schedule family: token_block x hidden_block tiles, pipeline depth, threads.
+# smem/stage = BT*BK*2 (x, bf16) + MP*BK*4 (fn, fp32).
+#  * SM12x: 32x128, 2 stages = 49,152 B (the public tiling, lowered in dsv4_kernels.md s4), leaving room
+#    for two CTAs per SM inside the 100 KB SM carve-out; mma.sync TF32 only.
+#  * Hopper / SM100: same shape, 4 stages (98,304 B): deeper prefetch to stay near HBM bandwidth at
+#    large T, still two CTAs per SM.
+_NORM_FN_TILES = {
+    "blackwell_consumer": dict(token_block=32, hidden_block=128, stages=2, threads=128),
+    "hopper": dict(token_block=32, hidden_block=128, stages=4, threads=128),
+    "blackwell_dc": dict(token_block=32, hidden_block=128, stages=4, threads=128),
+}
+
+
+def split_ladder(k: int, hidden_block: int) -> tuple[int, ...]:
+    """The few split counts norm_fn may use for this K: 1, 4, 16 and the largest divisor of the
+    K-step count (<= _MAX_SPLITS) leaving >= 2 steps per split (64 for V4-Flash, 56 for V4-Pro)."""
+    steps = k // hidden_block
+    top = max(d for d in range(1, min(_MAX_SPLITS, steps // 2) + 1) if steps % d == 0)
+    return tuple(sorted({s for s in (1, 4, 16) if s <= top and steps % s == 0} | {top}))
+
+
+def _pick_splits(num_tokens: int, token_block: int, k: int, hidden_block: int, num_sms: int) -> int:
+    """Smallest ladder split count giving >= ~2 CTAs per SM (tiny T: the largest, to spread fn reads)."""
+    blocks = -(-num_tokens // token_block)
+    ladder = split_ladder(k, hidden_block)
+    for s in ladder:
+        if blocks * s >= 2 * num_sms:
+            return s
+    return ladder[-1]
+
+
+@register
+class MhcPreNormFnSpec(KernelSpec):
+    name = "mhc_pre_norm_fn"
+    arg_names = ("x", "fn", "mix_part", "sq_part")
+    _STATIC = {"hidden": int, "hc": int, "broadcast": bool}
+
+    def statics_for(self, model, *, broadcast: bool = False) -> dict[str, Any]:
+        return {"hidden": int(model.hidden_size), "hc": int(model.hc_mult), "broadcast": bool(broadcast)}
+
+    def static_params(self, model, parallel) -> dict[str, Any]:
+        return self.statics_for(model)
+
+    def select(self, arch: ArchProfile, static: Mapping[str, Any], num_tokens: int) -> Variant:
+        arch = _arch_of(self.name, arch)
+        self.check_tokens(num_tokens)
+        st = _check_static(self.name, static, self._STATIC)
+        _check_hc_hidden(self.name, st["hc"], st["hidden"])
+        tiles = _NORM_FN_TILES.get(_schedule_family(arch))
+        if tiles is None:
+            raise ValueError(f"{self.name}: no schedule for arch family {arch.family!r}")
+        k = st["hc"] * st["hidden"]
+        if k % (tiles["hidden_block"] * 2):
+            raise ValueError(f"{self.name}: hc*hidden={k} not a multiple of 2*{tiles['hidden_block']}")
+        splits = _pick_splits(num_tokens, tiles["token_block"], k, tiles["hidden_block"], arch.num_sms_hint)
+        params = dict(st, mix=mix_width(st["hc"]), mix_pad=mix_pad(st["hc"]), n_splits=splits, **tiles)
+        return Variant.make(self.name, params, arch)
+
+    def smem_bytes(self, variant: Variant) -> int:
+        p = variant.p
+        per_stage = p["token_block"] * p["hidden_block"] * 2 + p["mix_pad"] * p["hidden_block"] * 4
+        # The pipeline keeps `stages` buffers; no other shared buffers are used (reductions stay in
+        # registers / warp shuffles, the accumulator is a fragment).
+        return per_stage * p["stages"]
+
+    def build(self, variant: Variant):
+        return _build_norm_fn(**variant.p)
+
+
+def _build_norm_fn(*, hidden, hc, broadcast, mix, mix_pad, n_splits, token_block, hidden_block, stages,
+                   threads):
+    import tilelang.language as T
+    from tilelang.layout import make_swizzled_layout
+
+    K = hc * hidden
+    XW = hidden if broadcast else K  # width of the x tensor actually read
+    M, MP, S, BT, BK = mix, mix_pad, n_splits, token_block, hidden_block
+    KS = K // S
+    n_k = KS // BK
+    num_tokens = T.dynamic("num_tokens")
+
+    @T.prim_func
+    def mhc_pre_norm_fn(
+        x: T.Tensor((num_tokens, XW), T.bfloat16),
+        fn: T.Tensor((M, K), T.float32),
+        mix_part: T.Tensor((S, num_tokens, MP), T.float32),
+        sq_part: T.Tensor((S, num_tokens), T.float32),
+    ):
+        with T.Kernel(T.ceildiv(num_tokens, BT), S, threads=threads) as (bt, bs):
+            x_s = T.alloc_shared((BT, BK), T.bfloat16)
+            fn_s = T.alloc_shared((MP, BK), T.float32)
+            x_f = T.alloc_fragment((BT, BK), T.float32)
+            # x^2 accumulated elementwise over the K loop, reduced once at the end; it is filled
+            # from x_s (not x_f) so its layout is free: the TF32 A-operand layout of x_f cannot be
+            # row-reduced by TileLang for token_block 64 (thread-owned reduce segments).
+            sq_acc = T.alloc_fragment((BT, BK), T.float32)
+            sq_f = T.alloc_fragment((BT,), T.float32)
+            acc = T.alloc_fragment((BT, MP), T.float32)
+            # x_s is read (not by T.gemm) into the TF32 A-fragment layout: 8 rows x 8 bytes per warp
+            # load. Unswizzled rows are 256 B apart (same banks, 8-way conflicts); swizzling the 16-byte
+            # chunks by row spreads them over all banks.
+            T.annotate_layout({x_s: make_swizzled_layout(x_s)})
+            T.clear(acc)
+            T.clear(sq_acc)
+            for kk in T.Pipelined(n_k, num_stages=stages):
+                k0 = bs * KS + kk * BK
+                if broadcast:
+                    # all hc streams equal x: column k of the virtual [T, hc*H] row is x[:, k % H]
+                    T.copy(x[bt * BT, k0 % hidden], x_s)
+                else:
+                    T.copy(x[bt * BT, k0], x_s)
+                # Only the M real rows: a plain copy lowers to cp.async (a masked fill would be a
+                # synchronous load in the pipeline). Rows M..MP-1 hold stale smem, which only reaches
+                # the padded output columns; those are zeroed before the store.
+                T.copy(fn[0:M, k0:k0 + BK], fn_s[0:M, 0:BK])
+                T.copy(x_s, x_f)
+                for i, j in T.Parallel(BT, BK):
+                    sq_acc[i, j] = sq_acc[i, j] + T.Cast(T.float32, x_s[i, j]) * T.Cast(T.float32, x_s[i, j])
+                # bf16 x is exact in TF32; fn is rounded to TF32 (same as DeepGEMM's tf32 prenorm GEMM)
+                T.gemm(x_f, fn_s, acc, transpose_B=True)
+            T.reduce_sum(sq_acc, sq_f, dim=1)
+            for i, j in T.Parallel(BT, MP):
+                acc[i, j] = T.if_then_else(j < M, acc[i, j], T.float32(0))
+            T.copy(acc, mix_part[bs, bt * BT, 0])
+            T.copy(sq_f, sq_part[bs, bt * BT])
+
+    return mhc_pre_norm_fn
+
+
+# ---------------------------------------------------------------------------------------------
+# Sinkhorn in registers (shared by the fuse and standalone kernels)
+# ---------------------------------------------------------------------------------------------
+
+def _make_sinkhorn_macro(T, hc, iters, eps):
+    """In-place Sinkhorn on one thread's local [hc*hc] array (row-major c[i*hc + j]).
+
+    softmax over each row + eps; column-normalise; then (iters-1) x {row-, column-normalise}, each
+    dividing by (sum + eps). Loops over the tiny hc are unrolled so the matrix stays in registers and
+    every normalisation is hc independent add chains (ILP instead of cross-thread shuffles)."""
+    n = hc * hc
+
+    @T.macro
+    def row_norm(c, rs):
+        for i in T.unroll(hc):
+            rs[i] = c[i * hc]
+            for j in T.unroll(1, hc):
+                rs[i] = rs[i] + c[i * hc + j]
+        for i in T.unroll(hc):
+            # hc reciprocals + hc*hc multiplies; rcp.approx (~1 ulp): the IEEE divide path made the
+            # serial 20-iteration chain ~4x slower on H200
+            rs[i] = T.fast_rcp(rs[i] + eps)
+        for e in T.unroll(n):
+            c[e] = c[e] * rs[e // hc]
+
+    @T.macro
+    def col_norm(c, rs):
+        for j in T.unroll(hc):
+            rs[j] = c[j]
+            for i in T.unroll(1, hc):
+                rs[j] = rs[j] + c[i * hc + j]
+        for j in T.unroll(hc):
+            rs[j] = T.fast_rcp(rs[j] + eps)
+        for e in T.unroll(n):
+            c[e] = c[e] * rs[e % hc]
+
+    @T.macro
+    def sinkhorn(c, rs):
+        for i in T.unroll(hc):
+            rs[i] = c[i * hc]
+            for j in T.unroll(1, hc):
+                rs[i] = T.max(rs[i], c[i * hc + j])
+        for e in T.unroll(n):
+            c[e] = T.exp(c[e] - rs[e // hc])
+        for i in T.unroll(hc):
+            rs[i] = c[i * hc]
+            for j in T.unroll(1, hc):
+                rs[i] = rs[i] + c[i * hc + j]
+        for i in T.unroll(hc):
+            rs[i] = T.fast_rcp(rs[i])
+        for e in T.unroll(n):
+            c[e] = c[e] * rs[e // hc] + eps
+        col_norm(c, rs)
+        for _ in T.unroll(iters - 1):
+            row_norm(c, rs)
+            col_norm(c, rs)
+
+    return sinkhorn
+
+
+def _sigmoid(T, v):
+    return T.float32(1) / (T.float32(1) + T.exp(-v))
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. big fuse: reduce splits, RMS scale, sigmoids, Sinkhorn, pre-apply (+ RMSNorm)
+# ---------------------------------------------------------------------------------------------
+
+_FUSE_STATIC = {"hidden": int, "hc": int, "iters": int, "rms_eps": float, "hc_eps": float, "post_mult": float,
+                "with_norm": bool, "norm_eps": float, "broadcast": bool}
+
+
+@register
+class MhcPreFuseSpec(KernelSpec):
+    name = "mhc_pre_fuse"
+    # norm_weight is present only in with_norm variants.
+    arg_names = ("mix_part", "sq_part", "residual", "hc_scale", "hc_base", "norm_weight",
+                 "layer_input", "post", "comb")
+
+    def args_for(self, variant: Variant) -> tuple[str, ...]:
+        return self.arg_names if variant.p["with_norm"] else tuple(a for a in self.arg_names if a != "norm_weight")
+
+    def statics_for(self, model, *, with_norm: bool = False, broadcast: bool = False) -> dict[str, Any]:
+        return {"hidden": int(model.hidden_size), "hc": int(model.hc_mult), "iters": int(model.hc_sinkhorn_iters),
+                "rms_eps": float(model.rms_norm_eps), "hc_eps": float(model.hc_eps),
+                "post_mult": float(model.hc_post_mult), "with_norm": bool(with_norm),
+                # the following RMSNorm (attn_norm / ffn_norm) uses the model's rms_norm_eps
+                "norm_eps": float(model.rms_norm_eps), "broadcast": bool(broadcast)}
+
+    def static_params(self, model, parallel) -> dict[str, Any]:
+        return self.statics_for(model)
+
+    def select(self, arch: ArchProfile, static: Mapping[str, Any], num_tokens: int) -> Variant:
+        arch = _arch_of(self.name, arch)
+        self.check_tokens(num_tokens)
+        st = _check_static(self.name, static, _FUSE_STATIC)
+        _check_hc_hidden(self.name, st["hc"], st["hidden"])
+        # One CTA per token; n_splits and num_tokens are dynamic, so a single variant per static set.
+        params = dict(st, mix=mix_width(st["hc"]), mix_pad=mix_pad(st["hc"]),
+                      apply_threads=_FUSE_APPLY_THREADS, vec=_VEC)
+        return Variant.make(self.name, params, arch)
+
+    def smem_bytes(self, variant: Variant) -> int:
+        p = variant.p
+        lanes = (32 + p["apply_threads"]) // 32
+        # split-reduction scratch [lanes, 32] + reduced mixes [32] + per-warp norm partials
+        return 4 * (lanes * 32 + 32 + p["apply_threads"] // 32)
+
+    def build(self, variant: Variant):
+        return _build_fuse(**variant.p)
+
+
+def _build_fuse(*, hidden, hc, iters, rms_eps, hc_eps, post_mult, with_norm, norm_eps, broadcast, mix, mix_pad,
+                apply_threads, vec):
+    import tilelang.language as T
+
+    H, M, MP, NA, V = hidden, mix, mix_pad, apply_threads, vec
+    K = hc * H
+    THREADS = 32 + NA       # warp 0: Sinkhorn / post / comb; warps 1..: pre-apply
+    NL = THREADS // 32      # split-reduction lanes
+    U = 8                   # independent partial loads in flight per thread (S=64: 2 round trips)
+    CHUNK = NA * V
+    n_it = -(-H // CHUNK)
+    exact = H % CHUNK == 0
+    NW = NA // 32
+    num_tokens = T.dynamic("num_tokens")
+    n_splits = T.dynamic("n_splits")
+    res_shape = (num_tokens, H) if broadcast else (num_tokens, hc, H)
+    sinkhorn = _make_sinkhorn_macro(T, hc, iters, hc_eps)
+
+    @T.macro
+    def body(mix_part, sq_part, residual, hc_scale, hc_base, norm_weight, layer_input, post, comb):
+        with T.Kernel(num_tokens, threads=THREADS) as t:
+            tx = T.get_thread_binding()
+            red = T.alloc_shared((NL, 32), T.float32)
+            mixs = T.alloc_shared((32,), T.float32)
+            wsum = T.alloc_shared((NW,), T.float32)
+            part = T.alloc_local((U,), T.float32)
+            acc = T.alloc_local((1,), T.float32)
+            y = T.alloc_local((n_it * V,), T.float32)
+            xv = T.alloc_local((V,), T.bfloat16)
+            ov = T.alloc_local((V,), T.bfloat16)
+            pre = T.alloc_local((hc,), T.float32)
+            c = T.alloc_local((hc * hc,), T.float32)
+            rs = T.alloc_local((hc,), T.float32)
+            ss = T.alloc_local((1,), T.float32)
+
+            # -- 1. sum the split partials: column `col` (< M: mixes, == M: square-sum), lane strides S
+            lane = tx // 32
+            col = tx % 32
+            acc[0] = T.float32(0)
+            for i in T.serial(T.ceildiv(n_splits, NL * U)):
+                for u in T.unroll(U):
+                    part[u] = T.float32(0)
+                    if (i * U + u) * NL + lane < n_splits:
+                        if col < M:
+                            part[u] = mix_part[(i * U + u) * NL + lane, t, col]
+                        elif col == M:
+                            part[u] = sq_part[(i * U + u) * NL + lane, t]
+                for u in T.unroll(U):
+                    acc[0] = acc[0] + part[u]
+            red[lane, col] = acc[0]
+            T.sync_threads()
+            if tx < 32:
+                acc[0] = red[0, tx]
+                for l in T.unroll(1, NL):
+                    acc[0] = acc[0] + red[l, tx]
+                mixs[tx] = acc[0]
+            T.sync_threads()
+
+            rr = T.rsqrt(mixs[M] / T.float32(K) + T.float32(rms_eps))
+
+            # -- 2a. pre-apply (warps 1..): y = sum_i pre_i * X_i over this thread's 16-byte columns
+            if tx >= 32:
+                for i in T.unroll(hc):
+                    pre[i] = _sigmoid(T, mixs[i] * rr * hc_scale[0] + hc_base[i]) + T.float32(hc_eps)
+                if broadcast:
+                    for i in T.unroll(1, hc):
+                        pre[0] = pre[0] + pre[i]
+                for it in T.unroll(n_it):
+                    if exact or it * CHUNK + (tx - 32) * V < H:
+                        for v in T.unroll(V):
+                            y[it * V + v] = T.float32(0)
+                        if broadcast:
+                            for v in T.vectorized(V):
+                                xv[v] = residual[t, it * CHUNK + (tx - 32) * V + v]
+                            for v in T.unroll(V):
+                                y[it * V + v] = pre[0] * T.Cast(T.float32, xv[v])
+                        else:
+                            for i in T.unroll(hc):
+                                for v in T.vectorized(V):
+                                    xv[v] = residual[t, i, it * CHUNK + (tx - 32) * V + v]
+                                for v in T.unroll(V):
+                                    y[it * V + v] = y[it * V + v] + pre[i] * T.Cast(T.float32, xv[v])
+                        if not with_norm:
+                            for v in T.unroll(V):
+                                ov[v] = T.Cast(T.bfloat16, y[it * V + v])
+                            for v in T.vectorized(V):
+                                layer_input[t, it * CHUNK + (tx - 32) * V + v] = ov[v]
+                if with_norm:
+                    # fp32 square-sum of the fp32 stream sum: warp shuffle, then one value per warp
+                    ss[0] = T.float32(0)
+                    for e in T.unroll(n_it * V):
+                        ss[0] = ss[0] + y[e]   * y[e]
+                    for o in T.unroll(5):
+                        ss[0] = ss[0] + T.shfl_xor(ss[0], 16 >> o)
+                    if tx % 32 == 0:
+                        wsum[tx // 32 - 1] = ss[0]
+            if with_norm:
+                # every thread reaches this barrier (no barrier inside a divergent branch)
+                T.sync_threads()
+
+            # -- 2b. warp 0: post + comb (Sinkhorn in thread 0's registers)
+            if tx < 32:
+                if tx == 0:
+                    for e in T.unroll(hc * hc):
+                        c[e] = mixs[2 * hc + e] * rr * hc_scale[2] + hc_base[2 * hc + e]
+                    sinkhorn(c, rs)
+                    for e in T.unroll(hc * hc):
+                        comb[t, e // hc, e % hc] = c[e]
+                elif tx <= hc:
+                    post[t, tx - 1] = T.float32(post_mult) * _sigmoid(
+                        T, mixs[hc + tx - 1] * rr * hc_scale[1] + hc_base[hc + tx - 1])
+            elif with_norm:
+                ss[0] = wsum[0]
+                for w in T.unroll(1, NW):
+                    ss[0] = ss[0] + wsum[w]
+                ss[0] = T.rsqrt(ss[0] / T.float32(H) + T.float32(norm_eps))
+                for it in T.unroll(n_it):
+                    if exact or it * CHUNK + (tx - 32) * V < H:
+                        for v in T.vectorized(V):
+                            xv[v] = norm_weight[it * CHUNK + (tx - 32) * V + v]
+                        for v in T.unroll(V):
+                            ov[v] = T.Cast(T.bfloat16, y[it * V + v] * ss[0] * T.Cast(T.float32, xv[v]))
+                        for v in T.vectorized(V):
+                            layer_input[t, it * CHUNK + (tx - 32) * V + v] = ov[v]
+
+    if with_norm:
+        @T.prim_func
+        def mhc_pre_fuse(
+            mix_part: T.Tensor((n_splits, num_tokens, MP), T.float32),
+            sq_part: T.Tensor((n_splits, num_tokens), T.float32),
+            residual: T.Tensor(res_shape, T.bfloat16),
+            hc_scale: T.Tensor((3,), T.float32),
+            hc_base: T.Tensor((M,), T.float32),
+            norm_weight: T.Tensor((H,), T.bfloat16),
+            layer_input: T.Tensor((num_tokens, H), T.bfloat16),
+            post: T.Tensor((num_tokens, hc), T.float32),
+            comb: T.Tensor((num_tokens, hc, hc), T.float32),
+        ):
+            body(mix_part, sq_part, residual, hc_scale, hc_base, norm_weight, layer_input, post, comb)
+    else:
+        @T.prim_func
+        def mhc_pre_fuse(
+            mix_part: T.Tensor((n_splits, num_tokens, MP), T.float32),
+            sq_part: T.Tensor((n_splits, num_tokens), T.float32),
+            residual: T.Tensor(res_shape, T.bfloat16),
+            hc_scale: T.Tensor((3,), T.float32),
+            hc_base: T.Tensor((M,), T.float32),
+            layer_input: T.Tensor((num_tokens, H), T.bfloat16),
+            post: T.Tensor((num_tokens, hc), T.float32),
+            comb: T.Tensor((num_tokens, hc, hc), T.float32),
+        ):
+            # norm_weight slot is never read when with_norm is off; pass any buffer
+            body(mix_part, sq_part, residual, hc_scale, hc_base, hc_base, layer_input, post, comb)
+
+    return mhc_pre_fuse
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. standalone Sinkhorn split: mixes [T, M] (RMS-scaled) -> pre, post, comb
+# ---------------------------------------------------------------------------------------------
+
+_SINKHORN_STATIC = {"hc": int, "iters": int, "hc_eps": float, "post_mult": float}
+
+
+@register
+class MhcSinkhornSpec(KernelSpec):
+    name = "mhc_sinkhorn"
+    arg_names = ("mixes", "hc_scale", "hc_base", "pre", "post", "comb")
+
+    def statics_for(self, model) -> dict[str, Any]:
+        return {"hc": int(model.hc_mult), "iters": int(model.hc_sinkhorn_iters), "hc_eps": float(model.hc_eps),
+                "post_mult": float(model.hc_post_mult)}
+
+    def static_params(self, model, parallel) -> dict[str, Any]:
+        return self.statics_for(model)
+
+    def select(self, arch: ArchProfile, static: Mapping[str, Any], num_tokens: int) -> Variant:
+        arch = _arch_of(self.name, arch)
+        self.check_tokens(num_tokens)
+        st = _check_static(self.name, static, _SINKHORN_STATIC)
+        if not 1 <= st["hc"] <= 8:
+            raise ValueError(f"{self.name}: hc_mult={st['hc']} unsupported (1..8)")
+        params = dict(st, mix=mix_width(st["hc"]), threads=_SINKHORN_TOKENS_PER_CTA)
+        return Variant.make(self.name, params, arch)
+
+    def smem_bytes(self, variant: Variant) -> int:
+        return 0  # registers only
+
+    def build(self, variant: Variant):
+        return _build_sinkhorn(**variant.p)
+
+
+def _build_sinkhorn(*, hc, iters, hc_eps, post_mult, mix, threads):
+    import tilelang.language as T
+
+    M = mix
+    num_tokens = T.dynamic("num_tokens")
+    sinkhorn = _make_sinkhorn_macro(T, hc, iters, hc_eps)
+
+    @T.prim_func
+    def mhc_sinkhorn(
+        mixes: T.Tensor((num_tokens, M), T.float32),
+        hc_scale: T.Tensor((3,), T.float32),
+        hc_base: T.Tensor((M,), T.float32),
+        pre: T.Tensor((num_tokens, hc), T.float32),
+        post: T.Tensor((num_tokens, hc), T.float32),
+        comb: T.Tensor((num_tokens, hc, hc), T.float32),
+    ):
+        # one thread per token: the hc x hc matrix lives in that thread's registers
+        with T.Kernel(T.ceildiv(num_tokens, threads), threads=threads) as b:
+            tx = T.get_thread_binding()
+            c = T.alloc_local((hc * hc,), T.float32)
+            rs = T.alloc_local((hc,), T.float32)
+            t = b * threads + tx
+            if t < num_tokens:
+                for i in T.unroll(hc):
+                    pre[t, i] = _sigmoid(T, mixes[t, i] * hc_scale[0] + hc_base[i]) + T.float32(hc_eps)
+                    post[t, i] = T.float32(post_mult) * _sigmoid(T, mixes[t, hc + i] * hc_scale[1] + hc_base[hc + i])
+                for e in T.unroll(hc * hc):
+                    c[e] = mixes[t, 2 * hc + e] * hc_scale[2] + hc_base[2 * hc + e]
+                sinkhorn(c, rs)
+                for e in T.unroll(hc * hc):
+                    comb[t, e // hc, e % hc] = c[e]
+
+    return mhc_sinkhorn
+
+
+# ---------------------------------------------------------------------------------------------
+# op wrappers (public API): validate, allocate only what was not given, launch
+# ---------------------------------------------------------------------------------------------
+
+def _hc_from_mix(m: int) -> int:
+    hc = 1
+    while (2 + hc) * hc < m:
+        hc += 1
+    if (2 + hc) * hc != m:
+        raise ValueError(f"fn has {m} rows; expected (2+hc)*hc for some hc")
+    return hc
+
+
+def mhc_pre_workspace_numel(num_tokens: int, n_splits: int, hc: int) -> int:
+    """fp32 elements of the norm_fn -> fuse workspace (mix_part then sq_part)."""
+    return n_splits * num_tokens * (mix_pad(hc) + 1)
+
+
+def mhc_pre_workspace_max_numel(arch: ArchProfile, hidden: int, hc: int, max_tokens: int) -> int:
+    """Largest workspace any T <= max_tokens needs (preallocate once for CUDA-graph capture)."""
+    spec = MhcPreNormFnSpec()
+    best = 0
+    for t in range(1, max_tokens + 1):
+        s = spec.select(arch, {"hidden": hidden, "hc": hc, "broadcast": False}, t).p["n_splits"]
+        best = max(best, mhc_pre_workspace_numel(t, s, hc))
+    return best
+
+
+def mhc_pre(residual, fn, hc_scale, hc_base, *, norm_weight=None, rms_eps, hc_eps, sinkhorn_iters, post_mult,
+            arch, get_kernel, norm_eps=None, out=None, workspace=None):
+    """DeepSeek V4 hc_pre. residual [T, hc, H] bf16 (or [T, H] for the first layer's broadcast).
+
+    Returns (layer_input [T,H] bf16, post [T,hc] fp32, comb [T,hc,hc] fp32). `out` may give those three
+    tensors; `workspace` may give a flat fp32 CUDA tensor of >= mhc_pre_workspace_numel() elements,
+    so that nothing is allocated (CUDA-graph capture). norm_weight [H] bf16 fuses the RMSNorm."""
+    import torch
+    from dsv4_jit.validate import check_tensor
+
+    arch = _arch_of("mhc_pre", arch)
+    if not isinstance(residual, torch.Tensor) or residual.dim() not in (2, 3):
+        raise ValueError("residual: expected a [T, hc, H] or [T, H] bf16 tensor")
+    broadcast = residual.dim() == 2
+    dev = residual.device
+    check_tensor(fn, "fn", [None, None], torch.float32, dev)
+    hc = _hc_from_mix(fn.shape[0])
+    hidden = residual.shape[-1]
+    tokens = residual.shape[0]
+    check_tensor(residual, "residual", [None, hidden] if broadcast else [None, hc, hidden], torch.bfloat16, dev)
+    check_tensor(fn, "fn", [mix_width(hc), hc * hidden], torch.float32, dev)
+    check_tensor(hc_scale, "hc_scale", [3], torch.float32, dev)
+    check_tensor(hc_base, "hc_base", [mix_width(hc)], torch.float32, dev)
+    with_norm = norm_weight is not None
+    if with_norm:
+        check_tensor(norm_weight, "norm_weight", [hidden], torch.bfloat16, dev)
+    if out is None:
+        out = (torch.empty(tokens, hidden, dtype=torch.bfloat16, device=dev),
+               torch.empty(tokens, hc, dtype=torch.float32, device=dev),
+               torch.empty(tokens, hc, hc, dtype=torch.float32, device=dev))
+    layer_input, post, comb = out
+    check_tensor(layer_input, "out[0] (layer_input)", [tokens, hidden], torch.bfloat16, dev)
+    check_tensor(post, "out[1] (post)", [tokens, hc], torch.float32, dev)
+    check_tensor(comb, "out[2] (comb)", [tokens, hc, hc], torch.float32, dev)
+    if tokens == 0:
+        return layer_input, post, comb
+
+    nf_spec, fuse_spec = MhcPreNormFnSpec(), MhcPreFuseSpec()
+    nf_static = {"hidden": hidden, "hc": hc, "broadcast": broadcast}
+    fuse_static = {"hidden": hidden, "hc": hc, "iters": int(sinkhorn_iters), "rms_eps": float(rms_eps),
+                   "hc_eps": float(hc_eps), "post_mult": float(post_mult), "with_norm": with_norm,
+                   "norm_eps": float(rms_eps if norm_eps is None else norm_eps), "broadcast": broadcast}
+    splits = nf_spec.select(arch, nf_static, tokens).p["n_splits"]
+    mp = mix_pad(hc)
+    need = mhc_pre_workspace_numel(tokens, splits, hc)
+    if workspace is None:
+        workspace = torch.empty(need, dtype=torch.float32, device=dev)
+    check_tensor(workspace, "workspace", [None], torch.float32, dev)
+    if workspace.numel() < need:
+        raise ValueError(f"workspace: needs {need} fp32 elements for {tokens} tokens, got {workspace.numel()}")
+    mix_part = workspace[: splits * tokens * mp].view(splits, tokens, mp)
+    sq_part = workspace[splits * tokens * mp: need].view(splits, tokens)
+
+    x = residual if broadcast else residual.view(tokens, hc * hidden)
+    get_kernel(nf_spec, nf_static, tokens)(x, fn, mix_part, sq_part)
+    fuse = get_kernel(fuse_spec, fuse_static, tokens)
+    if with_norm:
+        fuse(mix_part, sq_part, residual, hc_scale, hc_base, norm_weight, layer_input, post, comb)
+    else:
+        fuse(mix_part, sq_part, residual, hc_scale, hc_base, layer_input, post, comb)
+    return layer_input, post, comb
+
+
+def mhc_sinkhorn(mixes, hc_scale, hc_base, *, hc_eps, sinkhorn_iters, post_mult, arch, get_kernel, out=None):
+    """Standalone split of RMS-scaled mixes [T, (2+hc)*hc] fp32 -> (pre, post [T,hc], comb [T,hc,hc])."""
+    import torch
+    from dsv4_jit.validate import check_tensor
+
+    arch = _arch_of("mhc_sinkhorn", arch)
+    if not isinstance(mixes, torch.Tensor) or mixes.dim() != 2:
+        raise ValueError("mixes: expected a [T, (2+hc)*hc] fp32 tensor")
+    dev = mixes.device
+    hc = _hc_from_mix(mixes.shape[1])
+    tokens = mixes.shape[0]
+    check_tensor(mixes, "mixes", [None, mix_width(hc)], torch.float32, dev)
+    check_tensor(hc_scale, "hc_scale", [3], torch.float32, dev)
+    check_tensor(hc_base, "hc_base", [mix_width(hc)], torch.float32, dev)
+    if out is None:
+        out = (torch.empty(tokens, hc, dtype=torch.float32, device=dev),
+               torch.empty(tokens, hc, dtype=torch.float32, device=dev),
+               torch.empty(tokens, hc, hc, dtype=torch.float32, device=dev))
+    pre, post, comb = out
+    check_tensor(pre, "out[0] (pre)", [tokens, hc], torch.float32, dev)
+    check_tensor(post, "out[1] (post)", [tokens, hc], torch.float32, dev)
+    check_tensor(comb, "out[2] (comb)", [tokens, hc, hc], torch.float32, dev)
+    if tokens == 0:
+        return pre, post, comb
+    spec = MhcSinkhornSpec()
+    static = {"hc": hc, "iters": int(sinkhorn_iters), "hc_eps": float(hc_eps), "post_mult": float(post_mult)}
+    get_kernel(spec, static, tokens)(mixes, hc_scale, hc_base, pre, post, comb)
+    return pre, post, comb

@@ -1,0 +1,379 @@
+"""mHC post / fused post+next-pre / hc_head: select contract, references, cross-compiles, GPU checks."""
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from dsv4_jit.arch import PROFILES, detect_arch, get_profile
+from dsv4_jit.kernels import mhc_head as MH
+from dsv4_jit.kernels import mhc_post as MP
+from dsv4_jit.kernels import mhc_reference as REF
+from dsv4_jit.model_config import ParallelConfig, load_model_config
+from dsv4_jit.spec import Variant, get_spec
+
+NAMES = ("mhc_post", "mhc_post_pre_fused", "mhc_head")
+MODELS = ("deepseek-v4-flash", "deepseek-v4-pro")
+SM12X_BUDGET = 101_376
+
+
+def _static(name, model):
+    return get_spec(name).static_params(load_model_config(model), ParallelConfig())
+
+
+def _token_sweep():
+    # every bucket edge up to 16384 shows up: dense at small T, then all powers of two +/- 1
+    ts = set(range(1, 1025))
+    for e in range(10, 15):
+        ts.update({2 ** e - 1, 2 ** e, 2 ** e + 1})
+    ts.update(range(1025, 16385, 97))
+    ts.add(16384)
+    return sorted(ts)
+
+
+def _variants(name, model, arch):
+    spec, static, prof = get_spec(name), _static(name, model), get_profile(arch)
+    return sorted({spec.select(prof, static, t) for t in _token_sweep()}, key=lambda v: v.name)
+
+
+# ---------------------------------------------------------------------------------------------
+# select: pure, deterministic, bounded, validating
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", NAMES)
+def test_select_pure_deterministic_bounded(name, monkeypatch):
+    def boom(*a, **k):
+        raise AssertionError("select queried the GPU")
+    for attr in ("is_available", "get_device_capability", "device_count", "current_device", "get_device_properties"):
+        monkeypatch.setattr(torch.cuda, attr, boom)
+    spec = get_spec(name)
+    for model in MODELS:
+        for arch in PROFILES:
+            vs = _variants(name, model, arch)
+            assert 1 <= len(vs) <= 3, [v.name for v in vs]
+            for t in (1, 7, 33, 4096, 16384):
+                a = spec.select(get_profile(arch), _static(name, model), t)
+                assert a == spec.select(get_profile(arch), dict(_static(name, model)), t)
+                assert a.kernel == name and a.arch == arch and a.schedule == arch
+            for v in vs:
+                assert spec.check_fits(v) == spec.smem_bytes(v)
+                if arch.startswith("sm_12"):
+                    assert spec.smem_bytes(v) <= SM12X_BUDGET
+
+
+def test_select_emulated_profile_keeps_schedule():
+    emu = get_profile("sm_120a").emulated(get_profile("sm_90a"))
+    for name in NAMES:
+        v = get_spec(name).select(emu, _static(name, "deepseek-v4-flash"), 5)
+        assert (v.arch, v.schedule) == ("sm_90a", "sm_120a")
+        assert get_spec(name).pass_configs(v)["tl.disable_wgmma"] is True
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_select_rejects_bad_input(name):
+    spec, prof = get_spec(name), get_profile("sm_120a")
+    good = _static(name, "deepseek-v4-flash")
+    for t in (0, -1, 2.0, "3", None):
+        with pytest.raises(ValueError):
+            spec.select(prof, good, t)
+    for key in good:
+        bad = dict(good)
+        del bad[key]
+        with pytest.raises(ValueError, match=key):
+            spec.select(prof, bad, 4)
+    for key, val in (("hidden_size", 1000), ("hidden_size", 0), ("hc_mult", 0), ("hc_mult", True), ("hidden_size", 4096.0)):
+        with pytest.raises(ValueError):
+            spec.select(prof, {**good, key: val}, 4)
+    with pytest.raises(ValueError):
+        spec.select("sm_120a", good, 4)
+    if name == "mhc_post_pre_fused":
+        with pytest.raises(ValueError, match="mix_width"):
+            spec.select(prof, {**good, "mix_width": 40}, 4)
+    if name == "mhc_head":
+        for key in ("rms_eps", "hc_eps"):
+            with pytest.raises(ValueError, match=key):
+                spec.select(prof, {**good, key: -1e-6}, 4)
+
+
+def test_spec_contract_attributes():
+    for name in NAMES:
+        spec = get_spec(name)
+        assert spec.name == name and isinstance(spec.arg_names, tuple)
+    assert get_spec("mhc_post").arg_names[-1] == "out"
+    assert get_spec("mhc_post_pre_fused").arg_names[-3:] == ("out", "mix_part", "sq_part")
+    assert get_spec("mhc_head").arg_names[-1] == "y"
+
+
+def test_import_does_not_import_tilelang():
+    code = ("import sys, dsv4_jit.kernels.mhc_post, dsv4_jit.kernels.mhc_head, dsv4_jit.kernels.mhc_reference;"
+            "sys.exit(1 if 'tilelang' in sys.modules else 0)")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# op wrappers: validation happens before any kernel is requested
+# ---------------------------------------------------------------------------------------------
+def _never(*a, **k):
+    raise AssertionError("get_kernel must not be reached")
+
+
+def _wrapper_args(device):
+    bf, f32 = torch.bfloat16, torch.float32
+    return (torch.zeros(2, 256, dtype=bf, device=device), torch.zeros(2, 4, 256, dtype=bf, device=device),
+            torch.zeros(2, 4, dtype=f32, device=device), torch.zeros(2, 4, 4, dtype=f32, device=device))
+
+
+def test_wrappers_validate_cpu():
+    x, r, p, c = _wrapper_args("cpu")
+    kw = dict(arch="sm_120a", get_kernel=_never)
+    with pytest.raises(ValueError, match="CUDA"):
+        MP.mhc_post(x, r, p, c, **kw)  # CPU tensors
+    with pytest.raises(ValueError, match="dtype"):
+        MP.mhc_post(x.float(), r, p, c, **kw)
+    with pytest.raises(ValueError, match="x: expected shape"):
+        MP.mhc_post_pre_fused(x[0], r, p, c, torch.zeros(24, 1024), **kw)
+    with pytest.raises(ValueError, match="residual"):
+        MH.hc_head(x, torch.zeros(4, 1024), torch.ones(1), torch.zeros(4), rms_eps=1e-6, hc_eps=1e-6, **kw)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_wrappers_validate_gpu():
+    x, r, p, c = _wrapper_args("cuda")
+    kw = dict(arch="sm_90a", get_kernel=_never)
+    with pytest.raises(ValueError, match="residual"):
+        MP.mhc_post(x, r[:, :, :128], p, c, **kw)
+    with pytest.raises(ValueError, match="residual"):
+        MP.mhc_post(x, r.cpu(), p, c, **kw)
+    with pytest.raises(ValueError, match="comb"):
+        MP.mhc_post(x, r, p, c.transpose(1, 2), **kw)  # not contiguous
+    with pytest.raises(ValueError, match="out"):
+        MP.mhc_post(x, r, p, c, out=torch.empty(2, 4, 255, dtype=torch.bfloat16, device="cuda"), **kw)
+    with pytest.raises(ValueError, match="fn_next"):
+        MP.mhc_post_pre_fused(x, r, p, c, torch.zeros(24, 10, device="cuda"), **kw)
+    with pytest.raises(ValueError, match="mix_part"):
+        MP.mhc_post_pre_fused(x, r, p, c, torch.zeros(24, 1024, device="cuda"),
+                              mix_part=torch.empty(1, 2, 32, device="cuda"), **kw)
+    with pytest.raises(ValueError, match="fn"):
+        MH.hc_head(r, torch.zeros(4, 1000, device="cuda"), torch.ones(1, device="cuda"),
+                   torch.zeros(4, device="cuda"), rms_eps=1e-6, hc_eps=1e-6, **kw)
+    with pytest.raises(ValueError, match="hidden_size"):  # 200 is not a multiple of 256
+        MP.mhc_post(x[:, :200].contiguous(), r[:, :, :200].contiguous(), p, c, **kw)
+
+
+# ---------------------------------------------------------------------------------------------
+# references vs literal transcriptions
+# ---------------------------------------------------------------------------------------------
+def _inputs(t, hc, hidden, mix=None, seed=0, device="cpu"):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    x = torch.randn(t, hidden, generator=g).to(torch.bfloat16)
+    res = torch.randn(t, hc, hidden, generator=g).to(torch.bfloat16)
+    post = 2 * torch.rand(t, hc, generator=g)
+    comb = torch.rand(t, hc, hc, generator=g)
+    comb = comb / comb.sum(1, keepdim=True)
+    out = [x, res, post, comb]
+    if mix is not None:
+        out.append(torch.randn(mix, hc * hidden, generator=g) * (hc * hidden) ** -0.5)
+    return [a.to(device) for a in out]
+
+
+def test_ref_post_naive():
+    t, hc, hidden = 3, 4, 16
+    x, res, post, comb = _inputs(t, hc, hidden)
+    got = REF.ref_mhc_post(x, res, post, comb, torch.float64)
+    for a in range(t):
+        for j in range(hc):
+            for h in range(hidden):
+                want = float(post[a, j]) * float(x[a, h])
+                for i in range(hc):
+                    want += float(comb[a, i, j]) * float(res[a, i, h])
+                assert math.isclose(float(got[a, j, h]), want, rel_tol=1e-12, abs_tol=1e-12)
+
+
+def test_ref_fused_naive():
+    t, hc, hidden, mix, splits, pad = 2, 4, 16, 24, 4, 32
+    x, res, post, comb, fn = _inputs(t, hc, hidden, mix)
+    out, mp, sq = REF.ref_mhc_post_pre_fused(x, res, post, comb, fn, splits, pad, torch.float64)
+    assert mp.shape == (splits, t, pad) and sq.shape == (splits, t)
+    ob = REF.ref_mhc_post(x, res, post, comb).to(torch.bfloat16).double()
+    assert torch.equal(out, ob)
+    flat = ob.reshape(t, hc * hidden)
+    hs = hidden // splits
+    for s in range(splits):
+        ks = [i * hidden + h for i in range(hc) for h in range(s * hs, (s + 1) * hs)]
+        for a in range(t):
+            assert math.isclose(float(sq[s, a]), sum(float(flat[a, k]) ** 2 for k in ks), rel_tol=1e-12)
+            for m in range(pad):
+                want = sum(float(flat[a, k]) * float(fn[m, k]) for k in ks) if m < mix else 0.0
+                assert math.isclose(float(mp[s, a, m]), want, rel_tol=1e-9, abs_tol=1e-12)
+    # summing the splits gives the unsplit prenorm GEMM
+    torch.testing.assert_close(mp.sum(0)[:, :mix], flat @ fn.double().t())
+
+
+def test_ref_head_naive():
+    t, hc, hidden, rms_eps, hc_eps = 2, 4, 8, 1e-6, 1e-6
+    _, res, _, _ = _inputs(t, hc, hidden)
+    g = torch.Generator().manual_seed(1)
+    fn = torch.randn(hc, hc * hidden, generator=g)
+    scale, base = torch.rand(1, generator=g), torch.randn(hc, generator=g)
+    got = REF.ref_hc_head(res, fn, scale, base, rms_eps, hc_eps, torch.float64)
+    for a in range(t):
+        xf = [float(v) for v in res[a].reshape(-1)]
+        r = 1.0 / math.sqrt(sum(v * v for v in xf) / len(xf) + rms_eps)
+        pre = []
+        for i in range(hc):
+            mixv = sum(xf[k] * float(fn[i, k]) for k in range(len(xf))) * r
+            pre.append(1.0 / (1.0 + math.exp(-(mixv * float(scale[0]) + float(base[i])))) + hc_eps)
+        for h in range(hidden):
+            want = sum(pre[i] * float(res[a, i, h]) for i in range(hc))
+            assert math.isclose(float(got[a, h]), want, rel_tol=1e-9, abs_tol=1e-12)
+
+
+# ---------------------------------------------------------------------------------------------
+# cross-compiles (no GPU): every variant select can return, both schedules, both models
+# ---------------------------------------------------------------------------------------------
+def _compile_cases():
+    cases = []
+    for name in NAMES:
+        for arch in ("sm_120a", "sm_90a"):
+            seen = set()
+            for model in MODELS:
+                for v in _variants(name, model, arch):
+                    if v not in seen:
+                        seen.add(v)
+                        cases.append(pytest.param(name, v, id=v.name))
+    return cases
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("name,variant", _compile_cases())
+def test_compiles(name, variant, tmp_path):
+    from dsv4_jit import jit
+    spec = get_spec(name)
+    meta = jit.compile_to_dir(spec, variant, tmp_path)
+    src = (tmp_path / jit.SOURCE_NAME).read_text()
+    assert meta["smem_estimate"] >= meta["smem_bytes"] >= 0, meta
+    if variant.schedule.startswith("sm_12"):
+        assert meta["smem_bytes"] <= SM12X_BUDGET
+        for word in ("wgmma", "setmaxnreg", "warpgroup_reg"):
+            assert word not in src
+    assert "load_global_256" not in src  # 16-byte vectors only (pass config)
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU: kernels vs references, native schedule and the SM120 schedule compiled for this GPU
+# ---------------------------------------------------------------------------------------------
+GPU_TOKENS = (1, 2, 3, 7, 8, 31, 33, 64, 100, 255, 512, 1000, 2047, 2049, 4096, 8192)
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def _gpu_profiles():
+    native = detect_arch()
+    if native is None:
+        return []
+    profs = [pytest.param(native, id=native.name)]
+    if native.family != "blackwell_consumer":
+        profs.append(pytest.param(get_profile("sm_120a").emulated(native), id=f"sm_120a-schedule-on-{native.name}"))
+    return profs
+
+
+_LOADED = {}
+
+
+@pytest.fixture(scope="module")
+def kernel_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("post_head_kernels")
+
+
+def _getter(profile, kernel_dir):
+    from dsv4_jit import jit
+
+    def get(spec, static, num_tokens):
+        v = spec.select(profile, static, num_tokens)
+        if v not in _LOADED:
+            d = kernel_dir / f"k{len(_LOADED)}"
+            jit.compile_to_dir(spec, v, d)
+            jit._ensure_runtime()
+            import tvm_ffi
+            mod = tvm_ffi.load_module(str(d / jit.LIB_NAME))
+            _LOADED[v] = (mod, mod["main"])
+        return _LOADED[v][1]
+    return get
+
+
+def _rel(a, b):
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def _poison(*shape, dtype):
+    return torch.full(shape, float("nan"), dtype=dtype, device="cuda")
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("profile", _gpu_profiles())
+def test_gpu_post(profile, model, kernel_dir):
+    hidden, hc = load_model_config(model).hidden_size, 4
+    get = _getter(profile, kernel_dir)
+    for t in GPU_TOKENS:
+        x, res, post, comb = _inputs(t, hc, hidden, seed=t, device="cuda")
+        out = _poison(t, hc, hidden, dtype=torch.bfloat16)
+        MP.mhc_post(x, res, post, comb, arch=profile, get_kernel=get, out=out)
+        torch.cuda.synchronize()
+        assert not out.isnan().any(), f"T={t}: output not fully written"
+        ref = REF.ref_mhc_post(x, res, post, comb, torch.float64)
+        assert _rel(out, ref) <= 1e-2, f"T={t}"
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("profile", _gpu_profiles())
+def test_gpu_post_pre_fused(profile, model, kernel_dir):
+    cfg = load_model_config(model)
+    hidden, hc, mix = cfg.hidden_size, cfg.hc_mult, cfg.mix_width
+    get = _getter(profile, kernel_dir)
+    spec = get_spec("mhc_post_pre_fused")
+    for t in GPU_TOKENS:
+        v = spec.select(profile, {"hidden_size": hidden, "hc_mult": hc, "mix_width": mix}, t)
+        splits, pad = MP.fused_num_splits(v), v.p["mix_pad"]
+        x, res, post, comb, fn = _inputs(t, hc, hidden, mix, seed=t, device="cuda")
+        out = _poison(t, hc, hidden, dtype=torch.bfloat16)
+        mp, sq = _poison(splits, t, pad, dtype=torch.float32), _poison(splits, t, dtype=torch.float32)
+        MP.mhc_post_pre_fused(x, res, post, comb, fn, arch=profile, get_kernel=get, out=out, mix_part=mp, sq_part=sq)
+        torch.cuda.synchronize()
+        for n, a in (("out", out), ("mix_part", mp), ("sq_part", sq)):
+            assert not a.isnan().any(), f"T={t}: {n} not fully written"
+        r_out, r_mp, r_sq = REF.ref_mhc_post_pre_fused(x, res, post, comb, fn, splits, pad, torch.float64)
+        assert _rel(out, r_out) <= 1e-2, f"T={t}"
+        assert _rel(mp, r_mp) <= 1e-3, f"T={t}"
+        assert _rel(sq, r_sq) <= 1e-3, f"T={t}"
+        assert (mp[:, :, mix:] == 0).all()
+        # default-allocating call agrees with the preallocated one
+        if t in (1, 33):
+            o2, m2, s2 = MP.mhc_post_pre_fused(x, res, post, comb, fn, arch=profile, get_kernel=get)
+            assert torch.equal(o2, out) and torch.equal(m2, mp) and torch.equal(s2, sq)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("profile", _gpu_profiles())
+def test_gpu_head(profile, model, kernel_dir):
+    cfg = load_model_config(model)
+    hidden, hc = cfg.hidden_size, cfg.hc_mult
+    get = _getter(profile, kernel_dir)
+    g = torch.Generator().manual_seed(123)
+    fn = (torch.randn(hc, hc * hidden, generator=g) * 0.05).cuda()
+    scale, base = (torch.rand(1, generator=g) + 0.5).cuda(), torch.randn(hc, generator=g).cuda()
+    for t in GPU_TOKENS:
+        _, res, _, _ = _inputs(t, hc, hidden, seed=t, device="cuda")
+        out = _poison(t, hidden, dtype=torch.bfloat16)
+        MH.hc_head(res, fn, scale, base, rms_eps=cfg.rms_norm_eps, hc_eps=cfg.hc_eps, arch=profile,
+                   get_kernel=get, out=out)
+        torch.cuda.synchronize()
+        assert not out.isnan().any(), f"T={t}: output not fully written"
+        ref = REF.ref_hc_head(res, fn, scale, base, cfg.rms_norm_eps, cfg.hc_eps, torch.float64)
+        assert _rel(out, ref) <= 1e-2, f"T={t}"

@@ -1,0 +1,399 @@
+"""mHC pre family: select/statics contract, torch references, cross-compiles, and GPU parity.
+
+CPU: reference vs a literal transcription of the math; select purity/bounds/errors.
+compile (-m compile): every variant select() can return for V4-Flash/Pro, sm_120a and sm_90a, lowers;
+  SM120 shared memory fits and no wgmma/setmaxnreg is emitted.
+gpu (-m gpu): each kernel against its reference over many token counts, for the sm_90a schedule and
+  the SM120 schedule compiled for sm_90a.
+"""
+import math
+import os
+
+import pytest
+import torch
+
+from dsv4_jit.arch import get_profile
+from dsv4_jit.model_config import load_model_config
+from dsv4_jit.spec import Variant
+from dsv4_jit.kernels import mhc_pre as mp
+from dsv4_jit.kernels import mhc_reference as ref
+
+MODELS = ("deepseek-v4-flash", "deepseek-v4-pro")
+ARCHS = ("sm_120a", "sm_90a")
+NF, FUSE, SK = mp.MhcPreNormFnSpec(), mp.MhcPreFuseSpec(), mp.MhcSinkhornSpec()
+
+
+def _variants(spec, arch, static, max_tokens=16384):
+    seen = {}
+    for t in range(1, max_tokens + 1):
+        v = spec.select(get_profile(arch), static, t)
+        seen.setdefault(v, t)
+    return seen
+
+
+def _all_uses(model):
+    """The (spec, static) pairs of this family that a forward pass launches (what the planner warms)."""
+    from dsv4_jit.kernels import model_kernel_uses
+    m = load_model_config(model)
+    return [(u.spec, u.static) for u in model_kernel_uses(m) if u.spec.name in (NF.name, FUSE.name, SK.name)]
+
+
+# ------------------------------------------------------------------------------------------- refs
+def _literal_sinkhorn(c, iters, eps):
+    hc = len(c)
+    c = [row[:] for row in c]
+    for i in range(hc):
+        mx = max(c[i])
+        e = [math.exp(v - mx) for v in c[i]]
+        s = sum(e)
+        c[i] = [v / s + eps for v in e]
+    def col():
+        for j in range(hc):
+            s = sum(c[i][j] for i in range(hc)) + eps
+            for i in range(hc):
+                c[i][j] /= s
+    def row():
+        for i in range(hc):
+            s = sum(c[i]) + eps
+            c[i] = [v / s for v in c[i]]
+    col()
+    for _ in range(iters - 1):
+        row()
+        col()
+    return c
+
+
+def _literal_pre(X, fn, scale, base, rms_eps, hc_eps, iters, post_mult, w=None, norm_eps=None):
+    """Per-token, per-element Python transcription of model.py Block.hc_pre (float64)."""
+    T_, hc, H = X.shape
+    outs = []
+    for t in range(T_):
+        xf = [float(v) for v in X[t].reshape(-1)]
+        r = 1.0 / math.sqrt(sum(v * v for v in xf) / len(xf) + rms_eps)
+        mix = [sum(xf[k] * float(fn[j, k]) for k in range(len(xf))) * r for j in range(fn.shape[0])]
+        sig = lambda v: 1.0 / (1.0 + math.exp(-v))
+        pre = [sig(mix[i] * float(scale[0]) + float(base[i])) + hc_eps for i in range(hc)]
+        post = [post_mult * sig(mix[hc + i] * float(scale[1]) + float(base[hc + i])) for i in range(hc)]
+        c = [[mix[2 * hc + i * hc + j] * float(scale[2]) + float(base[2 * hc + i * hc + j]) for j in range(hc)]
+             for i in range(hc)]
+        comb = _literal_sinkhorn(c, iters, hc_eps)
+        y = [sum(pre[i] * float(X[t, i, h]) for i in range(hc)) for h in range(H)]
+        if w is not None:
+            rn = 1.0 / math.sqrt(sum(v * v for v in y) / H + norm_eps)
+            y = [y[h] * rn * float(w[h]) for h in range(H)]
+        outs.append((y, post, comb))
+    return outs
+
+
+def _rand_pre(T_, hc, H, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    X = torch.randn(T_, hc, H, generator=g).to(torch.bfloat16)
+    M = (2 + hc) * hc
+    fn = torch.randn(M, hc * H, generator=g) * 0.05
+    scale = torch.rand(3, generator=g) + 0.5
+    base = torch.randn(M, generator=g) * 0.5
+    w = (torch.rand(H, generator=g) + 0.5).to(torch.bfloat16)
+    return X, fn, scale, base, w
+
+
+@pytest.mark.parametrize("with_norm", [False, True])
+def test_ref_mhc_pre_matches_literal(with_norm):
+    X, fn, scale, base, w = _rand_pre(3, 4, 16)
+    got = ref.ref_mhc_pre(X, fn, scale, base, 1e-6, 1e-6, 20, 2.0,
+                          norm_weight=w if with_norm else None, norm_eps=1e-5)
+    lit = _literal_pre(X.double(), fn.double(), scale, base, 1e-6, 1e-6, 20, 2.0,
+                       w=w.double() if with_norm else None, norm_eps=1e-5)
+    for t, (y, post, comb) in enumerate(lit):
+        torch.testing.assert_close(got[0][t], torch.tensor(y, dtype=torch.float64), rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(got[1][t], torch.tensor(post, dtype=torch.float64), rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(got[2][t], torch.tensor(comb, dtype=torch.float64), rtol=1e-10, atol=1e-12)
+
+
+def test_ref_broadcast_equals_expanded():
+    X, fn, scale, base, w = _rand_pre(5, 4, 32, seed=1)
+    x = X[:, 0]
+    a = ref.ref_mhc_pre(x, fn, scale, base, 1e-6, 1e-6, 20, 2.0, norm_weight=w, broadcast=True)
+    b = ref.ref_mhc_pre(x.unsqueeze(1).expand(-1, 4, -1).contiguous(), fn, scale, base, 1e-6, 1e-6, 20, 2.0,
+                        norm_weight=w)
+    for u, v in zip(a, b):
+        torch.testing.assert_close(u, v, rtol=1e-12, atol=1e-12)
+
+
+def test_ref_sinkhorn_doubly_stochastic():
+    g = torch.Generator().manual_seed(2)
+    mixes = torch.randn(64, 24, generator=g)
+    pre, post, comb = ref.ref_sinkhorn(mixes, torch.ones(3), torch.zeros(24), 1e-6, 20, 2.0)
+    # ends on a column normalisation: columns sum to 1 (up to eps); rows approach 1 as iterations grow
+    torch.testing.assert_close(comb.sum(-2), torch.ones(64, 4, dtype=torch.float64), atol=1e-5, rtol=0)
+    row_err = (comb.sum(-1) - 1).abs().max()
+    _, _, comb2 = ref.ref_sinkhorn(mixes, torch.ones(3), torch.zeros(24), 1e-6, 2, 2.0)
+    assert row_err < 0.05 and row_err < (comb2.sum(-1) - 1).abs().max()
+    assert (comb > 0).all()
+    assert ((post > 0) & (post < 2)).all() and (pre > 1e-6).all()
+
+
+def test_ref_sinkhorn_matches_literal():
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(4, 4, generator=g, dtype=torch.float64)
+    got = ref.ref_sinkhorn_normalize(logits, 20, 1e-6)
+    want = torch.tensor(_literal_sinkhorn(logits.tolist(), 20, 1e-6), dtype=torch.float64)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-14)
+
+
+# ----------------------------------------------------------------------------------------- select
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_select_bounded_pure(model, arch):
+    for spec, static in _all_uses(model):
+        vs = _variants(spec, arch, static)
+        limit = 4 if spec.name == NF.name else 1
+        assert 1 <= len(vs) <= limit, (spec.name, [v.name for v in vs])
+        for v, t in vs.items():
+            assert spec.select(get_profile(arch), dict(static), t) == v  # deterministic
+            assert spec.smem_bytes(v) <= get_profile(arch).max_smem_per_block
+            spec.check_fits(v)
+            if spec.name == NF.name:
+                p = v.p
+                k = p["hc"] * p["hidden"]
+                assert k % (p["n_splits"] * p["hidden_block"]) == 0
+                assert k // (p["n_splits"] * p["hidden_block"]) >= 2
+
+
+def test_select_split_buckets_monotone():
+    m = load_model_config("deepseek-v4-flash")
+    st = NF.statics_for(m)
+    prev = None
+    for t in (1, 32, 64, 256, 1024, 2048, 4096, 8192, 16384, 100000):
+        s = NF.select(get_profile("sm_90a"), st, t).p["n_splits"]
+        assert prev is None or s <= prev
+        prev = s
+    assert prev == 1
+
+
+def test_select_errors():
+    m = load_model_config("deepseek-v4-flash")
+    st = NF.statics_for(m)
+    p = get_profile("sm_120a")
+    for bad_t in (0, -1, 1.5, "8", None):
+        with pytest.raises(ValueError):
+            NF.select(p, st, bad_t)
+    with pytest.raises(ValueError):
+        NF.select(p, dict(st, typo=1), 8)
+    with pytest.raises(ValueError):
+        NF.select(p, {k: v for k, v in st.items() if k != "hc"}, 8)
+    with pytest.raises(ValueError):
+        NF.select(p, dict(st, hc=8), 8)
+    with pytest.raises(ValueError):
+        NF.select(p, dict(st, hidden=1000), 8)
+    with pytest.raises(ValueError):
+        NF.select("sm_120a", st, 8)
+    fst = FUSE.statics_for(m)
+    with pytest.raises(ValueError):
+        FUSE.select(p, dict(fst, with_norm=1), 8)
+    with pytest.raises(ValueError):
+        FUSE.select(p, dict(fst, rms_eps=float("nan")), 8)
+    with pytest.raises(ValueError):
+        SK.select(p, dict(SK.statics_for(m), iters=0), 8)
+
+
+def test_statics_match_lead_uses():
+    # model_kernel_uses() takes static_params() then sets the flags: same key sets as statics_for
+    m = load_model_config("deepseek-v4-pro")
+    assert set(NF.static_params(m, None)) == set(NF.statics_for(m, broadcast=True))
+    assert set(FUSE.static_params(m, None)) == set(FUSE.statics_for(m, with_norm=True))
+    assert FUSE.args_for(FUSE.select(get_profile("sm_90a"), FUSE.statics_for(m), 1)) == \
+        ("mix_part", "sq_part", "residual", "hc_scale", "hc_base", "layer_input", "post", "comb")
+
+
+def test_import_does_not_import_tilelang():
+    import subprocess
+    import sys
+    code = "import sys, dsv4_jit.kernels.mhc_pre; assert 'tilelang' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# ---------------------------------------------------------------------------------------- compile
+def _compile(spec, v):
+    os.environ.setdefault("TILELANG_DISABLE_CACHE", "1")
+    from dsv4_jit import jit
+    import tempfile
+    from pathlib import Path
+    with tempfile.TemporaryDirectory() as d:
+        meta = jit.compile_to_dir(spec, v, Path(d))
+        src = (Path(d) / jit.SOURCE_NAME).read_text()
+    return meta, src
+
+
+def _compile_cases():
+    cases = []
+    for model in MODELS:
+        for arch in ARCHS:
+            for spec, static in _all_uses(model):
+                if spec.name == SK.name and model != MODELS[0]:
+                    continue  # the Sinkhorn kernel does not depend on hidden
+                for v in _variants(spec, arch, static):
+                    cases.append(pytest.param(spec, v, id=v.name))
+    return cases
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("spec,variant", _compile_cases())
+def test_compiles(spec, variant):
+    meta, src = _compile(spec, variant)
+    assert meta["smem_bytes"] <= spec.smem_bytes(variant), (meta["smem_bytes"], spec.smem_bytes(variant))
+    if get_profile(variant.schedule).family == "blackwell_consumer":
+        assert meta["smem_bytes"] <= 101_376
+        for bad in ("wgmma", "setmaxnreg", "warpgroup_reg"):
+            assert bad not in src
+
+
+# -------------------------------------------------------------------------------------------- gpu
+GPU_TOKENS = (1, 2, 3, 7, 8, 31, 33, 64, 100, 255, 512, 1000, 2047, 2049, 4096, 8192)
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def _schedules():
+    return [pytest.param("sm_90a", id="sm90-schedule"), pytest.param("sm_120a", id="sm120-schedule-on-sm90")]
+
+
+class _Getter:
+    """get_kernel for the op wrappers: select with the schedule profile, compile/load for sm_90a."""
+
+    def __init__(self, schedule, store):
+        self.schedule, self.store, self.used = schedule, store, set()
+
+    def profile(self):
+        return get_profile(self.schedule)
+
+    def __call__(self, spec, static, num_tokens):
+        from dsv4_jit import jit
+        v = spec.select(self.profile(), static, num_tokens)
+        if v.arch != "sm_90a":
+            v = Variant.make(v.kernel, v.p, get_profile("sm_90a"), schedule=v.schedule)
+        self.used.add(v.name)
+        return jit.load(spec, v, self.store)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    from dsv4_jit.cache_tools.store import Store
+    # DSV4_JIT_CACHE_DIR set: reuse that store (e.g. variants precompiled in parallel); else a fresh one
+    if os.environ.get("DSV4_JIT_CACHE_DIR"):
+        return Store()
+    return Store(tmp_path_factory.mktemp("pre_store"))
+
+
+def _rel(a, b):
+    a, b = a.double(), b.double()
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def _pre_inputs(T_, hc, H, broadcast, dev, seed):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    M = (2 + hc) * hc
+    shape = (T_, H) if broadcast else (T_, hc, H)
+    X = torch.randn(*shape, generator=g).to(torch.bfloat16).to(dev)
+    fn = (torch.randn(M, hc * H, generator=g) * (1.0 / math.sqrt(hc * H)) * 4).to(dev)
+    scale = (torch.rand(3, generator=g) + 0.5).to(dev)
+    base = (torch.randn(M, generator=g) * 0.5).to(dev)
+    w = (torch.rand(H, generator=g) + 0.5).to(torch.bfloat16).to(dev)
+    return X, fn, scale, base, w
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("schedule", _schedules())
+@pytest.mark.parametrize("with_norm,broadcast", [(False, False), (True, False), (True, True), (False, True)])
+def test_gpu_mhc_pre(schedule, with_norm, broadcast, store):
+    m = load_model_config("deepseek-v4-flash")
+    H, hc = m.hidden_size, m.hc_mult
+    get = _Getter(schedule, store)
+    dev = torch.device("cuda")
+    worst = {}
+    for i, T_ in enumerate(GPU_TOKENS):
+        X, fn, scale, base, w = _pre_inputs(T_, hc, H, broadcast, dev, seed=1000 + i)
+        out = (torch.full((T_, H), float("nan"), dtype=torch.bfloat16, device=dev),
+               torch.full((T_, hc), float("nan"), device=dev), torch.full((T_, hc, hc), float("nan"), device=dev))
+        nw = w if with_norm else None
+        mp.mhc_pre(X, fn, scale, base, norm_weight=nw, rms_eps=m.rms_norm_eps, hc_eps=m.hc_eps,
+                   sinkhorn_iters=m.hc_sinkhorn_iters, post_mult=m.hc_post_mult, arch=get.profile(),
+                   get_kernel=get, out=out)
+        torch.cuda.synchronize()
+        y, post, comb = ref.ref_mhc_pre(X, fn, scale, base, m.rms_norm_eps, m.hc_eps, m.hc_sinkhorn_iters,
+                                        m.hc_post_mult, norm_weight=nw, broadcast=broadcast)
+        for name, got in zip(("layer_input", "post", "comb"), out):
+            assert torch.isfinite(got).all(), f"T={T_}: {name} not fully written"
+        errs = {"layer_input": _rel(out[0], y), "post": _rel(out[1], post), "comb": _rel(out[2], comb)}
+        for k, e in errs.items():
+            worst[k] = max(worst.get(k, 0.0), e)
+        assert errs["layer_input"] < 1e-2 and errs["post"] < 2e-3 and errs["comb"] < 2e-3, (T_, errs)
+    print(f"\n[{schedule} norm={with_norm} bcast={broadcast}] worst rel err {worst}; variants {sorted(get.used)}")
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("schedule", _schedules())
+@pytest.mark.parametrize("model", MODELS)
+def test_gpu_norm_fn(schedule, model, store):
+    """The GEMM partials alone (all split counts select returns), against float64."""
+    m = load_model_config(model)
+    H, hc = m.hidden_size, m.hc_mult
+    get = _Getter(schedule, store)
+    dev = torch.device("cuda")
+    worst = 0.0
+    for i, T_ in enumerate(GPU_TOKENS):
+        X, fn, *_ = _pre_inputs(T_, hc, H, False, dev, seed=2000 + i)
+        st = NF.statics_for(m)
+        s = NF.select(get.profile(), st, T_).p["n_splits"]
+        mix_part = torch.full((s, T_, mp.mix_pad(hc)), float("nan"), device=dev)
+        sq_part = torch.full((s, T_), float("nan"), device=dev)
+        get(NF, st, T_)(X.view(T_, -1), fn, mix_part, sq_part)
+        torch.cuda.synchronize()
+        _, raw, sq = ref.ref_mhc_pre_mixes(X, fn, m.rms_norm_eps)
+        assert torch.isfinite(mix_part).all() and torch.isfinite(sq_part).all()
+        assert (mix_part[..., mp.mix_width(hc):] == 0).all()
+        e = _rel(mix_part.sum(0)[:, :mp.mix_width(hc)], raw)
+        worst = max(worst, e)
+        assert e < 2e-3, (T_, e)
+        assert _rel(sq_part.sum(0), sq) < 1e-5
+    print(f"\n[{schedule} {model}] norm_fn worst rel err {worst:.2e}; variants {sorted(get.used)}")
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("schedule", _schedules())
+def test_gpu_sinkhorn(schedule, store):
+    m = load_model_config("deepseek-v4-flash")
+    hc, M = m.hc_mult, m.mix_width
+    get = _Getter(schedule, store)
+    dev = torch.device("cuda")
+    for i, T_ in enumerate(GPU_TOKENS):
+        g = torch.Generator().manual_seed(3000 + i)
+        mixes = (torch.randn(T_, M, generator=g) * 2).to(dev)
+        scale = (torch.rand(3, generator=g) + 0.5).to(dev)
+        base = (torch.randn(M, generator=g) * 0.5).to(dev)
+        out = tuple(torch.full(s, float("nan"), device=dev) for s in ((T_, hc), (T_, hc), (T_, hc, hc)))
+        mp.mhc_sinkhorn(mixes, scale, base, hc_eps=m.hc_eps, sinkhorn_iters=m.hc_sinkhorn_iters,
+                        post_mult=m.hc_post_mult, arch=get.profile(), get_kernel=get, out=out)
+        torch.cuda.synchronize()
+        want = ref.ref_sinkhorn(mixes, scale, base, m.hc_eps, m.hc_sinkhorn_iters, m.hc_post_mult)
+        for name, a, b in zip(("pre", "post", "comb"), out, want):
+            assert torch.isfinite(a).all(), (T_, name)
+            assert _rel(a, b) < 1e-5, (T_, name, _rel(a, b))
+
+
+@gpu
+@pytest.mark.gpu
+def test_gpu_op_validation(store):
+    get = _Getter("sm_90a", store)
+    dev = torch.device("cuda")
+    X, fn, scale, base, w = _pre_inputs(4, 4, 4096, False, dev, seed=7)
+    kw = dict(rms_eps=1e-6, hc_eps=1e-6, sinkhorn_iters=20, post_mult=2.0, arch=get.profile(), get_kernel=get)
+    with pytest.raises(ValueError):
+        mp.mhc_pre(X.float(), fn, scale, base, **kw)
+    with pytest.raises(ValueError):
+        mp.mhc_pre(X, fn[:, :100].contiguous(), scale, base, **kw)
+    with pytest.raises(ValueError):
+        mp.mhc_pre(X, fn, scale, base, workspace=torch.empty(3, device=dev), **kw)
+    with pytest.raises(ValueError):
+        mp.mhc_pre(X.cpu(), fn, scale, base, **kw)
