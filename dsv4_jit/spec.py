@@ -87,12 +87,31 @@ class KernelSpec:
     # ---- shared helpers -------------------------------------------------------------------
     @cached_property
     def code_fingerprint(self) -> str:
-        """sha256 over this kernel's source files: no TileLang elaboration needed on the warm path."""
+        """sha256 over the source of this kernel's module and every kernel module it draws on
+        (transitively): no TileLang elaboration is needed on the warm path, and an edit to a shared
+        helper in another kernel module still changes the key."""
         h = hashlib.sha256()
-        mods = self.source_modules or (inspect.getmodule(type(self)),)
-        for m in mods:
+        for m in self.source_closure():
+            h.update(m.__name__.encode())
             h.update(inspect.getsource(m).encode())
         return h.hexdigest()
+
+    def source_closure(self) -> list:
+        import sys
+        start = list(self.source_modules) or [inspect.getmodule(type(self))]
+        prefix = start[0].__name__.rsplit(".", 1)[0] + "."
+        seen: dict[str, Any] = {}
+        todo = list(start)
+        while todo:
+            m = todo.pop()
+            if m.__name__ in seen:
+                continue
+            seen[m.__name__] = m
+            for v in vars(m).values():
+                name = v.__name__ if inspect.ismodule(v) else getattr(v, "__module__", None)
+                if isinstance(name, str) and name.startswith(prefix) and name not in seen and name in sys.modules:
+                    todo.append(sys.modules[name])
+        return [seen[k] for k in sorted(seen)]
 
     def check_fits(self, variant: Variant) -> int:
         need = self.smem_bytes(variant)

@@ -135,3 +135,12 @@ def test_select_rejects_bad_token_counts():
     for bad in (0, -3, 2.5, "8"):
         with pytest.raises(ValueError):
             spec.select(get_profile("sm_120a"), {"hidden": 4096}, bad)
+
+
+def test_code_fingerprint_covers_imported_kernel_modules():
+    from dsv4_jit.spec import get_spec
+    head = get_spec("mhc_head")
+    mods = [m.__name__ for m in head.source_closure()]
+    # mhc_head builds on helpers from mhc_post (which uses mhc_pre): editing those must change its key.
+    assert mods == ["dsv4_jit.kernels.mhc_head", "dsv4_jit.kernels.mhc_post", "dsv4_jit.kernels.mhc_pre"]
+    assert len(head.code_fingerprint) == 64 and head.code_fingerprint != get_spec("mhc_post").code_fingerprint
