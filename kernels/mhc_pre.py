@@ -35,6 +35,7 @@ _MAX_SPLITS = 64
 _FUSE_APPLY_THREADS = 128
 _VEC = 8  # bf16 elements per 16-byte access
 _SINKHORN_TOKENS_PER_CTA = 128  # standalone Sinkhorn: one thread per token
+_HOPPER_LARGE_FROM = 128  # norm_fn: Hopper switches to the 64-token tile from this many tokens
 
 
 def mix_width(hc: int) -> int:
@@ -107,6 +108,21 @@ _NORM_FN_TILES = {
     "hopper": dict(token_block=32, hidden_block=128, stages=4, threads=128),
     "blackwell_dc": dict(token_block=32, hidden_block=128, stages=4, threads=128),
 }
+# Splits are picked so that the grid has >= this many CTAs per SM (see _pick_splits).
+_NORM_FN_CTAS_PER_SM = 2
+
+# Large-T tile per family: (from num_tokens, tile, CTAs per SM for the split pick).
+#  * Hopper: 64x128, 2 stages (65,536 B; 3 CTAs per SM fit), one 16-row mma tile per warp (FullRow).
+#    fn is re-read from L2 once per token block: at T=4096 token_block 64 halves that traffic
+#    (96 MiB instead of 192 MiB, against 128 MiB of x). Measured on H200 (V4-Flash, CUDA graphs):
+#    T=4096 45.3 us vs 58.7 (32x128x4); T=2048 25.9 vs 33.4; T=512 7.8-8.2 vs 10.2. One CTA per SM
+#    is enough here: at T=4096 4 splits (256 CTAs) beat 16 (1024 CTAs, 48.3 us); at T=2048 16 splits
+#    (512 CTAs) beat 4 (128 CTAs, 27.3 us). 3 stages was within 1%; 64x128 with 256 threads (2x4 warps)
+#    and 128x64 / 128x128 tiles were slower (1.1-2x).
+#  * SM12x / SM100: unmeasured, so unchanged (one tile for every T).
+_NORM_FN_LARGE_T = {
+    "hopper": (_HOPPER_LARGE_FROM, dict(token_block=64, hidden_block=128, stages=2, threads=128), 1),
+}
 
 
 def split_ladder(k: int, hidden_block: int) -> tuple[int, ...]:
@@ -117,14 +133,25 @@ def split_ladder(k: int, hidden_block: int) -> tuple[int, ...]:
     return tuple(sorted({s for s in (1, 4, 16) if s <= top and steps % s == 0} | {top}))
 
 
-def _pick_splits(num_tokens: int, token_block: int, k: int, hidden_block: int, num_sms: int) -> int:
-    """Smallest ladder split count giving >= ~2 CTAs per SM (tiny T: the largest, to spread fn reads)."""
+def _pick_splits(num_tokens: int, token_block: int, k: int, hidden_block: int, num_sms: int,
+                 ctas_per_sm: int = _NORM_FN_CTAS_PER_SM) -> int:
+    """Smallest ladder split count giving >= ctas_per_sm CTAs per SM (tiny T: the largest, to spread fn
+    reads)."""
     blocks = -(-num_tokens // token_block)
     ladder = split_ladder(k, hidden_block)
     for s in ladder:
-        if blocks * s >= 2 * num_sms:
+        if blocks * s >= ctas_per_sm * num_sms:
             return s
     return ladder[-1]
+
+
+def _norm_fn_tile(family: str, num_tokens: int):
+    """(tile, CTAs per SM) for this family and token count, or None for an unknown family."""
+    large = _NORM_FN_LARGE_T.get(family)
+    if large is not None and num_tokens >= large[0]:
+        return large[1], large[2]
+    tiles = _NORM_FN_TILES.get(family)
+    return None if tiles is None else (tiles, _NORM_FN_CTAS_PER_SM)
 
 
 @register
@@ -144,13 +171,15 @@ class MhcPreNormFnSpec(KernelSpec):
         self.check_tokens(num_tokens)
         st = _check_static(self.name, static, self._STATIC)
         _check_hc_hidden(self.name, st["hc"], st["hidden"])
-        tiles = _NORM_FN_TILES.get(_schedule_family(arch))
-        if tiles is None:
+        picked = _norm_fn_tile(_schedule_family(arch), num_tokens)
+        if picked is None:
             raise ValueError(f"{self.name}: no schedule for arch family {arch.family!r}")
+        tiles, ctas_per_sm = picked
         k = st["hc"] * st["hidden"]
         if k % (tiles["hidden_block"] * 2):
             raise ValueError(f"{self.name}: hc*hidden={k} not a multiple of 2*{tiles['hidden_block']}")
-        splits = _pick_splits(num_tokens, tiles["token_block"], k, tiles["hidden_block"], arch.num_sms_hint)
+        splits = _pick_splits(num_tokens, tiles["token_block"], k, tiles["hidden_block"], arch.num_sms_hint,
+                              ctas_per_sm)
         params = dict(st, mix=mix_width(st["hc"]), mix_pad=mix_pad(st["hc"]), n_splits=splits, **tiles)
         return Variant.make(self.name, params, arch)
 
@@ -176,6 +205,10 @@ def _build_norm_fn(*, hidden, hc, broadcast, mix, mix_pad, n_splits, token_block
     KS = K // S
     n_k = KS // BK
     num_tokens = T.dynamic("num_tokens")
+    # One 16-row mma tile per warp (token_block = 16 * warps): every warp owns whole rows, so the x
+    # A-fragment is not replicated across warps (half the x_s reads and registers of a 2x2 split).
+    full_row = BT == 16 * (threads // 32)
+    policy = T.GemmWarpPolicy.FullRow if full_row else T.GemmWarpPolicy.Square
 
     @T.prim_func
     def mhc_pre_norm_fn(
@@ -188,9 +221,10 @@ def _build_norm_fn(*, hidden, hc, broadcast, mix, mix_pad, n_splits, token_block
             x_s = T.alloc_shared((BT, BK), T.bfloat16)
             fn_s = T.alloc_shared((MP, BK), T.float32)
             x_f = T.alloc_fragment((BT, BK), T.float32)
-            # x^2 accumulated elementwise over the K loop, reduced once at the end; it is filled
-            # from x_s (not x_f) so its layout is free: the TF32 A-operand layout of x_f cannot be
-            # row-reduced by TileLang for token_block 64 (thread-owned reduce segments).
+            # x^2: full_row tiles accumulate it elementwise over the K loop and reduce once at the end,
+            # filling it from x_s (not x_f) so its layout is free: TileLang cannot row-reduce the
+            # TF32 A-operand layout of x_f at token_block 64 (ReduceOp "thread-owned reduce segment"
+            # check). The 2x2-warp token_block-32 tiles keep the per-step reduce of x_f^2.
             sq_acc = T.alloc_fragment((BT, BK), T.float32)
             sq_f = T.alloc_fragment((BT,), T.float32)
             acc = T.alloc_fragment((BT, MP), T.float32)
@@ -199,7 +233,9 @@ def _build_norm_fn(*, hidden, hc, broadcast, mix, mix_pad, n_splits, token_block
             # chunks by row spreads them over all banks.
             T.annotate_layout({x_s: make_swizzled_layout(x_s)})
             T.clear(acc)
-            T.clear(sq_acc)
+            T.clear(sq_f)
+            if full_row:
+                T.clear(sq_acc)
             for kk in T.Pipelined(n_k, num_stages=stages):
                 k0 = bs * KS + kk * BK
                 if broadcast:
@@ -212,11 +248,17 @@ def _build_norm_fn(*, hidden, hc, broadcast, mix, mix_pad, n_splits, token_block
                 # the padded output columns; those are zeroed before the store.
                 T.copy(fn[0:M, k0:k0 + BK], fn_s[0:M, 0:BK])
                 T.copy(x_s, x_f)
-                for i, j in T.Parallel(BT, BK):
-                    sq_acc[i, j] = sq_acc[i, j] + T.Cast(T.float32, x_s[i, j]) * T.Cast(T.float32, x_s[i, j])
+                if full_row:
+                    for i, j in T.Parallel(BT, BK):
+                        sq_acc[i, j] = sq_acc[i, j] + T.Cast(T.float32, x_s[i, j]) * T.Cast(T.float32, x_s[i, j])
+                else:
+                    for i, j in T.Parallel(BT, BK):
+                        sq_acc[i, j] = x_f[i, j] * x_f[i, j]
+                    T.reduce_sum(sq_acc, sq_f, dim=1, clear=False)
                 # bf16 x is exact in TF32; fn is rounded to TF32 (same as DeepGEMM's tf32 prenorm GEMM)
-                T.gemm(x_f, fn_s, acc, transpose_B=True)
-            T.reduce_sum(sq_acc, sq_f, dim=1)
+                T.gemm(x_f, fn_s, acc, transpose_B=True, policy=policy)
+            if full_row:
+                T.reduce_sum(sq_acc, sq_f, dim=1, clear=False)
             for i, j in T.Parallel(BT, MP):
                 acc[i, j] = T.if_then_else(j < M, acc[i, j], T.float32(0))
             T.copy(acc, mix_part[bs, bt * BT, 0])

@@ -146,7 +146,8 @@ def test_ref_sinkhorn_matches_literal():
 def test_select_bounded_pure(model, arch):
     for spec, static in _all_uses(model):
         vs = _variants(spec, arch, static)
-        limit = 4 if spec.name == NF.name else 1
+        # norm_fn: the split ladder (4) plus, on Hopper, the small-T 32-token tile (see _NORM_FN_LARGE_T)
+        limit = 5 if spec.name == NF.name else 1
         assert 1 <= len(vs) <= limit, (spec.name, [v.name for v in vs])
         for v, t in vs.items():
             assert spec.select(get_profile(arch), dict(static), t) == v  # deterministic
