@@ -61,6 +61,19 @@ def main() -> int:
     def bench(fn) -> float:
         return do_bench(fn, warmup=25, rep=200, return_mode="median") * 1e3  # us
 
+    def graph_us(fn, reps: int = 20) -> float:
+        """Kernel time without host overhead: `reps` calls captured in one CUDA graph, replayed."""
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            fn()
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(reps):
+                fn()
+        return bench(g.replay) / reps
+
     bw = copy_bandwidth_gbs()
     tk_pre, tk_post = import_tile_kernels()
     dev = "cuda"
@@ -68,6 +81,9 @@ def main() -> int:
     fn = torch.randn(M, HC * H, device=dev, generator=g) * 1e-2
     scale = torch.rand(3, device=dev, generator=g) + 0.5
     base = torch.randn(M, device=dev, generator=g) * 0.1
+    fn_head = torch.randn(HC, HC * H, device=dev, generator=g) * 1e-2
+    scale_h = torch.rand(1, device=dev, generator=g) + 0.5
+    base_h = torch.randn(HC, device=dev, generator=g) * 0.1
     rows = []
     for t in args.tokens:
         residual = torch.randn(t, HC, H, device=dev, generator=g).to(torch.bfloat16)
@@ -83,8 +99,17 @@ def main() -> int:
         dsv4_jit.mhc_post(x, residual, post, comb, arch=args.arch)
         r["pre_us"] = bench(lambda: dsv4_jit.mhc_pre(residual, fn, scale, base, arch=args.arch, **kw))
         r["post_us"] = bench(lambda: dsv4_jit.mhc_post(x, residual, post, comb, arch=args.arch))
-        r["torch_pre_us"] = bench(lambda: ref.ref_mhc_pre(residual, fn, scale, base, EPS, EPS, ITERS, POST_MULT))
-        r["torch_post_us"] = bench(lambda: ref.ref_mhc_post(x, residual, post, comb))
+        r["pre_graph_us"] = graph_us(lambda: dsv4_jit.mhc_pre(residual, fn, scale, base, arch=args.arch, **kw))
+        r["post_graph_us"] = graph_us(lambda: dsv4_jit.mhc_post(x, residual, post, comb, arch=args.arch))
+        f32 = torch.float32
+        dsv4_jit.hc_head(residual, fn_head, scale_h, base_h, rms_eps=EPS, hc_eps=EPS, arch=args.arch)
+        r["head_us"] = bench(lambda: dsv4_jit.hc_head(residual, fn_head, scale_h, base_h, rms_eps=EPS, hc_eps=EPS,
+                                                      arch=args.arch))
+        r["head_graph_us"] = graph_us(lambda: dsv4_jit.hc_head(residual, fn_head, scale_h, base_h, rms_eps=EPS,
+                                                               hc_eps=EPS, arch=args.arch))
+        r["torch_head_us"] = bench(lambda: ref.ref_hc_head(residual, fn_head, scale_h, base_h, EPS, EPS, dtype=f32))
+        r["torch_pre_us"] = bench(lambda: ref.ref_mhc_pre(residual, fn, scale, base, EPS, EPS, ITERS, POST_MULT, dtype=f32))
+        r["torch_post_us"] = bench(lambda: ref.ref_mhc_post(x, residual, post, comb, dtype=f32))
         if tk_pre is not None:
             try:
                 tk_pre(residual, fn, scale, base, EPS, EPS, EPS, POST_MULT, ITERS)
@@ -105,13 +130,20 @@ def main() -> int:
 
     name = torch.cuda.get_device_name()
     print(f"\n{name}; copy bandwidth {bw:,.0f} GB/s; V4-Flash shapes (H={H}, hc={HC}); times in us (median)")
-    hdr = f"{'T':>5} | {'pre':>7} {'tk pre':>7} {'torch':>7} {'%copy':>6} | {'post':>7} {'tk post':>7} {'torch':>7} {'%copy':>6}"
+    hdr = (f"{'T':>5} | {'pre':>7} {'graph':>7} {'tk pre':>7} {'torch':>7} {'%copy':>6} | "
+           f"{'post':>7} {'graph':>7} {'tk post':>7} {'torch':>7} {'%copy':>6}")
     print(hdr)
     print("-" * len(hdr))
     f = lambda r, k: f"{r[k]:7.1f}" if k in r else f"{'-':>7}"
     for r in rows:
-        print(f"{r['T']:>5} | {f(r, 'pre_us')} {f(r, 'tk_pre_us')} {f(r, 'torch_pre_us')} {100 * r['pre_gbs'] / bw:5.1f}% | "
-              f"{f(r, 'post_us')} {f(r, 'tk_post_us')} {f(r, 'torch_post_us')} {100 * r['post_gbs'] / bw:5.1f}%")
+        print(f"{r['T']:>5} | {f(r, 'pre_us')} {f(r, 'pre_graph_us')} {f(r, 'tk_pre_us')} {f(r, 'torch_pre_us')} "
+              f"{100 * r['pre_gbs'] / bw:5.1f}% | {f(r, 'post_us')} {f(r, 'post_graph_us')} {f(r, 'tk_post_us')} "
+              f"{f(r, 'torch_post_us')} {100 * r['post_gbs'] / bw:5.1f}%")
+    print("pre/post: do_bench of the public op (host overhead included, as for tile-kernels and torch); "
+          "graph: the same op captured in a CUDA graph (kernel time); %copy: do_bench figure vs copy bandwidth")
+    print(f"\n{'T':>5} | {'hc_head':>8} {'graph':>7} {'torch':>7}")
+    for r in rows:
+        print(f"{r['T']:>5} | {r['head_us']:8.1f} {r['head_graph_us']:7.1f} {r['torch_head_us']:7.1f}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"device": name, "copy_gbs": bw, "rows": rows}, indent=1))

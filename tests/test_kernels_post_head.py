@@ -1,5 +1,6 @@
 """mHC post / fused post+next-pre / hc_head: select contract, references, cross-compiles, GPU checks."""
 import math
+import os
 import subprocess
 import sys
 
@@ -277,27 +278,22 @@ def _gpu_profiles():
     return profs
 
 
-_LOADED = {}
-
-
 @pytest.fixture(scope="module")
 def kernel_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("post_head_kernels")
+    """The store the GPU tests load through: $DSV4_JIT_CACHE_DIR when set (e.g. an imported bundle
+    compiled on a machine with no GPU), else a fresh one."""
+    from dsv4_jit.cache_tools.store import Store
+    if os.environ.get("DSV4_JIT_CACHE_DIR"):
+        return Store()
+    return Store(tmp_path_factory.mktemp("post_head_store"))
 
 
-def _getter(profile, kernel_dir):
+def _getter(profile, store):
     from dsv4_jit import jit
 
     def get(spec, static, num_tokens):
-        v = spec.select(profile, static, num_tokens)
-        if v not in _LOADED:
-            d = kernel_dir / f"k{len(_LOADED)}"
-            jit.compile_to_dir(spec, v, d)
-            jit._ensure_runtime()
-            import tvm_ffi
-            mod = tvm_ffi.load_module(str(d / jit.LIB_NAME))
-            _LOADED[v] = (mod, mod["main"])
-        return _LOADED[v][1]
+        # The serving path: select, then load from the store (compiling only on a miss).
+        return jit.load(spec, spec.select(profile, static, num_tokens), store)
     return get
 
 
