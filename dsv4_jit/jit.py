@@ -133,6 +133,17 @@ def default_store():
     return _STORE
 
 
+def prepare() -> float:
+    """Once per process, at engine start: open the store, fingerprint the toolchain, register
+    TileLang's module loader. Returns seconds taken. Later loads then cost only a manifest read
+    and a dlopen each."""
+    t0 = time.perf_counter()
+    default_store()
+    toolchain_fingerprint()
+    _ensure_runtime()
+    return time.perf_counter() - t0
+
+
 def set_default_store(store) -> None:
     global _STORE
     _STORE = store
