@@ -21,7 +21,7 @@ TileLang is imported only inside the builders: importing this module must stay c
 from typing import Any, Mapping
 
 from dsv4_jit.arch import ArchProfile, get_profile
-from dsv4_jit.spec import KernelSpec, Variant, register
+from dsv4_jit.spec import KernelSpec, Variant, get_spec, register
 
 # ---------------------------------------------------------------------------------------------
 # shared constants / helpers
@@ -671,12 +671,14 @@ def mhc_pre(residual, fn, hc_scale, hc_base, *, norm_weight=None, rms_eps, hc_ep
     if tokens == 0:
         return layer_input, post, comb
 
-    nf_spec, fuse_spec = MhcPreNormFnSpec(), MhcPreFuseSpec()
+    nf_spec, fuse_spec = get_spec(MhcPreNormFnSpec.name), get_spec(MhcPreFuseSpec.name)
     nf_static = {"hidden": hidden, "hc": hc, "broadcast": broadcast}
     fuse_static = {"hidden": hidden, "hc": hc, "iters": int(sinkhorn_iters), "rms_eps": float(rms_eps),
                    "hc_eps": float(hc_eps), "post_mult": float(post_mult), "with_norm": with_norm,
                    "norm_eps": float(rms_eps if norm_eps is None else norm_eps), "broadcast": broadcast}
-    splits = nf_spec.select(arch, nf_static, tokens).p["n_splits"]
+    # The split count is the one the selected (and loaded) variant was compiled with: one runtime path.
+    norm_fn = get_kernel(nf_spec, nf_static, tokens)
+    splits = norm_fn.variant.p["n_splits"]
     mp = mix_pad(hc)
     need = mhc_pre_workspace_numel(tokens, splits, hc)
     if workspace is None:
@@ -688,7 +690,7 @@ def mhc_pre(residual, fn, hc_scale, hc_base, *, norm_weight=None, rms_eps, hc_ep
     sq_part = workspace[splits * tokens * mp: need].view(splits, tokens)
 
     x = residual if broadcast else residual.view(tokens, hc * hidden)
-    get_kernel(nf_spec, nf_static, tokens)(x, fn, mix_part, sq_part)
+    norm_fn(x, fn, mix_part, sq_part)
     fuse = get_kernel(fuse_spec, fuse_static, tokens)
     if with_norm:
         fuse(mix_part, sq_part, residual, hc_scale, hc_base, norm_weight, layer_input, post, comb)

@@ -18,6 +18,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("bundle")
     ap.add_argument("--tokens", type=int, nargs="+", default=[1, 7, 64, 513, 4096])
+    ap.add_argument("--sweep", type=int, default=8192, help="launch every op at every T in 1..N")
     args = ap.parse_args()
     import dsv4_jit
     from dsv4_jit.cache_tools.bundle import import_bundle
@@ -45,9 +46,31 @@ def main() -> int:
         for a, b in ((li, rli), (post, rpost), (comb, rcomb), (out, rout)):
             err = ((a.float() - b.float()).norm() / b.float().norm()).item()
             worst = max(worst, err)
+    # Every token count the engine can produce (1..--sweep), every public op and call-site flavour,
+    # real launches: the planner's coverage must equal what serving selects.
+    T_MAX = args.sweep
+    res_max = torch.randn(T_MAX, HC, H, device="cuda", generator=g).to(torch.bfloat16)
+    x_max = torch.randn(T_MAX, H, device="cuda", generator=g).to(torch.bfloat16)
+    mixes_max = torch.randn(T_MAX, M, device="cuda", generator=g)
+    norm_w = torch.rand(H, device="cuda", generator=g).to(torch.bfloat16) + 0.5
+    fn_head = torch.randn(HC, HC * H, device="cuda", generator=g) * 1e-2
+    scale_h, base_h = scale[:1].contiguous(), base[:HC].contiguous()
+    kw = dict(rms_eps=1e-6, hc_eps=1e-6, sinkhorn_iters=20, post_mult=2.0)
+    t1 = time.perf_counter()
+    for t in range(1, T_MAX + 1):
+        res, x = res_max[:t], x_max[:t]
+        li, post, comb = dsv4_jit.mhc_pre(res, fn, scale, base, norm_weight=norm_w, **kw)
+        dsv4_jit.mhc_pre(res, fn, scale, base, **kw)
+        dsv4_jit.mhc_pre(x, fn, scale, base, norm_weight=norm_w, **kw)          # first layer: broadcast
+        dsv4_jit.mhc_sinkhorn(mixes_max[:t], scale, base, hc_eps=1e-6, sinkhorn_iters=20, post_mult=2.0)
+        dsv4_jit.mhc_post(x, res, post, comb)
+        dsv4_jit.mhc_post_pre_fused(x, res, post, comb, fn)
+        dsv4_jit.hc_head(res, fn_head, scale_h, base_h, rms_eps=1e-6, hc_eps=1e-6)
     torch.cuda.synchronize()
+    print(f"sweep: 7 op calls x {T_MAX} token counts in {time.perf_counter() - t1:.1f} s, "
+          f"compiles so far {dsv4_jit.counters()['compiles']}")
     c = dsv4_jit.counters()
-    print(json.dumps({"tokens": args.tokens, "max_rel_err": worst, "counters": {k: c[k] for k in ("hits", "loads", "compiles")}}))
+    print(json.dumps({"tokens": args.tokens, "sweep": args.sweep, "max_rel_err": worst, "counters": {k: c[k] for k in ("hits", "loads", "compiles")}}))
     ok = c["compiles"] == 0 and worst < 2e-2
     print("CONTAINER CASE", "PASSED" if ok else "FAILED", f"(compiles={c['compiles']}, loads={c['loads']}, max rel err {worst:.2e})")
     return 0 if ok else 1
