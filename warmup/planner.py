@@ -16,9 +16,10 @@ from dsv4_jit.errors import ConfigError, Dsv4JitError
 from .shapes import EngineShapes
 
 PLAN_SCHEMA = 1
-# Measured TileLang cross-compile cost of one variant on one core of the 2-core dev machine
-# (TileLang lowering + nvcc). Used only for estimates.
-SECONDS_PER_VARIANT_PER_CORE = 3.0
+# Measured cost of one variant on one core of the 2-core dev/CI machine, through `dsv4-jit warmup`
+# (worker start, TileLang elaboration + lowering, nvcc, publish): V4-Flash on vLLM defaults, 16
+# variants in 173 s at -j 1 (benchmarks/bench_warmup.py --measure). Used only for estimates.
+SECONDS_PER_VARIANT_PER_CORE = 11.0
 
 
 def intervals(values: Iterable[int]) -> list[tuple[int, int]]:
