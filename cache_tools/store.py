@@ -144,6 +144,25 @@ def _rmtree(path: Path | None) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
+@contextmanager
+def _best_effort_lock(path: Path, timeout: float) -> Iterator[None]:
+    """Hold a file lock when one can be had; otherwise run unlocked (callers stay correct without it)."""
+    lock = None
+    try:
+        lock = filelock.FileLock(str(path), timeout=timeout)
+        lock.acquire()
+    except Exception:
+        lock = None
+    try:
+        yield
+    finally:
+        if lock is not None:
+            try:
+                lock.release()
+            except Exception:
+                pass
+
+
 class Store:
     """Content-addressed artifact cache. See module docstring; all public methods are process- and
     thread-safe. `root` defaults to $DSV4_JIT_CACHE_DIR or the platform user cache dir; `layers`
@@ -707,22 +726,9 @@ class Store:
         self._touched.clear()
         return report
 
-    @contextmanager
-    def _maintenance_lock(self, layer: Layer) -> Iterator[None]:
-        lock = None
-        try:
-            lock = filelock.FileLock(str(layer.dir("locks") / "maintenance.lock"), timeout=600)
-            lock.acquire()
-        except Exception:  # best effort: prune/clear are safe unlocked, just racy against each other
-            lock = None
-        try:
-            yield
-        finally:
-            if lock is not None:
-                try:
-                    lock.release()
-                except Exception:
-                    pass
+    def _maintenance_lock(self, layer: Layer):
+        # best effort: prune/clear are safe unlocked, just racy against each other
+        return _best_effort_lock(layer.dir("locks") / "maintenance.lock", timeout=600)
 
     # ------------------------------------------------------------------ stats
     def _persisted_stats(self) -> dict:
@@ -742,37 +748,27 @@ class Store:
         layer = self.writable
         if not counts or layer is None:
             return
-        lock = None
         tmp = layer.dir("staging") / f".stats-{uuid.uuid4().hex}"
         try:
-            lock = filelock.FileLock(str(layer.dir("locks") / "stats.lock"), timeout=10)
-            try:
-                lock.acquire()
-            except Exception:
-                lock = None  # merge unlocked: at worst one process's counts are lost
-            try:
-                data = json.loads(layer.stats_path.read_bytes())
-                if not isinstance(data, dict) or not isinstance(data.get("layers"), dict):
-                    raise ValueError("bad stats.json")
-            except (OSError, ValueError):
-                data = {"version": 1, "layers": {}}
-            for label, (h, m, q) in counts.items():
-                rec = data["layers"].setdefault(label, {"hits": 0, "misses": 0, "quarantined": 0})
-                rec["hits"] = int(rec.get("hits", 0)) + h
-                rec["misses"] = int(rec.get("misses", 0)) + m
-                rec["quarantined"] = int(rec.get("quarantined", 0)) + q
-            data["updated"] = time.time()
-            write_file_durable(tmp, json.dumps(data, indent=1, sort_keys=True).encode(), 0o600)
-            os.replace(tmp, layer.stats_path)
+            # Unlocked if the lock cannot be had: at worst one process's counts are lost.
+            with _best_effort_lock(layer.dir("locks") / "stats.lock", timeout=10):
+                try:
+                    data = json.loads(layer.stats_path.read_bytes())
+                    if not isinstance(data, dict) or not isinstance(data.get("layers"), dict):
+                        raise ValueError("bad stats.json")
+                except (OSError, ValueError):
+                    data = {"version": 1, "layers": {}}
+                for label, (h, m, q) in counts.items():
+                    rec = data["layers"].setdefault(label, {"hits": 0, "misses": 0, "quarantined": 0})
+                    rec["hits"] = int(rec.get("hits", 0)) + h
+                    rec["misses"] = int(rec.get("misses", 0)) + m
+                    rec["quarantined"] = int(rec.get("quarantined", 0)) + q
+                data["updated"] = time.time()
+                write_file_durable(tmp, json.dumps(data, indent=1, sort_keys=True).encode(), 0o600)
+                os.replace(tmp, layer.stats_path)
         except OSError as e:
             log.debug("cache: could not flush stats: %s", e)
             _unlink_quiet(tmp)
-        finally:
-            if lock is not None:
-                try:
-                    lock.release()
-                except Exception:
-                    pass
 
     def stats(self) -> dict:
         """Per layer: entries, bytes, hits, misses, quarantined (persisted + this process)."""
