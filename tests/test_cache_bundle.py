@@ -18,14 +18,7 @@ from dsv4_jit.cache_tools import store as store_mod
 FP = {"tilelang": "0.1.15", "tilelang_libs": "ab" * 32, "nvcc": "12.8.93", "host_abi": "tvm_ffi-0.1-linux-x86_64"}
 
 
-@pytest.fixture(autouse=True)
-def _isolate(monkeypatch, tmp_path):
-    for var in ("DSV4_JIT_CACHE_DIR", "DSV4_JIT_CACHE_LAYERS", "DSV4_JIT_ALLOW_SHARED_CACHE"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    monkeypatch.setattr(store_mod, "_warned", set())
-    monkeypatch.setattr(store_mod, "_verified", set())
-    monkeypatch.setattr(store_mod, "_bad", {})
+pytestmark = pytest.mark.usefixtures("isolated_cache")
 
 
 SPECS = [("mhc_pre", "sm_90a", 0), ("mhc_pre", "sm_120a", 1), ("mhc_post", "sm_90a", 2)]

@@ -10,18 +10,9 @@ from pathlib import Path
 import pytest
 
 from dsv4_jit.cache_tools import CacheError, Store, compute_key
-from dsv4_jit.cache_tools import store as store_mod
 from dsv4_jit.cache_tools.cli import human_bytes, parse_size, table
 
-
-@pytest.fixture(autouse=True)
-def _isolate(monkeypatch, tmp_path):
-    for var in ("DSV4_JIT_CACHE_DIR", "DSV4_JIT_CACHE_LAYERS", "DSV4_JIT_ALLOW_SHARED_CACHE"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    monkeypatch.setattr(store_mod, "_warned", set())
-    monkeypatch.setattr(store_mod, "_verified", set())
-    monkeypatch.setattr(store_mod, "_bad", {})
+pytestmark = pytest.mark.usefixtures("isolated_cache")
 
 
 def cli(tmp_path: Path, *args: str, cache: Path | None = None, stdin: str | None = None) -> subprocess.CompletedProcess:

@@ -22,16 +22,7 @@ from dsv4_jit.cache_tools import store as store_mod
 from dsv4_jit.errors import Dsv4JitError
 
 
-@pytest.fixture(autouse=True)
-def _isolate(monkeypatch, tmp_path):
-    for var in ("DSV4_JIT_CACHE_DIR", "DSV4_JIT_CACHE_LAYERS", "DSV4_JIT_ALLOW_SHARED_CACHE",
-                store_mod.PAUSE_BEFORE_MANIFEST_ENV):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    # Process-wide memos: each test starts as a fresh process would.
-    monkeypatch.setattr(store_mod, "_warned", set())
-    monkeypatch.setattr(store_mod, "_verified", set())
-    monkeypatch.setattr(store_mod, "_bad", {})
+pytestmark = pytest.mark.usefixtures("isolated_cache")
 
 
 def fields_for(i: int = 0, kernel: str = "mhc_pre", arch: str = "sm_90a") -> dict:
