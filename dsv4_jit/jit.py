@@ -260,9 +260,6 @@ def compile_variant(spec: KernelSpec, variant: Variant, store=None, *, caller: s
     """Compile into the store (once across processes: the store's per-key lock) or return the entry."""
     store = store or default_store()
     key = artifact_key(spec, variant)
-    entry = store.lookup(key)
-    if entry is not None:
-        return entry
 
     def build(staging: Path) -> dict:
         if _SEAL["mode"] is not None:
@@ -274,6 +271,7 @@ def compile_variant(spec: KernelSpec, variant: Variant, store=None, *, caller: s
             COUNTERS.compile_seconds += time.perf_counter() - t0
         return meta
 
+    # get_or_build looks the key up first (one counted lookup) and builds only on a miss.
     return store.get_or_build(key, key_fields(spec, variant), build)
 
 
@@ -342,11 +340,12 @@ def load(spec: KernelSpec, variant: Variant, store=None, *, compile_missing: boo
             COUNTERS.hits += 1
             return k
         store = store or default_store()
-        entry = store.lookup(artifact_key(spec, variant))
-        if entry is None:
-            if not compile_missing:
-                raise LookupError(f"{variant.name} is not in the cache")
+        if compile_missing:
             entry = compile_variant(spec, variant, store, caller=caller)
+        else:
+            entry = store.lookup(artifact_key(spec, variant))
+            if entry is None:
+                raise LookupError(f"{variant.name} is not in the cache")
         k = _LOADED[memo] = load_entry(variant, entry)
         return k
 
