@@ -18,10 +18,17 @@ from .jit import seal, sealed, counters, reset_counters, get_kernel, kernel_gett
 from .model_config import ModelConfig, ParallelConfig, load_model_config  # noqa: E402
 
 
+_ARCH_KW: dict[Any, dict[str, Any]] = {}
+
+
 def _arch_kw(arch: ArchProfile | str | None) -> dict[str, Any]:
-    from .jit import current_arch
-    profile = current_arch() if arch is None else get_profile(arch)
-    return {"arch": profile, "get_kernel": kernel_getter(profile)}
+    """{"arch": profile, "get_kernel": getter} for the ops, resolved once per `arch` argument."""
+    kw = _ARCH_KW.get(arch)
+    if kw is None:
+        from .jit import current_arch
+        profile = current_arch() if arch is None else get_profile(arch)
+        kw = _ARCH_KW[arch] = {"arch": profile, "get_kernel": kernel_getter(profile)}
+    return kw
 
 
 def mhc_pre(residual, fn, hc_scale, hc_base, *, arch=None, **kw):

@@ -392,8 +392,15 @@ def current_arch() -> ArchProfile:
     return _CURRENT_ARCH[0]
 
 
+_GETTERS: dict[Any, Callable] = {}
+
+
 def kernel_getter(arch: ArchProfile | str | None = None) -> Callable:
-    """A `get_kernel(spec, static, num_tokens)` bound to one arch, as the op wrappers take it."""
-    def _get(spec: KernelSpec, static: Mapping[str, Any], num_tokens: int) -> LoadedKernel:
-        return get_kernel(spec, static, num_tokens, arch)
-    return _get
+    """A `get_kernel(spec, static, num_tokens)` bound to one arch, as the op wrappers take it. One
+    object per arch: the op wrappers key their per-signature launch plans on it."""
+    g = _GETTERS.get(arch)
+    if g is None:
+        def g(spec: KernelSpec, static: Mapping[str, Any], num_tokens: int) -> LoadedKernel:
+            return get_kernel(spec, static, num_tokens, arch)
+        _GETTERS[arch] = g
+    return g

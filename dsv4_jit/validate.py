@@ -22,3 +22,29 @@ def check_tensor(t, name: str, shape: Sequence[int | None], dtype: torch.dtype,
         raise ValueError(f"{name}: must be contiguous (call .contiguous())")
     if t.device.type != "cuda":
         raise ValueError(f"{name}: must be a CUDA tensor, got device {t.device}")
+
+
+def same_layout(t, shape: tuple, dtype: torch.dtype, device: torch.device) -> bool:
+    """The hot-path check: True when `t` is a contiguous tensor of exactly this shape, dtype and
+    device (a handful of attribute reads). On False, call check_tensor for the precise error."""
+    try:
+        return t.dtype is dtype and t.shape == shape and t.device == device and t.is_contiguous()
+    except AttributeError:
+        return False
+
+
+def require(t, name: str, shape: tuple, dtype: torch.dtype, device: torch.device) -> None:
+    """same_layout, else the ValueError that check_tensor words (never returns quietly on a mismatch)."""
+    if not same_layout(t, shape, dtype, device):
+        check_tensor(t, name, list(shape), dtype, device)
+        raise ValueError(f"{name}: expected a contiguous {dtype} tensor of shape {list(shape)} on {device}")
+
+
+def require_1d(t, name: str, dtype: torch.dtype, device: torch.device) -> None:
+    """A contiguous 1-D tensor of any length (workspaces)."""
+    try:
+        ok = t.dtype is dtype and t.dim() == 1 and t.device == device and t.is_contiguous()
+    except AttributeError:
+        ok = False
+    if not ok:
+        check_tensor(t, name, [None], dtype, device)

@@ -18,7 +18,7 @@ TileLang is imported only inside the builders: importing this module must stay c
 """
 # No `from __future__ import annotations`: TileLang evaluates prim_func annotations, which name
 # builder-local shapes (PEP 563 strings cannot see closure variables).
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 from dsv4_jit.arch import ArchProfile, get_profile
 from dsv4_jit.spec import KernelSpec, Variant, get_spec, register
@@ -32,10 +32,15 @@ _MIX_ALIGN = 16
 # Largest split count norm_fn may use (see split_ladder: a small enumerable set per K).
 _MAX_SPLITS = 64
 # Fuse kernel: one warp for the Sinkhorn, _FUSE_APPLY_THREADS threads for the pre-apply (16 B each).
-_FUSE_APPLY_THREADS = 128
+# 256: H200, T=4096 fuse 44.3 us vs 47.7 with 128 (57.7 with 512); T=64 4.8 vs 5.7 (sweep_mhc_schedules.py).
+_FUSE_APPLY_THREADS = 256
 _VEC = 8  # bf16 elements per 16-byte access
 _SINKHORN_TOKENS_PER_CTA = 128  # standalone Sinkhorn: one thread per token
 _HOPPER_LARGE_FROM = 128  # norm_fn: Hopper switches to the 64-token tile from this many tokens
+# Programmatic dependent launch: the fuse kernel always waits in pdl_sync; norm_fn lets it launch early
+# (pdl_trigger) below this many tokens. H200, V4-Flash, norm_fn + fuse under do_bench: T=1 12.4 -> 10.7 us,
+# T=64 14.2 -> 12.6, T=512 23.0 -> 21.5; at T=4096 the early fuse CTAs cost 91.7 -> 93.1, so no trigger there.
+_PDL_TRIGGER_BELOW = 1024
 
 
 def mix_width(hc: int) -> int:
@@ -115,8 +120,9 @@ _NORM_FN_CTAS_PER_SM = 2
 #  * Hopper: 64x128, 2 stages (65,536 B; 3 CTAs per SM fit), one 16-row mma tile per warp (FullRow).
 #    fn is re-read from L2 once per token block: at T=4096 token_block 64 halves that traffic
 #    (96 MiB instead of 192 MiB, against 128 MiB of x). Measured on H200 (V4-Flash, CUDA graphs):
-#    T=4096 45.3 us vs 58.7 (32x128x4); T=2048 25.9 vs 33.4; T=512 7.8-8.2 vs 10.2. One CTA per SM
-#    is enough here: at T=4096 4 splits (256 CTAs) beat 16 (1024 CTAs, 48.3 us); at T=2048 16 splits
+#    T=4096 45.3 us vs 58.7 (32x128x4); T=2048 25.9 vs 33.4; T=512 7.8-8.2 vs 10.2. Squares taken
+#    from the x_f registers instead of a second x_s read: T=4096 43.9 us vs 48.1
+#    (sweep_mhc_schedules.py). One CTA per SM is enough here: at T=4096 4 splits (256 CTAs) beat 16 (1024 CTAs, 48.3 us); at T=2048 16 splits
 #    (512 CTAs) beat 4 (128 CTAs, 27.3 us). 3 stages was within 1%; 64x128 with 256 threads (2x4 warps)
 #    and 128x64 / 128x128 tiles were slower (1.1-2x).
 #  * SM12x / SM100: unmeasured, so unchanged (one tile for every T).
@@ -180,7 +186,8 @@ class MhcPreNormFnSpec(KernelSpec):
             raise ValueError(f"{self.name}: hc*hidden={k} not a multiple of 2*{tiles['hidden_block']}")
         splits = _pick_splits(num_tokens, tiles["token_block"], k, tiles["hidden_block"], arch.num_sms_hint,
                               ctas_per_sm)
-        params = dict(st, mix=mix_width(st["hc"]), mix_pad=mix_pad(st["hc"]), n_splits=splits, **tiles)
+        params = dict(st, mix=mix_width(st["hc"]), mix_pad=mix_pad(st["hc"]), n_splits=splits, **tiles,
+                      pdl=num_tokens < _PDL_TRIGGER_BELOW)
         return Variant.make(self.name, params, arch)
 
     def smem_bytes(self, variant: Variant) -> int:
@@ -195,7 +202,7 @@ class MhcPreNormFnSpec(KernelSpec):
 
 
 def _build_norm_fn(*, hidden, hc, broadcast, mix, mix_pad, n_splits, token_block, hidden_block, stages,
-                   threads):
+                   threads, pdl=False):
     import tilelang.language as T
     from tilelang.layout import make_swizzled_layout
 
@@ -218,15 +225,20 @@ def _build_norm_fn(*, hidden, hc, broadcast, mix, mix_pad, n_splits, token_block
         sq_part: T.Tensor((S, num_tokens), T.float32),
     ):
         with T.Kernel(T.ceildiv(num_tokens, BT), S, threads=threads) as (bt, bs):
+            if pdl:
+                # let the fuse kernel launch now: its CTAs wait in pdl_sync until this grid is done
+                T.pdl_trigger()
             x_s = T.alloc_shared((BT, BK), T.bfloat16)
             fn_s = T.alloc_shared((MP, BK), T.float32)
             x_f = T.alloc_fragment((BT, BK), T.float32)
-            # x^2: full_row tiles accumulate it elementwise over the K loop and reduce once at the end,
-            # filling it from x_s (not x_f) so its layout is free: TileLang cannot row-reduce the
-            # TF32 A-operand layout of x_f at token_block 64 (ReduceOp "thread-owned reduce segment"
-            # check). The 2x2-warp token_block-32 tiles keep the per-step reduce of x_f^2.
+            # x^2: full_row tiles accumulate it elementwise from the x_f registers over the K loop and
+            # row-reduce once at the end, through a fragment copy (sq_red): TileLang's ReduceOp rejects
+            # the TF32 A-operand layout of sq_acc itself at token_block 64 ("thread-owned reduce
+            # segment"). Re-reading x_s for the squares instead cost 4.2 us at T=4096 on H200 (48.1 vs
+            # 43.9 us, shared-memory traffic). The 2x2-warp token_block-32 tiles reduce x_f^2 per step.
             sq_acc = T.alloc_fragment((BT, BK), T.float32)
             sq_f = T.alloc_fragment((BT,), T.float32)
+            sq_red = T.alloc_fragment((BT, BK), T.float32)
             acc = T.alloc_fragment((BT, MP), T.float32)
             # x_s is read (not by T.gemm) into the TF32 A-fragment layout: 8 rows x 8 bytes per warp
             # load. Unswizzled rows are 256 B apart (same banks, 8-way conflicts); swizzling the 16-byte
@@ -250,7 +262,7 @@ def _build_norm_fn(*, hidden, hc, broadcast, mix, mix_pad, n_splits, token_block
                 T.copy(x_s, x_f)
                 if full_row:
                     for i, j in T.Parallel(BT, BK):
-                        sq_acc[i, j] = sq_acc[i, j] + T.Cast(T.float32, x_s[i, j]) * T.Cast(T.float32, x_s[i, j])
+                        sq_acc[i, j] = sq_acc[i, j] + x_f[i, j] * x_f[i, j]
                 else:
                     for i, j in T.Parallel(BT, BK):
                         sq_acc[i, j] = x_f[i, j] * x_f[i, j]
@@ -258,7 +270,8 @@ def _build_norm_fn(*, hidden, hc, broadcast, mix, mix_pad, n_splits, token_block
                 # bf16 x is exact in TF32; fn is rounded to TF32 (same as DeepGEMM's tf32 prenorm GEMM)
                 T.gemm(x_f, fn_s, acc, transpose_B=True, policy=policy)
             if full_row:
-                T.reduce_sum(sq_acc, sq_f, dim=1, clear=False)
+                T.copy(sq_acc, sq_red)
+                T.reduce_sum(sq_red, sq_f, dim=1, clear=False)
             for i, j in T.Parallel(BT, MP):
                 acc[i, j] = T.if_then_else(j < M, acc[i, j], T.float32(0))
             T.copy(acc, mix_part[bs, bt * BT, 0])
@@ -366,7 +379,7 @@ class MhcPreFuseSpec(KernelSpec):
         _check_hc_hidden(self.name, st["hc"], st["hidden"])
         # One CTA per token; n_splits and num_tokens are dynamic, so a single variant per static set.
         params = dict(st, mix=mix_width(st["hc"]), mix_pad=mix_pad(st["hc"]),
-                      apply_threads=_FUSE_APPLY_THREADS, vec=_VEC)
+                      apply_threads=_FUSE_APPLY_THREADS, vec=_VEC, pdl=True)
         return Variant.make(self.name, params, arch)
 
     def smem_bytes(self, variant: Variant) -> int:
@@ -380,7 +393,7 @@ class MhcPreFuseSpec(KernelSpec):
 
 
 def _build_fuse(*, hidden, hc, iters, rms_eps, hc_eps, post_mult, with_norm, norm_eps, broadcast, mix, mix_pad,
-                apply_threads, vec):
+                apply_threads, vec, pdl=False):
     import tilelang.language as T
 
     H, M, MP, NA, V = hidden, mix, mix_pad, apply_threads, vec
@@ -413,6 +426,11 @@ def _build_fuse(*, hidden, hc, iters, rms_eps, hc_eps, post_mult, with_norm, nor
             c = T.alloc_local((hc * hc,), T.float32)
             rs = T.alloc_local((hc,), T.float32)
             ss = T.alloc_local((1,), T.float32)
+
+            if pdl:
+                # launched early (programmatic dependent launch): wait for the partials' producer
+                # grid to finish before reading anything it or an earlier kernel wrote
+                T.pdl_sync()
 
             # -- 1. sum the split partials: column `col` (< M: mixes, == M: square-sum), lane strides S
             lane = tx // 32
@@ -470,7 +488,7 @@ def _build_fuse(*, hidden, hc, iters, rms_eps, hc_eps, post_mult, with_norm, nor
                     # fp32 square-sum of the fp32 stream sum: warp shuffle, then one value per warp
                     ss[0] = T.float32(0)
                     for e in T.unroll(n_it * V):
-                        ss[0] = ss[0] + y[e]   * y[e]
+                        ss[0] = ss[0] + y[e] * y[e]
                     for o in T.unroll(5):
                         ss[0] = ss[0] + T.shfl_xor(ss[0], 16 >> o)
                     if tx % 32 == 0:
@@ -634,6 +652,55 @@ def mhc_pre_workspace_max_numel(arch: ArchProfile, hidden: int, hc: int, max_tok
     return best
 
 
+class _PrePlan(NamedTuple):
+    """Everything mhc_pre derives from a call signature: shapes to check, kernels to launch."""
+    res_shape: tuple
+    fn_shape: tuple
+    hidden: int
+    hc: int
+    splits: int
+    norm_fn: Any
+    fuse: Any
+
+
+# Hot path: one dict lookup per call instead of re-deriving shapes, statics and variants (the eager
+# op at T=1 is bound by host time; see benchmarks/bench_host_overhead.py).
+_PRE_PLANS: dict[tuple, _PrePlan] = {}
+
+
+def _pre_plan(key, residual, fn, with_norm, rms_eps, hc_eps, sinkhorn_iters, post_mult, norm_eps, get_kernel):
+    """Slow path, once per signature: full validation of shapes, then select + load both kernels."""
+    import torch
+    from dsv4_jit.validate import check_tensor
+
+    if not isinstance(residual, torch.Tensor) or residual.dim() not in (2, 3):
+        raise ValueError("residual: expected a [T, hc, H] or [T, H] bf16 tensor")
+    broadcast = residual.dim() == 2
+    dev = residual.device
+    if dev.type != "cuda":
+        raise ValueError(f"residual: must be a CUDA tensor, got device {dev}")
+    check_tensor(fn, "fn", [None, None], torch.float32, dev)
+    hc = _hc_from_mix(fn.shape[0])
+    hidden = residual.shape[-1]
+    tokens = residual.shape[0]
+    res_shape = (tokens, hidden) if broadcast else (tokens, hc, hidden)
+    check_tensor(residual, "residual", list(res_shape), torch.bfloat16, dev)
+    check_tensor(fn, "fn", [mix_width(hc), hc * hidden], torch.float32, dev)
+    plan = _PrePlan(res_shape, (mix_width(hc), hc * hidden), hidden, hc, 0, None, None)
+    if tokens == 0:
+        return plan
+    nf_static = {"hidden": hidden, "hc": hc, "broadcast": broadcast}
+    fuse_static = {"hidden": hidden, "hc": hc, "iters": int(sinkhorn_iters), "rms_eps": float(rms_eps),
+                   "hc_eps": float(hc_eps), "post_mult": float(post_mult), "with_norm": with_norm,
+                   "norm_eps": float(rms_eps if norm_eps is None else norm_eps), "broadcast": broadcast}
+    # The split count is the one the selected (and loaded) variant was compiled with: one runtime path.
+    norm_fn = get_kernel(get_spec(MhcPreNormFnSpec.name), nf_static, tokens)
+    fuse = get_kernel(get_spec(MhcPreFuseSpec.name), fuse_static, tokens)
+    plan = plan._replace(splits=norm_fn.variant.p["n_splits"], norm_fn=norm_fn, fuse=fuse)
+    _PRE_PLANS[key] = plan
+    return plan
+
+
 def mhc_pre(residual, fn, hc_scale, hc_base, *, norm_weight=None, rms_eps, hc_eps, sinkhorn_iters, post_mult,
             arch, get_kernel, norm_eps=None, out=None, workspace=None):
     """DeepSeek V4 hc_pre. residual [T, hc, H] bf16 (or [T, H] for the first layer's broadcast).
@@ -642,60 +709,62 @@ def mhc_pre(residual, fn, hc_scale, hc_base, *, norm_weight=None, rms_eps, hc_ep
     tensors; `workspace` may give a flat fp32 CUDA tensor of >= mhc_pre_workspace_numel() elements,
     so that nothing is allocated (CUDA-graph capture). norm_weight [H] bf16 fuses the RMSNorm."""
     import torch
-    from dsv4_jit.validate import check_tensor
+    from dsv4_jit.validate import require, require_1d
 
     arch = _arch_of("mhc_pre", arch)
-    if not isinstance(residual, torch.Tensor) or residual.dim() not in (2, 3):
-        raise ValueError("residual: expected a [T, hc, H] or [T, H] bf16 tensor")
-    broadcast = residual.dim() == 2
-    dev = residual.device
-    check_tensor(fn, "fn", [None, None], torch.float32, dev)
-    hc = _hc_from_mix(fn.shape[0])
-    hidden = residual.shape[-1]
-    tokens = residual.shape[0]
-    check_tensor(residual, "residual", [None, hidden] if broadcast else [None, hc, hidden], torch.bfloat16, dev)
-    check_tensor(fn, "fn", [mix_width(hc), hc * hidden], torch.float32, dev)
-    check_tensor(hc_scale, "hc_scale", [3], torch.float32, dev)
-    check_tensor(hc_base, "hc_base", [mix_width(hc)], torch.float32, dev)
     with_norm = norm_weight is not None
+    try:
+        # get_kernel is part of the key: a plan holds the kernels that getter returned
+        key = (get_kernel, arch.name, arch.schedule, residual.shape, fn.shape, with_norm, rms_eps, hc_eps,
+               sinkhorn_iters, post_mult, norm_eps)
+    except AttributeError:
+        raise ValueError("residual and fn: expected torch tensors") from None
+    plan = _PRE_PLANS.get(key)
+    if plan is None:
+        plan = _pre_plan(key, residual, fn, with_norm, rms_eps, hc_eps, sinkhorn_iters, post_mult, norm_eps,
+                         get_kernel)
+    dev = residual.device
+    if dev.type != "cuda":
+        raise ValueError(f"residual: must be a CUDA tensor, got device {dev}")
+    hc, hidden = plan.hc, plan.hidden
+    tokens = plan.res_shape[0]
+    f32 = torch.float32
+    require(residual, "residual", plan.res_shape, torch.bfloat16, dev)
+    require(fn, "fn", plan.fn_shape, f32, dev)
+    require(hc_scale, "hc_scale", (3,), f32, dev)
+    require(hc_base, "hc_base", (plan.fn_shape[0],), f32, dev)
     if with_norm:
-        check_tensor(norm_weight, "norm_weight", [hidden], torch.bfloat16, dev)
+        require(norm_weight, "norm_weight", (hidden,), torch.bfloat16, dev)
     if out is None:
-        out = (torch.empty(tokens, hidden, dtype=torch.bfloat16, device=dev),
-               torch.empty(tokens, hc, dtype=torch.float32, device=dev),
-               torch.empty(tokens, hc, hc, dtype=torch.float32, device=dev))
-    layer_input, post, comb = out
-    check_tensor(layer_input, "out[0] (layer_input)", [tokens, hidden], torch.bfloat16, dev)
-    check_tensor(post, "out[1] (post)", [tokens, hc], torch.float32, dev)
-    check_tensor(comb, "out[2] (comb)", [tokens, hc, hc], torch.float32, dev)
+        # freshly allocated: nothing to check
+        layer_input = torch.empty((tokens, hidden), dtype=torch.bfloat16, device=dev)
+        post = torch.empty((tokens, hc), dtype=f32, device=dev)
+        comb = torch.empty((tokens, hc, hc), dtype=f32, device=dev)
+    else:
+        layer_input, post, comb = out
+        require(layer_input, "out[0] (layer_input)", (tokens, hidden), torch.bfloat16, dev)
+        require(post, "out[1] (post)", (tokens, hc), f32, dev)
+        require(comb, "out[2] (comb)", (tokens, hc, hc), f32, dev)
     if tokens == 0:
         return layer_input, post, comb
 
-    nf_spec, fuse_spec = get_spec(MhcPreNormFnSpec.name), get_spec(MhcPreFuseSpec.name)
-    nf_static = {"hidden": hidden, "hc": hc, "broadcast": broadcast}
-    fuse_static = {"hidden": hidden, "hc": hc, "iters": int(sinkhorn_iters), "rms_eps": float(rms_eps),
-                   "hc_eps": float(hc_eps), "post_mult": float(post_mult), "with_norm": with_norm,
-                   "norm_eps": float(rms_eps if norm_eps is None else norm_eps), "broadcast": broadcast}
-    # The split count is the one the selected (and loaded) variant was compiled with: one runtime path.
-    norm_fn = get_kernel(nf_spec, nf_static, tokens)
-    splits = norm_fn.variant.p["n_splits"]
-    mp = mix_pad(hc)
-    need = mhc_pre_workspace_numel(tokens, splits, hc)
+    splits, mp = plan.splits, mix_pad(hc)
     if workspace is None:
-        workspace = torch.empty(need, dtype=torch.float32, device=dev)
-    check_tensor(workspace, "workspace", [None], torch.float32, dev)
-    if workspace.numel() < need:
-        raise ValueError(f"workspace: needs {need} fp32 elements for {tokens} tokens, got {workspace.numel()}")
-    mix_part = workspace[: splits * tokens * mp].view(splits, tokens, mp)
-    sq_part = workspace[splits * tokens * mp: need].view(splits, tokens)
-
-    x = residual if broadcast else residual.view(tokens, hc * hidden)
-    norm_fn(x, fn, mix_part, sq_part)
-    fuse = get_kernel(fuse_spec, fuse_static, tokens)
-    if with_norm:
-        fuse(mix_part, sq_part, residual, hc_scale, hc_base, norm_weight, layer_input, post, comb)
+        mix_part = torch.empty((splits, tokens, mp), dtype=f32, device=dev)
+        sq_part = torch.empty((splits, tokens), dtype=f32, device=dev)
     else:
-        fuse(mix_part, sq_part, residual, hc_scale, hc_base, layer_input, post, comb)
+        need = mhc_pre_workspace_numel(tokens, splits, hc)
+        require_1d(workspace, "workspace", f32, dev)
+        if workspace.numel() < need:
+            raise ValueError(f"workspace: needs {need} fp32 elements for {tokens} tokens, got {workspace.numel()}")
+        mix_part = workspace[: splits * tokens * mp].view(splits, tokens, mp)
+        sq_part = workspace[splits * tokens * mp: need].view(splits, tokens)
+
+    plan.norm_fn(residual if len(plan.res_shape) == 2 else residual.view(tokens, hc * hidden), fn, mix_part, sq_part)
+    if with_norm:
+        plan.fuse(mix_part, sq_part, residual, hc_scale, hc_base, norm_weight, layer_input, post, comb)
+    else:
+        plan.fuse(mix_part, sq_part, residual, hc_scale, hc_base, layer_input, post, comb)
     return layer_input, post, comb
 
 

@@ -16,4 +16,5 @@ fi
 python3 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tee "$OUT/gpu_tests.log" || status=1
 python3 benchmarks/bench_mhc.py --out "$OUT/bench_mhc.json" 2>&1 | tee "$OUT/bench_mhc.log" || status=1
 python3 benchmarks/bench_warm_load.py --repeat 5 --out "$OUT/warm_load.json" 2>&1 | tee "$OUT/warm_load.log" || status=1
+python3 benchmarks/bench_host_overhead.py --out "$OUT/host_overhead.json" 2>&1 | tee "$OUT/host_overhead.log" || status=1
 exit $status

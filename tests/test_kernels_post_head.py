@@ -162,6 +162,39 @@ def test_wrappers_validate_gpu():
         MP.mhc_post(x[:, :200].contiguous(), r[:, :, :200].contiguous(), p, c, **kw)
 
 
+def test_post_tile_by_token_count():
+    # wide tile (2 x 16 B per thread) once it gives >= 2 CTAs per SM; 1024 columns once T fills the SMs
+    assert MP.post_tile(4096, 4096, 132) == (256, 2)
+    assert MP.post_tile(7168, 4096, 132) == (224, 2)  # V4-Pro: 3584-column blocks divide 7168
+    assert MP.post_tile(4096, 512, 132) == (256, 2)
+    assert MP.post_tile(4096, 64, 132) == (128, 1)
+    assert MP.post_tile(4096, 1, 132) == (32, 1)
+    for hidden in (256, 4096, 7168):
+        for t in (1, 33, 64, 65, 1000, 8192):
+            threads, vecs = MP.post_tile(hidden, t, 132)
+            assert hidden % (threads * 8 * vecs) == 0 and threads % 32 == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_post_hot_path_still_validates(kernel_dir):
+    prof = get_profile("sm_90a")
+    get = _getter(prof, kernel_dir)
+    x, r, p, c = _inputs(3, 4, 4096, device="cuda")
+    o1 = MP.mhc_post(x, r, p, c, arch=prof, get_kernel=get)
+    o2 = MP.mhc_post(x, r, p, c, arch=prof, get_kernel=get)  # plan hit
+    torch.cuda.synchronize()
+    assert torch.equal(o1, o2)
+    for args, msg in [((x.float(), r, p, c), "x: expected dtype"), ((x, r, p.double(), c), "post: expected dtype"),
+                      ((x, r, p, c.transpose(1, 2)), "comb: must be contiguous"),
+                      ((x, r, p, c.cpu()), "comb: expected device")]:
+        with pytest.raises(ValueError, match=msg):
+            MP.mhc_post(*args, arch=prof, get_kernel=get)
+    with pytest.raises(ValueError, match="out: expected shape"):
+        MP.mhc_post(x, r, p, c, arch=prof, get_kernel=get, out=torch.empty(3, 4, 4095, dtype=torch.bfloat16,
+                                                                          device="cuda"))
+
+
 # ---------------------------------------------------------------------------------------------
 # references vs literal transcriptions
 # ---------------------------------------------------------------------------------------------
