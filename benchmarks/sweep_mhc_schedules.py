@@ -35,7 +35,10 @@ EPS, ITERS, POST_MULT = 1e-6, 20, 2.0
 #    64-token tiles with 2 warps 82.2; 8 / 16 splits +0.2 / +2.1.
 #  pair (norm_fn + fuse as mhc_pre launches them, do_bench us) without / with programmatic dependent
 #    launch: T=1 12.35 / 10.66, T=8 12.77 / 11.14, T=64 14.24 / 12.61, T=512 23.04 / 21.50,
-#    T=4096 91.74 / 93.09 (graph 83.0 / 85.5): norm_fn triggers only below 1024 tokens.
+#    T=4096 91.74 / 93.09 (graph 83.0 / 85.5): norm_fn triggers only below 1024 tokens. Staging
+#    hc_base / hc_scale in shared memory before the PDL wait: T=1 10.66 -> 10.14, T=64 12.61 -> 12.22.
+#    64-column K steps with 128 splits at T <= 64 (norm_fn alone -0.8 us at T=1) lose in the pair
+#    (T=1 11.04 vs 10.27): the fuse then sums twice the partials.
 #  floors: one tiny torch launch 4.3-4.5 us under do_bench (1.05 in a graph), two dependent ones 6.1-6.2.
 FUSE_CANDIDATES = [
     ("a128", dict(apply_threads=128)),

@@ -385,8 +385,8 @@ class MhcPreFuseSpec(KernelSpec):
     def smem_bytes(self, variant: Variant) -> int:
         p = variant.p
         lanes = (32 + p["apply_threads"]) // 32
-        # split-reduction scratch [lanes, 32] + reduced mixes [32] + per-warp norm partials
-        return 4 * (lanes * 32 + 32 + p["apply_threads"] // 32)
+        # split-reduction scratch [lanes, 32] + reduced mixes [32] + per-warp norm partials + weights
+        return 4 * (lanes * 32 + 32 + p["apply_threads"] // 32 + p["mix"] + 3)
 
     def build(self, variant: Variant):
         return _build_fuse(**variant.p)
@@ -426,7 +426,14 @@ def _build_fuse(*, hidden, hc, iters, rms_eps, hc_eps, post_mult, with_norm, nor
             c = T.alloc_local((hc * hc,), T.float32)
             rs = T.alloc_local((hc,), T.float32)
             ss = T.alloc_local((1,), T.float32)
+            wts = T.alloc_shared((M + 3,), T.float32)  # hc_base[0:M], then hc_scale[0:3]
 
+            # The weights are not written by the kernels before this one: stage them now, so their
+            # (cold) load overlaps the wait below and the split reduction instead of following it.
+            if tx < M:
+                wts[tx] = hc_base[tx]
+            elif tx < M + 3:
+                wts[tx] = hc_scale[tx - M]
             if pdl:
                 # launched early (programmatic dependent launch): wait for the partials' producer
                 # grid to finish before reading anything it or an earlier kernel wrote
@@ -460,7 +467,7 @@ def _build_fuse(*, hidden, hc, iters, rms_eps, hc_eps, post_mult, with_norm, nor
             # -- 2a. pre-apply (warps 1..): y = sum_i pre_i * X_i over this thread's 16-byte columns
             if tx >= 32:
                 for i in T.unroll(hc):
-                    pre[i] = _sigmoid(T, mixs[i] * rr * hc_scale[0] + hc_base[i]) + T.float32(hc_eps)
+                    pre[i] = _sigmoid(T, mixs[i] * rr * wts[M] + wts[i]) + T.float32(hc_eps)
                 if broadcast:
                     for i in T.unroll(1, hc):
                         pre[0] = pre[0] + pre[i]
@@ -501,13 +508,13 @@ def _build_fuse(*, hidden, hc, iters, rms_eps, hc_eps, post_mult, with_norm, nor
             if tx < 32:
                 if tx == 0:
                     for e in T.unroll(hc * hc):
-                        c[e] = mixs[2 * hc + e] * rr * hc_scale[2] + hc_base[2 * hc + e]
+                        c[e] = mixs[2 * hc + e] * rr * wts[M + 2] + wts[2 * hc + e]
                     sinkhorn(c, rs)
                     for e in T.unroll(hc * hc):
                         comb[t, e // hc, e % hc] = c[e]
                 elif tx <= hc:
                     post[t, tx - 1] = T.float32(post_mult) * _sigmoid(
-                        T, mixs[hc + tx - 1] * rr * hc_scale[1] + hc_base[hc + tx - 1])
+                        T, mixs[hc + tx - 1] * rr * wts[M + 1] + wts[hc + tx - 1])
             elif with_norm:
                 ss[0] = wsum[0]
                 for w in T.unroll(1, NW):
