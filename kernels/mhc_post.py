@@ -413,16 +413,8 @@ def mhc_post(x, residual, post, comb, *, arch, get_kernel, out=None):
         key = None
     kernel = _POST_PLANS.get(key)
     if kernel is None:
-        # slow path, once per signature: full validation, select + load
-        num_tokens, hidden, hc = _check_post_inputs(x, residual, post, comb)
-        if x.device.type != "cuda":
-            raise ValueError(f"x: must be a CUDA tensor, got device {x.device}")
-        if num_tokens == 0:
-            return torch.empty((0, hc, hidden), dtype=torch.bfloat16, device=x.device) if out is None else out
-        spec = get_spec("mhc_post")
-        static = {"hidden_size": hidden, "hc_mult": hc}
-        spec.select(get_profile(arch), static, num_tokens)  # validates shapes before any launch
-        kernel = _POST_PLANS[key] = get_kernel(spec, static, num_tokens)
+        # slow path, once per signature: full validation of the inputs (the rest below)
+        _check_post_inputs(x, residual, post, comb)
     num_tokens, hc, hidden = residual.shape
     dev = x.device
     if dev.type != "cuda":
@@ -436,6 +428,14 @@ def mhc_post(x, residual, post, comb, *, arch, get_kernel, out=None):
         out = torch.empty((num_tokens, hc, hidden), dtype=bf16, device=dev)
     else:
         require(out, "out", (num_tokens, hc, hidden), bf16, dev)
+    if num_tokens == 0:
+        return out
+    if kernel is None:
+        # everything is validated before anything is selected, loaded or compiled
+        spec = get_spec("mhc_post")
+        static = {"hidden_size": hidden, "hc_mult": hc}
+        spec.select(get_profile(arch), static, num_tokens)  # validates shapes (hidden_size, hc)
+        kernel = _POST_PLANS[key] = get_kernel(spec, static, num_tokens)
     kernel(x, residual, post, comb, out)
     return out
 

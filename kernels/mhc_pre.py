@@ -675,8 +675,8 @@ class _PrePlan(NamedTuple):
 _PRE_PLANS: dict[tuple, _PrePlan] = {}
 
 
-def _pre_plan(key, residual, fn, with_norm, rms_eps, hc_eps, sinkhorn_iters, post_mult, norm_eps, get_kernel):
-    """Slow path, once per signature: full validation of shapes, then select + load both kernels."""
+def _pre_shapes(residual, fn) -> _PrePlan:
+    """Slow path, once per signature: full validation of residual and fn; a plan without kernels."""
     import torch
     from dsv4_jit.validate import check_tensor
 
@@ -693,9 +693,14 @@ def _pre_plan(key, residual, fn, with_norm, rms_eps, hc_eps, sinkhorn_iters, pos
     res_shape = (tokens, hidden) if broadcast else (tokens, hc, hidden)
     check_tensor(residual, "residual", list(res_shape), torch.bfloat16, dev)
     check_tensor(fn, "fn", [mix_width(hc), hc * hidden], torch.float32, dev)
-    plan = _PrePlan(res_shape, (mix_width(hc), hc * hidden), hidden, hc, 0, None, None)
-    if tokens == 0:
-        return plan
+    return _PrePlan(res_shape, (mix_width(hc), hc * hidden), hidden, hc, 0, None, None)
+
+
+def _load_plan(key, plan: _PrePlan, with_norm, rms_eps, hc_eps, sinkhorn_iters, post_mult, norm_eps,
+               get_kernel) -> _PrePlan:
+    """select + load both kernels (after every argument was validated) and remember the plan."""
+    hidden, hc, tokens = plan.hidden, plan.hc, plan.res_shape[0]
+    broadcast = len(plan.res_shape) == 2
     nf_static = {"hidden": hidden, "hc": hc, "broadcast": broadcast}
     fuse_static = {"hidden": hidden, "hc": hc, "iters": int(sinkhorn_iters), "rms_eps": float(rms_eps),
                    "hc_eps": float(hc_eps), "post_mult": float(post_mult), "with_norm": with_norm,
@@ -703,8 +708,7 @@ def _pre_plan(key, residual, fn, with_norm, rms_eps, hc_eps, sinkhorn_iters, pos
     # The split count is the one the selected (and loaded) variant was compiled with: one runtime path.
     norm_fn = get_kernel(get_spec(MhcPreNormFnSpec.name), nf_static, tokens)
     fuse = get_kernel(get_spec(MhcPreFuseSpec.name), fuse_static, tokens)
-    plan = plan._replace(splits=norm_fn.variant.p["n_splits"], norm_fn=norm_fn, fuse=fuse)
-    _PRE_PLANS[key] = plan
+    plan = _PRE_PLANS[key] = plan._replace(splits=norm_fn.variant.p["n_splits"], norm_fn=norm_fn, fuse=fuse)
     return plan
 
 
@@ -728,8 +732,7 @@ def mhc_pre(residual, fn, hc_scale, hc_base, *, norm_weight=None, rms_eps, hc_ep
         raise ValueError("residual and fn: expected torch tensors") from None
     plan = _PRE_PLANS.get(key)
     if plan is None:
-        plan = _pre_plan(key, residual, fn, with_norm, rms_eps, hc_eps, sinkhorn_iters, post_mult, norm_eps,
-                         get_kernel)
+        plan = _pre_shapes(residual, fn)
     dev = residual.device
     if dev.type != "cuda":
         raise ValueError(f"residual: must be a CUDA tensor, got device {dev}")
@@ -752,8 +755,13 @@ def mhc_pre(residual, fn, hc_scale, hc_base, *, norm_weight=None, rms_eps, hc_ep
         require(layer_input, "out[0] (layer_input)", (tokens, hidden), torch.bfloat16, dev)
         require(post, "out[1] (post)", (tokens, hc), f32, dev)
         require(comb, "out[2] (comb)", (tokens, hc, hc), f32, dev)
+    if workspace is not None:
+        require_1d(workspace, "workspace", f32, dev)
     if tokens == 0:
         return layer_input, post, comb
+    if plan.norm_fn is None:
+        # everything is validated before anything is selected, loaded or compiled
+        plan = _load_plan(key, plan, with_norm, rms_eps, hc_eps, sinkhorn_iters, post_mult, norm_eps, get_kernel)
 
     splits, mp = plan.splits, mix_pad(hc)
     if workspace is None:
@@ -761,7 +769,6 @@ def mhc_pre(residual, fn, hc_scale, hc_base, *, norm_weight=None, rms_eps, hc_ep
         sq_part = torch.empty((splits, tokens), dtype=f32, device=dev)
     else:
         need = mhc_pre_workspace_numel(tokens, splits, hc)
-        require_1d(workspace, "workspace", f32, dev)
         if workspace.numel() < need:
             raise ValueError(f"workspace: needs {need} fp32 elements for {tokens} tokens, got {workspace.numel()}")
         mix_part = workspace[: splits * tokens * mp].view(splits, tokens, mp)

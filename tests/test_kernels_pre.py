@@ -463,3 +463,23 @@ def test_gpu_hot_path_still_validates(store):
         extra = {k: v for k, v in change.items() if k not in a}
         with pytest.raises(ValueError, match=msg):
             mp.mhc_pre(a["X"], a["fn"], a["scale"], a["base"], norm_weight=a["w"], **extra, **kw)
+
+
+@gpu
+@pytest.mark.gpu
+def test_gpu_pre_validates_before_loading():
+    """A bad argument on the first call of a signature is a ValueError before any select/load/compile."""
+    def never(*a, **k):
+        raise AssertionError("get_kernel must not be reached")
+
+    dev = torch.device("cuda")
+    X, fn, scale, base, w = _pre_inputs(5, 4, 4096, False, dev, seed=9)
+    kw = dict(rms_eps=1e-6, hc_eps=1e-6, sinkhorn_iters=20, post_mult=2.0, arch=get_profile("sm_90a"),
+              get_kernel=never)
+    with pytest.raises(ValueError, match="hc_scale"):
+        mp.mhc_pre(X, fn, scale.double(), base, **kw)
+    with pytest.raises(ValueError, match=r"out\[1\]"):
+        mp.mhc_pre(X, fn, scale, base, out=(torch.empty(5, 4096, dtype=torch.bfloat16, device=dev),
+                                            torch.empty(5, 3, device=dev), torch.empty(5, 4, 4, device=dev)), **kw)
+    with pytest.raises(ValueError, match="workspace"):
+        mp.mhc_pre(X, fn, scale, base, workspace=torch.empty(4, 4, device=dev), **kw)
