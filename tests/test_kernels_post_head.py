@@ -346,6 +346,7 @@ def _poison(*shape, dtype):
 def test_gpu_post(profile, model, kernel_dir):
     hidden, hc = load_model_config(model).hidden_size, 4
     get = _getter(profile, kernel_dir)
+    worst = 0.0
     for t in GPU_TOKENS:
         x, res, post, comb = _inputs(t, hc, hidden, seed=t, device="cuda")
         out = _poison(t, hc, hidden, dtype=torch.bfloat16)
@@ -353,7 +354,9 @@ def test_gpu_post(profile, model, kernel_dir):
         torch.cuda.synchronize()
         assert not out.isnan().any(), f"T={t}: output not fully written"
         ref = REF.ref_mhc_post(x, res, post, comb, torch.float64)
+        worst = max(worst, _rel(out, ref))
         assert _rel(out, ref) <= 1e-2, f"T={t}"
+    print(f"\n[{profile.name}/{profile.schedule} {model}] mhc_post worst rel err {worst:.2e}")
 
 
 @pytest.mark.gpu
@@ -365,6 +368,7 @@ def test_gpu_post_pre_fused(profile, model, kernel_dir):
     hidden, hc, mix = cfg.hidden_size, cfg.hc_mult, cfg.mix_width
     get = _getter(profile, kernel_dir)
     spec = get_spec("mhc_post_pre_fused")
+    worst = {"out": 0.0, "mix_part": 0.0, "sq_part": 0.0}
     for t in GPU_TOKENS:
         v = spec.select(profile, {"hidden_size": hidden, "hc_mult": hc, "mix_width": mix}, t)
         splits, pad = MP.fused_num_splits(v), v.p["mix_pad"]
@@ -376,6 +380,8 @@ def test_gpu_post_pre_fused(profile, model, kernel_dir):
         for n, a in (("out", out), ("mix_part", mp), ("sq_part", sq)):
             assert not a.isnan().any(), f"T={t}: {n} not fully written"
         r_out, r_mp, r_sq = REF.ref_mhc_post_pre_fused(x, res, post, comb, fn, splits, pad, torch.float64)
+        for n, a, b in (("out", out, r_out), ("mix_part", mp, r_mp), ("sq_part", sq, r_sq)):
+            worst[n] = max(worst[n], _rel(a, b))
         assert _rel(out, r_out) <= 1e-2, f"T={t}"
         assert _rel(mp, r_mp) <= 1e-3, f"T={t}"
         assert _rel(sq, r_sq) <= 1e-3, f"T={t}"
@@ -384,6 +390,8 @@ def test_gpu_post_pre_fused(profile, model, kernel_dir):
         if t in (1, 33):
             o2, m2, s2 = MP.mhc_post_pre_fused(x, res, post, comb, fn, arch=profile, get_kernel=get)
             assert torch.equal(o2, out) and torch.equal(m2, mp) and torch.equal(s2, sq)
+    print(f"\n[{profile.name}/{profile.schedule} {model}] mhc_post_pre_fused worst rel err "
+          + ", ".join(f"{k} {v:.2e}" for k, v in worst.items()))
 
 
 @pytest.mark.gpu
@@ -397,6 +405,7 @@ def test_gpu_head(profile, model, kernel_dir):
     g = torch.Generator().manual_seed(123)
     fn = (torch.randn(hc, hc * hidden, generator=g) * 0.05).cuda()
     scale, base = (torch.rand(1, generator=g) + 0.5).cuda(), torch.randn(hc, generator=g).cuda()
+    worst = 0.0
     for t in GPU_TOKENS:
         _, res, _, _ = _inputs(t, hc, hidden, seed=t, device="cuda")
         out = _poison(t, hidden, dtype=torch.bfloat16)
@@ -405,4 +414,6 @@ def test_gpu_head(profile, model, kernel_dir):
         torch.cuda.synchronize()
         assert not out.isnan().any(), f"T={t}: output not fully written"
         ref = REF.ref_hc_head(res, fn, scale, base, cfg.rms_norm_eps, cfg.hc_eps, torch.float64)
+        worst = max(worst, _rel(out, ref))
         assert _rel(out, ref) <= 1e-2, f"T={t}"
+    print(f"\n[{profile.name}/{profile.schedule} {model}] hc_head worst rel err {worst:.2e}")
