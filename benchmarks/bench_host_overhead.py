@@ -13,12 +13,10 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-H, HC, M = 4096, 4, 24
-EPS, ITERS, POST_MULT = 1e-6, 20, 2.0
+from mhc_bench_common import EPS, HC, ITERS, POST_MULT, H, activations, bench_us, pre_weights, write_rows
 
 
 def per_call_us(fn, n: int = 3000) -> float:
@@ -43,7 +41,6 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("no GPU: nothing to measure")
         return 0
-    from triton.testing import do_bench
     import dsv4_jit
     from dsv4_jit import jit
     from dsv4_jit.spec import get_spec
@@ -51,16 +48,11 @@ def main() -> int:
     from dsv4_jit.validate import check_tensor
 
     dev = "cuda"
-    fn = torch.randn(M, HC * H, device=dev) * 1e-2
-    scale = torch.rand(3, device=dev) + 0.5
-    base = torch.randn(M, device=dev) * 0.1
+    fn, scale, base = pre_weights(None, dev)
     kw = dict(rms_eps=EPS, hc_eps=EPS, sinkhorn_iters=ITERS, post_mult=POST_MULT)
     rows = []
     for t in args.tokens:
-        residual = torch.randn(t, HC, H, device=dev).to(torch.bfloat16)
-        x = torch.randn(t, H, device=dev).to(torch.bfloat16)
-        post = torch.rand(t, HC, device=dev)
-        comb = torch.rand(t, HC, HC, device=dev)
+        residual, x, post, comb = activations(t, None, dev)
         outs = dsv4_jit.mhc_pre(residual, fn, scale, base, **kw)
         arch = jit.current_arch()
         getter = dsv4_jit.kernel_getter(arch)
@@ -96,17 +88,14 @@ def main() -> int:
         for name, f in items.items():
             r = {"T": t, "item": name, "host_us": per_call_us(f)}
             if name.startswith("public"):
-                r["do_bench_us"] = do_bench(f, warmup=25, rep=200, return_mode="median") * 1e3
+                r["do_bench_us"] = bench_us(f)
             rows.append(r)
             print(json.dumps(r), flush=True)
     print(f"\n{torch.cuda.get_device_name()}: host us per call")
     for r in rows:
         extra = f"   (do_bench {r['do_bench_us']:.1f})" if "do_bench_us" in r else ""
         print(f"T={r['T']:<5} {r['item']:40} {r['host_us']:7.2f}{extra}")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}, indent=1))
-    print(f"wrote {out}")
+    write_rows(args.out, rows)
     return 0
 
 

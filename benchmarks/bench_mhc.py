@@ -11,23 +11,18 @@ device-to-device copy (256 MiB, read + write).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from pathlib import Path
 
 import torch
 
-H, HC, M = 4096, 4, 24
-EPS, ITERS, POST_MULT = 1e-6, 20, 2.0
+from mhc_bench_common import EPS, HC, ITERS, POST_MULT, H, activations, bench_us, graph_us, pre_weights, write_rows
 
 
 def copy_bandwidth_gbs() -> float:
-    from triton.testing import do_bench
     n = 256 * 1024 * 1024
     a = torch.empty(n, dtype=torch.uint8, device="cuda")
     b = torch.empty_like(a)
-    ms = do_bench(lambda: b.copy_(a), warmup=25, rep=200, return_mode="median")
-    return 2 * n / (ms * 1e-3) / 1e9
+    return 2 * n / (bench_us(lambda: b.copy_(a)) * 1e-6) / 1e9
 
 
 def import_tile_kernels():
@@ -54,44 +49,23 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("no GPU: nothing to benchmark")
         return 0
-    from triton.testing import do_bench
     import dsv4_jit
     from dsv4_jit.kernels import mhc_reference as ref
 
-    def bench(fn) -> float:
-        return do_bench(fn, warmup=25, rep=200, return_mode="median") * 1e3  # us
-
-    def graph_us(fn, reps: int = 20) -> float:
-        """Kernel time without host overhead: `reps` calls captured in one CUDA graph, replayed."""
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            fn()
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for _ in range(reps):
-                fn()
-        return bench(g.replay) / reps
-
+    bench = bench_us
     # tile-kernels first: its 12-15 s import leaves the GPU idle (clocks down), which skewed the first
     # timed row when the copy bandwidth was measured before it
     tk_pre, tk_post = import_tile_kernels()
     bw = copy_bandwidth_gbs()
     dev = "cuda"
     g = torch.Generator(device=dev).manual_seed(0)
-    fn = torch.randn(M, HC * H, device=dev, generator=g) * 1e-2
-    scale = torch.rand(3, device=dev, generator=g) + 0.5
-    base = torch.randn(M, device=dev, generator=g) * 0.1
+    fn, scale, base = pre_weights(g, dev)
     fn_head = torch.randn(HC, HC * H, device=dev, generator=g) * 1e-2
     scale_h = torch.rand(1, device=dev, generator=g) + 0.5
     base_h = torch.randn(HC, device=dev, generator=g) * 0.1
     rows = []
     for t in args.tokens:
-        residual = torch.randn(t, HC, H, device=dev, generator=g).to(torch.bfloat16)
-        x = torch.randn(t, H, device=dev, generator=g).to(torch.bfloat16)
-        post = torch.rand(t, HC, device=dev, generator=g) * 2
-        comb = torch.rand(t, HC, HC, device=dev, generator=g)
+        residual, x, post, comb = activations(t, g, dev)
         pre_bytes = residual.numel() * 2 + fn.numel() * 4 + t * H * 2
         post_bytes = x.numel() * 2 + residual.numel() * 2 + residual.numel() * 2
         kw = dict(rms_eps=EPS, hc_eps=EPS, sinkhorn_iters=ITERS, post_mult=POST_MULT)
@@ -146,10 +120,7 @@ def main() -> int:
     print(f"\n{'T':>5} | {'hc_head':>8} {'graph':>7} {'torch':>7}")
     for r in rows:
         print(f"{r['T']:>5} | {r['head_us']:8.1f} {r['head_graph_us']:7.1f} {r['torch_head_us']:7.1f}")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"device": name, "copy_gbs": bw, "rows": rows}, indent=1))
-    print(f"wrote {out}")
+    write_rows(args.out, rows, copy_gbs=bw)
     return 0
 
 

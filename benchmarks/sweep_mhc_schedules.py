@@ -16,12 +16,11 @@ import argparse
 import json
 import sys
 import tempfile
-from pathlib import Path
 
 import torch
 
-H, HC, M, MP = 4096, 4, 24, 32
-EPS, ITERS, POST_MULT = 1e-6, 20, 2.0
+from mhc_bench_common import (EPS, HC, ITERS, MP, POST_MULT, H, M, activations, bench_us, graph_us, pre_weights,
+                               write_rows)
 
 # (label, builder kwargs beyond the model statics)
 # Results on H200 (V4-Flash, T=4096, graph us), 2026-11-22, that set the schedules in kernels/:
@@ -86,7 +85,6 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("no GPU: nothing to sweep")
         return 0
-    from triton.testing import do_bench
     import dsv4_jit
     from dsv4_jit.spec import get_spec
     from dsv4_jit.kernels import mhc_pre as pre_mod
@@ -95,20 +93,7 @@ def main() -> int:
     arch = dsv4_jit.jit.current_arch()
     cfg_post = dict(arch.pass_configs, **{"tl.disable_vectorize_256": True})
 
-    def bench(fn) -> float:
-        return do_bench(fn, warmup=25, rep=200, return_mode="median") * 1e3
-
-    def graph_us(fn, reps: int = 20) -> float:
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            fn()
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for _ in range(reps):
-                fn()
-        return bench(g.replay) / reps
+    bench = bench_us
 
     statics = dict(hidden=H, hc=HC, iters=ITERS, rms_eps=EPS, hc_eps=EPS, post_mult=POST_MULT, with_norm=False,
                    norm_eps=EPS, broadcast=False, mix=M, mix_pad=MP, vec=8)
@@ -144,15 +129,10 @@ def main() -> int:
 
     dev = "cuda"
     g = torch.Generator(device=dev).manual_seed(0)
-    fn = torch.randn(M, HC * H, device=dev, generator=g) * 1e-2
-    scale = torch.rand(3, device=dev, generator=g) + 0.5
-    base = torch.randn(M, device=dev, generator=g) * 0.1
+    fn, scale, base = pre_weights(g, dev)
     rows = []
     for t in args.tokens:
-        residual = torch.randn(t, HC, H, device=dev, generator=g).to(torch.bfloat16)
-        x = torch.randn(t, H, device=dev, generator=g).to(torch.bfloat16)
-        post = torch.rand(t, HC, device=dev, generator=g) * 2
-        comb = torch.rand(t, HC, HC, device=dev, generator=g)
+        residual, x, post, comb = activations(t, g, dev)
         # norm_fn partials from the production path, then every fuse candidate on the same partials
         nf = dsv4_jit.get_kernel(get_spec("mhc_pre_norm_fn"), {"hidden": H, "hc": HC, "broadcast": False}, t)
         s = nf.variant.p["n_splits"]
@@ -235,10 +215,7 @@ def main() -> int:
     for r in rows:
         print(f"{r['kernel']:6} {r['cand']:14} {r['T']:>5} {r['graph_us']:8.2f} {r['bench_us']:8.2f} "
               f"{r['max_diff_vs_first']:8.2g}")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}, indent=1))
-    print(f"wrote {out}")
+    write_rows(args.out, rows)
     return 0
 
 

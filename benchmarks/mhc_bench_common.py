@@ -1,0 +1,60 @@
+"""What the mHC GPU benchmarks share: V4-Flash shapes, their inputs, the two timers, the JSON writer.
+
+Imported by the scripts beside it (run as `python benchmarks/<script>.py`, so this directory is on
+sys.path). torch and triton are imported by the callers' GPU paths only.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+H, HC, M, MP = 4096, 4, 24, 32  # V4-Flash hidden, hc_mult, mix width, mix width padded to 16
+EPS, ITERS, POST_MULT = 1e-6, 20, 2.0
+
+
+def bench_us(fn) -> float:
+    """Median of triton's do_bench (warmup 25 ms, rep 200 ms; L2 flushed before each call), in us."""
+    from triton.testing import do_bench
+    return do_bench(fn, warmup=25, rep=200, return_mode="median") * 1e3
+
+
+def graph_us(fn, reps: int = 20) -> float:
+    """Kernel time without host overhead: `reps` calls captured in one CUDA graph, replayed."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(reps):
+            fn()
+    return bench_us(g.replay) / reps
+
+
+def pre_weights(g: torch.Generator | None = None, dev: str = "cuda"):
+    """(fn [M, HC*H], hc_scale [3], hc_base [M]) fp32, random."""
+    fn = torch.randn(M, HC * H, device=dev, generator=g) * 1e-2
+    scale = torch.rand(3, device=dev, generator=g) + 0.5
+    base = torch.randn(M, device=dev, generator=g) * 0.1
+    return fn, scale, base
+
+
+def activations(t: int, g: torch.Generator | None = None, dev: str = "cuda"):
+    """(residual [t, HC, H] bf16, x [t, H] bf16, post [t, HC], comb [t, HC, HC]) for t tokens, random."""
+    residual = torch.randn(t, HC, H, device=dev, generator=g).to(torch.bfloat16)
+    x = torch.randn(t, H, device=dev, generator=g).to(torch.bfloat16)
+    post = torch.rand(t, HC, device=dev, generator=g) * 2
+    comb = torch.rand(t, HC, HC, device=dev, generator=g)
+    return residual, x, post, comb
+
+
+def write_rows(path: str, rows: list, **extra) -> Path:
+    """{"device", **extra, "rows"} as JSON at `path` (parents created)."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"device": torch.cuda.get_device_name(), **extra, "rows": rows}, indent=1))
+    print(f"wrote {out}")
+    return out
