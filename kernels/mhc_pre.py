@@ -471,10 +471,13 @@ def _build_fuse(*, hidden, hc, iters, rms_eps, hc_eps, post_mult, with_norm, nor
                 if broadcast:
                     for i in T.unroll(1, hc):
                         pre[0] = pre[0] + pre[i]
+                # Zero every slot, not only the in-range ones: the square-sum below reads all n_it*V
+                # slots, and when H is not a multiple of CHUNK (V4-Pro: 7168 = 3.5 x 2048) a thread's
+                # last slots are never written otherwise.
+                for e in T.unroll(n_it * V):
+                    y[e] = T.float32(0)
                 for it in T.unroll(n_it):
                     if exact or it * CHUNK + (tx - 32) * V < H:
-                        for v in T.unroll(V):
-                            y[it * V + v] = T.float32(0)
                         if broadcast:
                             for v in T.vectorized(V):
                                 xv[v] = residual[t, it * CHUNK + (tx - 32) * V + v]
