@@ -44,7 +44,7 @@ def main() -> int:
     import dsv4_jit
     from dsv4_jit import jit
     from dsv4_jit.spec import get_spec
-    from dsv4_jit.kernels import mhc_pre as pre_mod
+    from dsv4_jit.kernels.mhc import ops as pre_mod
     from dsv4_jit.validate import check_tensor
 
     dev = "cuda"

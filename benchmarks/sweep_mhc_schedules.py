@@ -87,8 +87,8 @@ def main() -> int:
         return 0
     import dsv4_jit
     from dsv4_jit.spec import get_spec
-    from dsv4_jit.kernels import mhc_pre as pre_mod
-    from dsv4_jit.kernels import mhc_post as post_mod
+    from dsv4_jit.kernels.mhc import pre as pre_mod
+    from dsv4_jit.kernels.mhc import post as post_mod
 
     arch = dsv4_jit.jit.current_arch()
     cfg_post = dict(arch.pass_configs, **{"tl.disable_vectorize_256": True})

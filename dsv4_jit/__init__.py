@@ -33,31 +33,31 @@ def _arch_kw(arch: ArchProfile | str | None) -> dict[str, Any]:
 
 def mhc_pre(residual, fn, hc_scale, hc_base, *, arch=None, **kw):
     """hc_pre: prenorm GEMM (split-K) + big fuse. Returns (layer_input, post, comb)."""
-    from .kernels import mhc_pre as _m
+    from .kernels.mhc import ops as _m
     return _m.mhc_pre(residual, fn, hc_scale, hc_base, **_arch_kw(arch), **kw)
 
 
 def mhc_sinkhorn(mixes, hc_scale, hc_base, *, arch=None, **kw):
     """Standalone split + Sinkhorn of already RMS-scaled mixes. Returns (pre, post, comb)."""
-    from .kernels import mhc_pre as _m
+    from .kernels.mhc import ops as _m
     return _m.mhc_sinkhorn(mixes, hc_scale, hc_base, **_arch_kw(arch), **kw)
 
 
 def mhc_post(x, residual, post, comb, *, arch=None, **kw):
     """hc_post: out[t, j] = post[t, j] * x[t] + sum_i comb[t, i, j] * residual[t, i]."""
-    from .kernels import mhc_post as _m
+    from .kernels.mhc import ops as _m
     return _m.mhc_post(x, residual, post, comb, **_arch_kw(arch), **kw)
 
 
 def mhc_post_pre_fused(x, residual, post, comb, fn_next, *, arch=None, **kw):
     """hc_post fused with the next layer's prenorm GEMM partials (small token counts)."""
-    from .kernels import mhc_post as _m
+    from .kernels.mhc import ops as _m
     return _m.mhc_post_pre_fused(x, residual, post, comb, fn_next, **_arch_kw(arch), **kw)
 
 
 def hc_head(residual, fn, hc_scale, hc_base, *, arch=None, **kw):
     """Final hyper-connection collapse before the LM head (and in MTP)."""
-    from .kernels import mhc_head as _m
+    from .kernels.mhc import ops as _m
     return _m.hc_head(residual, fn, hc_scale, hc_base, **_arch_kw(arch), **kw)
 
 

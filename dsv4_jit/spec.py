@@ -99,7 +99,10 @@ class KernelSpec:
     def source_closure(self) -> list:
         import sys
         start = list(self.source_modules) or [inspect.getmodule(type(self))]
-        prefix = start[0].__name__.rsplit(".", 1)[0] + "."
+        # Every kernel module of the package (a family may draw on another's helpers); for a kernel
+        # defined elsewhere (tests, a user's family), its own package.
+        first = start[0].__name__
+        prefix = "dsv4_jit.kernels." if first.startswith("dsv4_jit.kernels.") else first.rsplit(".", 1)[0] + "."
         seen: dict[str, Any] = {}
         todo = list(start)
         while todo:

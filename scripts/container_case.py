@@ -24,7 +24,7 @@ def main() -> int:
     from dsv4_jit.cache_tools.bundle import import_bundle
     from dsv4_jit.jit import default_store
     from dsv4_jit.toolchain import toolchain_fingerprint
-    from dsv4_jit.kernels import mhc_reference as ref
+    from dsv4_jit.kernels.mhc import reference as ref
 
     t0 = time.perf_counter()
     report = import_bundle(default_store(), args.bundle, toolchain_fingerprint())

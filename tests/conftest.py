@@ -14,3 +14,24 @@ def isolated_cache(monkeypatch, tmp_path):
     monkeypatch.setattr(store_mod, "_warned", set())
     monkeypatch.setattr(store_mod, "_verified", set())
     monkeypatch.setattr(store_mod, "_bad", {})
+
+
+# ---- compile tiers ---------------------------------------------------------------------------------
+# CI (2 cores, no GPU) cross-compiles one representative variant per kernel and arch, and runs the cheap
+# pre-nvcc shared-memory check on every variant; `full` compiles every variant `select` can return for
+# every shipped model (run it on demand and before each GPU pass: README "Tests").
+COMPILE_TIERS = ("ci", "full", "none")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--compile-tier", choices=COMPILE_TIERS, default=None,
+                     help="cross-compile tier: ci (one representative variant per kernel and arch; default), "
+                          "full (every variant), none (skip cross-compiles). Env: DSV4_JIT_COMPILE_TIER")
+
+
+def compile_tier(config) -> str:
+    import os
+    tier = config.getoption("--compile-tier") or os.environ.get("DSV4_JIT_COMPILE_TIER") or "ci"
+    if tier not in COMPILE_TIERS:
+        raise pytest.UsageError(f"DSV4_JIT_COMPILE_TIER={tier!r}: expected one of {', '.join(COMPILE_TIERS)}")
+    return tier

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from dsv4_jit.arch import PROFILES, detect_arch, get_profile
-from dsv4_jit.kernels import mhc_head as MH
-from dsv4_jit.kernels import mhc_post as MP
-from dsv4_jit.kernels import mhc_reference as REF
+from dsv4_jit.kernels.mhc import ops as OPS
+from dsv4_jit.kernels.mhc import post as MP
+from dsv4_jit.kernels.mhc import reference as REF
 from dsv4_jit.model_config import ParallelConfig, load_model_config
-from dsv4_jit.spec import Variant, get_spec
+from dsv4_jit.spec import get_spec
 
 NAMES = ("mhc_post", "mhc_post_pre_fused", "mhc_head")
 MODELS = ("deepseek-v4-flash", "deepseek-v4-pro")
@@ -106,7 +106,7 @@ def test_spec_contract_attributes():
 
 
 def test_import_does_not_import_tilelang():
-    code = ("import sys, dsv4_jit.kernels.mhc_post, dsv4_jit.kernels.mhc_head, dsv4_jit.kernels.mhc_reference;"
+    code = ("import sys, dsv4_jit.kernels.mhc.post, dsv4_jit.kernels.mhc.head, dsv4_jit.kernels.mhc.reference, dsv4_jit.kernels.mhc.ops;"
             "sys.exit(1 if 'tilelang' in sys.modules else 0)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
@@ -128,13 +128,13 @@ def test_wrappers_validate_cpu():
     x, r, p, c = _wrapper_args("cpu")
     kw = dict(arch="sm_120a", get_kernel=_never)
     with pytest.raises(ValueError, match="CUDA"):
-        MP.mhc_post(x, r, p, c, **kw)  # CPU tensors
+        OPS.mhc_post(x, r, p, c, **kw)  # CPU tensors
     with pytest.raises(ValueError, match="dtype"):
-        MP.mhc_post(x.float(), r, p, c, **kw)
+        OPS.mhc_post(x.float(), r, p, c, **kw)
     with pytest.raises(ValueError, match="x: expected shape"):
-        MP.mhc_post_pre_fused(x[0], r, p, c, torch.zeros(24, 1024), **kw)
+        OPS.mhc_post_pre_fused(x[0], r, p, c, torch.zeros(24, 1024), **kw)
     with pytest.raises(ValueError, match="residual"):
-        MH.hc_head(x, torch.zeros(4, 1024), torch.ones(1), torch.zeros(4), rms_eps=1e-6, hc_eps=1e-6, **kw)
+        OPS.hc_head(x, torch.zeros(4, 1024), torch.ones(1), torch.zeros(4), rms_eps=1e-6, hc_eps=1e-6, **kw)
 
 
 @pytest.mark.gpu
@@ -143,23 +143,23 @@ def test_wrappers_validate_gpu():
     x, r, p, c = _wrapper_args("cuda")
     kw = dict(arch="sm_90a", get_kernel=_never)
     with pytest.raises(ValueError, match="residual"):
-        MP.mhc_post(x, r[:, :, :128], p, c, **kw)
+        OPS.mhc_post(x, r[:, :, :128], p, c, **kw)
     with pytest.raises(ValueError, match="residual"):
-        MP.mhc_post(x, r.cpu(), p, c, **kw)
+        OPS.mhc_post(x, r.cpu(), p, c, **kw)
     with pytest.raises(ValueError, match="comb"):
-        MP.mhc_post(x, r, p, c.transpose(1, 2), **kw)  # not contiguous
+        OPS.mhc_post(x, r, p, c.transpose(1, 2), **kw)  # not contiguous
     with pytest.raises(ValueError, match="out"):
-        MP.mhc_post(x, r, p, c, out=torch.empty(2, 4, 255, dtype=torch.bfloat16, device="cuda"), **kw)
+        OPS.mhc_post(x, r, p, c, out=torch.empty(2, 4, 255, dtype=torch.bfloat16, device="cuda"), **kw)
     with pytest.raises(ValueError, match="fn_next"):
-        MP.mhc_post_pre_fused(x, r, p, c, torch.zeros(24, 10, device="cuda"), **kw)
+        OPS.mhc_post_pre_fused(x, r, p, c, torch.zeros(24, 10, device="cuda"), **kw)
     with pytest.raises(ValueError, match="mix_part"):
-        MP.mhc_post_pre_fused(x, r, p, c, torch.zeros(24, 1024, device="cuda"),
+        OPS.mhc_post_pre_fused(x, r, p, c, torch.zeros(24, 1024, device="cuda"),
                               mix_part=torch.empty(1, 2, 32, device="cuda"), **kw)
     with pytest.raises(ValueError, match="fn"):
-        MH.hc_head(r, torch.zeros(4, 1000, device="cuda"), torch.ones(1, device="cuda"),
+        OPS.hc_head(r, torch.zeros(4, 1000, device="cuda"), torch.ones(1, device="cuda"),
                    torch.zeros(4, device="cuda"), rms_eps=1e-6, hc_eps=1e-6, **kw)
     with pytest.raises(ValueError, match="hidden_size"):  # 200 is not a multiple of 256
-        MP.mhc_post(x[:, :200].contiguous(), r[:, :, :200].contiguous(), p, c, **kw)
+        OPS.mhc_post(x[:, :200].contiguous(), r[:, :, :200].contiguous(), p, c, **kw)
 
 
 def test_post_tile_by_token_count():
@@ -181,17 +181,17 @@ def test_gpu_post_hot_path_still_validates(kernel_dir):
     prof = get_profile("sm_90a")
     get = _getter(prof, kernel_dir)
     x, r, p, c = _inputs(3, 4, 4096, device="cuda")
-    o1 = MP.mhc_post(x, r, p, c, arch=prof, get_kernel=get)
-    o2 = MP.mhc_post(x, r, p, c, arch=prof, get_kernel=get)  # plan hit
+    o1 = OPS.mhc_post(x, r, p, c, arch=prof, get_kernel=get)
+    o2 = OPS.mhc_post(x, r, p, c, arch=prof, get_kernel=get)  # plan hit
     torch.cuda.synchronize()
     assert torch.equal(o1, o2)
     for args, msg in [((x.float(), r, p, c), "x: expected dtype"), ((x, r, p.double(), c), "post: expected dtype"),
                       ((x, r, p, c.transpose(1, 2)), "comb: must be contiguous"),
                       ((x, r, p, c.cpu()), "comb: expected device")]:
         with pytest.raises(ValueError, match=msg):
-            MP.mhc_post(*args, arch=prof, get_kernel=get)
+            OPS.mhc_post(*args, arch=prof, get_kernel=get)
     with pytest.raises(ValueError, match="out: expected shape"):
-        MP.mhc_post(x, r, p, c, arch=prof, get_kernel=get, out=torch.empty(3, 4, 4095, dtype=torch.bfloat16,
+        OPS.mhc_post(x, r, p, c, arch=prof, get_kernel=get, out=torch.empty(3, 4, 4095, dtype=torch.bfloat16,
                                                                           device="cuda"))
 
 
@@ -264,37 +264,6 @@ def test_ref_head_naive():
 
 
 # ---------------------------------------------------------------------------------------------
-# cross-compiles (no GPU): every variant select can return, both schedules, both models
-# ---------------------------------------------------------------------------------------------
-def _compile_cases():
-    cases = []
-    for name in NAMES:
-        for arch in ("sm_120a", "sm_90a"):
-            seen = set()
-            for model in MODELS:
-                for v in _variants(name, model, arch):
-                    if v not in seen:
-                        seen.add(v)
-                        cases.append(pytest.param(name, v, id=v.name))
-    return cases
-
-
-@pytest.mark.compile
-@pytest.mark.parametrize("name,variant", _compile_cases())
-def test_compiles(name, variant, tmp_path):
-    from dsv4_jit import jit
-    spec = get_spec(name)
-    meta = jit.compile_to_dir(spec, variant, tmp_path)
-    src = (tmp_path / jit.SOURCE_NAME).read_text()
-    assert meta["smem_estimate"] >= meta["smem_bytes"] >= 0, meta
-    if variant.schedule.startswith("sm_12"):
-        assert meta["smem_bytes"] <= SM12X_BUDGET
-        for word in ("wgmma", "setmaxnreg", "warpgroup_reg"):
-            assert word not in src
-    assert "load_global_256" not in src  # 16-byte vectors only (pass config)
-
-
-# ---------------------------------------------------------------------------------------------
 # GPU: kernels vs references, native schedule and the SM120 schedule compiled for this GPU
 # ---------------------------------------------------------------------------------------------
 GPU_TOKENS = (1, 2, 3, 7, 8, 31, 33, 64, 100, 255, 512, 1000, 2047, 2049, 4096, 8192)
@@ -343,77 +312,21 @@ def _poison(*shape, dtype):
 @gpu
 @pytest.mark.parametrize("model", MODELS)
 @pytest.mark.parametrize("profile", _gpu_profiles())
-def test_gpu_post(profile, model, kernel_dir):
-    hidden, hc = load_model_config(model).hidden_size, 4
-    get = _getter(profile, kernel_dir)
-    worst = 0.0
-    for t in GPU_TOKENS:
-        x, res, post, comb = _inputs(t, hc, hidden, seed=t, device="cuda")
-        out = _poison(t, hc, hidden, dtype=torch.bfloat16)
-        MP.mhc_post(x, res, post, comb, arch=profile, get_kernel=get, out=out)
-        torch.cuda.synchronize()
-        assert not out.isnan().any(), f"T={t}: output not fully written"
-        ref = REF.ref_mhc_post(x, res, post, comb, torch.float64)
-        worst = max(worst, _rel(out, ref))
-        assert _rel(out, ref) <= 1e-2, f"T={t}"
-    print(f"\n[{profile.name}/{profile.schedule} {model}] mhc_post worst rel err {worst:.2e}")
-
-
-@pytest.mark.gpu
-@gpu
-@pytest.mark.parametrize("model", MODELS)
-@pytest.mark.parametrize("profile", _gpu_profiles())
 def test_gpu_post_pre_fused(profile, model, kernel_dir):
+    """Accuracy is a family GPU case (tests/test_families.py); here: the padded mix columns are zero and
+    a default-allocating call agrees bit for bit with the preallocated (graph-capture) one."""
     cfg = load_model_config(model)
     hidden, hc, mix = cfg.hidden_size, cfg.hc_mult, cfg.mix_width
     get = _getter(profile, kernel_dir)
     spec = get_spec("mhc_post_pre_fused")
-    worst = {"out": 0.0, "mix_part": 0.0, "sq_part": 0.0}
-    for t in GPU_TOKENS:
+    for t in (1, 33):
         v = spec.select(profile, {"hidden_size": hidden, "hc_mult": hc, "mix_width": mix}, t)
         splits, pad = MP.fused_num_splits(v), v.p["mix_pad"]
         x, res, post, comb, fn = _inputs(t, hc, hidden, mix, seed=t, device="cuda")
         out = _poison(t, hc, hidden, dtype=torch.bfloat16)
         mp, sq = _poison(splits, t, pad, dtype=torch.float32), _poison(splits, t, dtype=torch.float32)
-        MP.mhc_post_pre_fused(x, res, post, comb, fn, arch=profile, get_kernel=get, out=out, mix_part=mp, sq_part=sq)
+        OPS.mhc_post_pre_fused(x, res, post, comb, fn, arch=profile, get_kernel=get, out=out, mix_part=mp, sq_part=sq)
+        o2, m2, s2 = OPS.mhc_post_pre_fused(x, res, post, comb, fn, arch=profile, get_kernel=get)
         torch.cuda.synchronize()
-        for n, a in (("out", out), ("mix_part", mp), ("sq_part", sq)):
-            assert not a.isnan().any(), f"T={t}: {n} not fully written"
-        r_out, r_mp, r_sq = REF.ref_mhc_post_pre_fused(x, res, post, comb, fn, splits, pad, torch.float64)
-        for n, a, b in (("out", out, r_out), ("mix_part", mp, r_mp), ("sq_part", sq, r_sq)):
-            worst[n] = max(worst[n], _rel(a, b))
-        assert _rel(out, r_out) <= 1e-2, f"T={t}"
-        assert _rel(mp, r_mp) <= 1e-3, f"T={t}"
-        assert _rel(sq, r_sq) <= 1e-3, f"T={t}"
         assert (mp[:, :, mix:] == 0).all()
-        # default-allocating call agrees with the preallocated one
-        if t in (1, 33):
-            o2, m2, s2 = MP.mhc_post_pre_fused(x, res, post, comb, fn, arch=profile, get_kernel=get)
-            assert torch.equal(o2, out) and torch.equal(m2, mp) and torch.equal(s2, sq)
-    print(f"\n[{profile.name}/{profile.schedule} {model}] mhc_post_pre_fused worst rel err "
-          + ", ".join(f"{k} {v:.2e}" for k, v in worst.items()))
-
-
-@pytest.mark.gpu
-@gpu
-@pytest.mark.parametrize("model", MODELS)
-@pytest.mark.parametrize("profile", _gpu_profiles())
-def test_gpu_head(profile, model, kernel_dir):
-    cfg = load_model_config(model)
-    hidden, hc = cfg.hidden_size, cfg.hc_mult
-    get = _getter(profile, kernel_dir)
-    g = torch.Generator().manual_seed(123)
-    fn = (torch.randn(hc, hc * hidden, generator=g) * 0.05).cuda()
-    scale, base = (torch.rand(1, generator=g) + 0.5).cuda(), torch.randn(hc, generator=g).cuda()
-    worst = 0.0
-    for t in GPU_TOKENS:
-        _, res, _, _ = _inputs(t, hc, hidden, seed=t, device="cuda")
-        out = _poison(t, hidden, dtype=torch.bfloat16)
-        MH.hc_head(res, fn, scale, base, rms_eps=cfg.rms_norm_eps, hc_eps=cfg.hc_eps, arch=profile,
-                   get_kernel=get, out=out)
-        torch.cuda.synchronize()
-        assert not out.isnan().any(), f"T={t}: output not fully written"
-        ref = REF.ref_hc_head(res, fn, scale, base, cfg.rms_norm_eps, cfg.hc_eps, torch.float64)
-        worst = max(worst, _rel(out, ref))
-        assert _rel(out, ref) <= 1e-2, f"T={t}"
-    print(f"\n[{profile.name}/{profile.schedule} {model}] hc_head worst rel err {worst:.2e}")
+        assert torch.equal(o2, out) and torch.equal(m2, mp) and torch.equal(s2, sq)

@@ -1,10 +1,9 @@
 """mHC pre family: select/statics contract, torch references, cross-compiles, and GPU parity.
 
 CPU: reference vs a literal transcription of the math; select purity/bounds/errors.
-compile (-m compile): every variant select() can return for V4-Flash/Pro, sm_120a and sm_90a, lowers;
-  SM120 shared memory fits and no wgmma/setmaxnreg is emitted.
-gpu (-m gpu): each kernel against its reference over many token counts, for the sm_90a schedule and
-  the SM120 schedule compiled for sm_90a.
+gpu (-m gpu): the norm_fn partials against float64, and the op's validation on the hot path.
+Cross-compiles and the op-level GPU correctness of every model and flag come from the family registry
+(tests/test_families.py, cases in kernels/mhc/family.py).
 """
 import math
 import os
@@ -15,8 +14,9 @@ import torch
 from dsv4_jit.arch import get_profile
 from dsv4_jit.model_config import load_model_config
 from dsv4_jit.spec import Variant
-from dsv4_jit.kernels import mhc_pre as mp
-from dsv4_jit.kernels import mhc_reference as ref
+from dsv4_jit.kernels.mhc import ops
+from dsv4_jit.kernels.mhc import pre as mp
+from dsv4_jit.kernels.mhc import reference as ref
 
 MODELS = ("deepseek-v4-flash", "deepseek-v4-pro")
 ARCHS = ("sm_120a", "sm_90a")
@@ -210,48 +210,8 @@ def test_statics_match_lead_uses():
 def test_import_does_not_import_tilelang():
     import subprocess
     import sys
-    code = "import sys, dsv4_jit.kernels.mhc_pre; assert 'tilelang' not in sys.modules"
+    code = "import sys, dsv4_jit.kernels.mhc.pre, dsv4_jit.kernels.mhc.ops, dsv4_jit.kernels.mhc.family; assert 'tilelang' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
-
-
-# ---------------------------------------------------------------------------------------- compile
-def _compile(spec, v):
-    os.environ.setdefault("TILELANG_DISABLE_CACHE", "1")
-    from dsv4_jit import jit
-    import tempfile
-    from pathlib import Path
-    with tempfile.TemporaryDirectory() as d:
-        meta = jit.compile_to_dir(spec, v, Path(d))
-        src = (Path(d) / jit.SOURCE_NAME).read_text()
-    return meta, src
-
-
-def _compile_cases():
-    cases = []
-    for model in MODELS:
-        for arch in ARCHS:
-            for spec, static in _all_uses(model):
-                if spec.name == SK.name and model != MODELS[0]:
-                    continue  # the Sinkhorn kernel does not depend on hidden
-                for v in _variants(spec, arch, static):
-                    cases.append(pytest.param(spec, v, id=v.name))
-    return cases
-
-
-@pytest.mark.compile
-@pytest.mark.parametrize("spec,variant", _compile_cases())
-def test_compiles(spec, variant):
-    meta, src = _compile(spec, variant)
-    assert meta["smem_bytes"] <= spec.smem_bytes(variant), (meta["smem_bytes"], spec.smem_bytes(variant))
-    if get_profile(variant.schedule).family == "blackwell_consumer":
-        assert meta["smem_bytes"] <= 101_376
-        for bad in ("wgmma", "setmaxnreg", "warpgroup_reg"):
-            assert bad not in src
-    # programmatic dependent launch exactly where the variant says: norm_fn triggers, the fuse waits
-    pdl_call = {NF.name: "cudaTriggerProgrammaticLaunchCompletion",
-                FUSE.name: "cudaGridDependencySynchronize"}.get(spec.name)
-    if pdl_call is not None:
-        assert (pdl_call in src) == variant.p["pdl"], (variant.name, pdl_call)
 
 
 def test_pdl_trigger_only_below_threshold():
@@ -338,36 +298,6 @@ def _pre_inputs(T_, hc, H, broadcast, dev, seed):
 @gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("schedule", _schedules())
-@pytest.mark.parametrize("with_norm,broadcast", [(False, False), (True, False), (True, True), (False, True)])
-def test_gpu_mhc_pre(schedule, with_norm, broadcast, store):
-    m = load_model_config("deepseek-v4-flash")
-    H, hc = m.hidden_size, m.hc_mult
-    get = _Getter(schedule, store)
-    dev = torch.device("cuda")
-    worst = {}
-    for i, T_ in enumerate(GPU_TOKENS):
-        X, fn, scale, base, w = _pre_inputs(T_, hc, H, broadcast, dev, seed=1000 + i)
-        out = (torch.full((T_, H), float("nan"), dtype=torch.bfloat16, device=dev),
-               torch.full((T_, hc), float("nan"), device=dev), torch.full((T_, hc, hc), float("nan"), device=dev))
-        nw = w if with_norm else None
-        mp.mhc_pre(X, fn, scale, base, norm_weight=nw, rms_eps=m.rms_norm_eps, hc_eps=m.hc_eps,
-                   sinkhorn_iters=m.hc_sinkhorn_iters, post_mult=m.hc_post_mult, arch=get.profile(),
-                   get_kernel=get, out=out)
-        torch.cuda.synchronize()
-        y, post, comb = ref.ref_mhc_pre(X, fn, scale, base, m.rms_norm_eps, m.hc_eps, m.hc_sinkhorn_iters,
-                                        m.hc_post_mult, norm_weight=nw, broadcast=broadcast)
-        for name, got in zip(("layer_input", "post", "comb"), out):
-            assert torch.isfinite(got).all(), f"T={T_}: {name} not fully written"
-        errs = {"layer_input": _rel(out[0], y), "post": _rel(out[1], post), "comb": _rel(out[2], comb)}
-        for k, e in errs.items():
-            worst[k] = max(worst.get(k, 0.0), e)
-        assert errs["layer_input"] < 1e-2 and errs["post"] < 2e-3 and errs["comb"] < 2e-3, (T_, errs)
-    print(f"\n[{schedule} norm={with_norm} bcast={broadcast}] worst rel err {worst}; variants {sorted(get.used)}")
-
-
-@gpu
-@pytest.mark.gpu
-@pytest.mark.parametrize("schedule", _schedules())
 @pytest.mark.parametrize("model", MODELS)
 def test_gpu_norm_fn(schedule, model, store):
     """The GEMM partials alone (all split counts select returns), against float64."""
@@ -396,45 +326,19 @@ def test_gpu_norm_fn(schedule, model, store):
 
 @gpu
 @pytest.mark.gpu
-@pytest.mark.parametrize("schedule", _schedules())
-def test_gpu_sinkhorn(schedule, store):
-    m = load_model_config("deepseek-v4-flash")
-    hc, M = m.hc_mult, m.mix_width
-    get = _Getter(schedule, store)
-    dev = torch.device("cuda")
-    worst = 0.0
-    for i, T_ in enumerate(GPU_TOKENS):
-        g = torch.Generator().manual_seed(3000 + i)
-        mixes = (torch.randn(T_, M, generator=g) * 2).to(dev)
-        scale = (torch.rand(3, generator=g) + 0.5).to(dev)
-        base = (torch.randn(M, generator=g) * 0.5).to(dev)
-        out = tuple(torch.full(s, float("nan"), device=dev) for s in ((T_, hc), (T_, hc), (T_, hc, hc)))
-        mp.mhc_sinkhorn(mixes, scale, base, hc_eps=m.hc_eps, sinkhorn_iters=m.hc_sinkhorn_iters,
-                        post_mult=m.hc_post_mult, arch=get.profile(), get_kernel=get, out=out)
-        torch.cuda.synchronize()
-        want = ref.ref_sinkhorn(mixes, scale, base, m.hc_eps, m.hc_sinkhorn_iters, m.hc_post_mult)
-        for name, a, b in zip(("pre", "post", "comb"), out, want):
-            assert torch.isfinite(a).all(), (T_, name)
-            worst = max(worst, _rel(a, b))
-            assert _rel(a, b) < 1e-5, (T_, name, _rel(a, b))
-    print(f"\n[{schedule}] mhc_sinkhorn worst rel err {worst:.2e}")
-
-
-@gpu
-@pytest.mark.gpu
 def test_gpu_op_validation(store):
     get = _Getter("sm_90a", store)
     dev = torch.device("cuda")
     X, fn, scale, base, w = _pre_inputs(4, 4, 4096, False, dev, seed=7)
     kw = dict(rms_eps=1e-6, hc_eps=1e-6, sinkhorn_iters=20, post_mult=2.0, arch=get.profile(), get_kernel=get)
     with pytest.raises(ValueError):
-        mp.mhc_pre(X.float(), fn, scale, base, **kw)
+        ops.mhc_pre(X.float(), fn, scale, base, **kw)
     with pytest.raises(ValueError):
-        mp.mhc_pre(X, fn[:, :100].contiguous(), scale, base, **kw)
+        ops.mhc_pre(X, fn[:, :100].contiguous(), scale, base, **kw)
     with pytest.raises(ValueError):
-        mp.mhc_pre(X, fn, scale, base, workspace=torch.empty(3, device=dev), **kw)
+        ops.mhc_pre(X, fn, scale, base, workspace=torch.empty(3, device=dev), **kw)
     with pytest.raises(ValueError):
-        mp.mhc_pre(X.cpu(), fn, scale, base, **kw)
+        ops.mhc_pre(X.cpu(), fn, scale, base, **kw)
 
 
 @gpu
@@ -446,8 +350,8 @@ def test_gpu_hot_path_still_validates(store):
     dev = torch.device("cuda")
     X, fn, scale, base, w = _pre_inputs(4, 4, 4096, False, dev, seed=8)
     kw = dict(rms_eps=1e-6, hc_eps=1e-6, sinkhorn_iters=20, post_mult=2.0, arch=get.profile(), get_kernel=get)
-    y, post, comb = mp.mhc_pre(X, fn, scale, base, norm_weight=w, **kw)
-    y2, _, _ = mp.mhc_pre(X, fn, scale, base, norm_weight=w, **kw)  # plan hit
+    y, post, comb = ops.mhc_pre(X, fn, scale, base, norm_weight=w, **kw)
+    y2, _, _ = ops.mhc_pre(X, fn, scale, base, norm_weight=w, **kw)  # plan hit
     torch.cuda.synchronize()
     assert torch.equal(y, y2)
     bad = [
@@ -465,7 +369,7 @@ def test_gpu_hot_path_still_validates(store):
         a.update({k: v for k, v in change.items() if k in a})
         extra = {k: v for k, v in change.items() if k not in a}
         with pytest.raises(ValueError, match=msg):
-            mp.mhc_pre(a["X"], a["fn"], a["scale"], a["base"], norm_weight=a["w"], **extra, **kw)
+            ops.mhc_pre(a["X"], a["fn"], a["scale"], a["base"], norm_weight=a["w"], **extra, **kw)
 
 
 @gpu
@@ -480,9 +384,9 @@ def test_gpu_pre_validates_before_loading():
     kw = dict(rms_eps=1e-6, hc_eps=1e-6, sinkhorn_iters=20, post_mult=2.0, arch=get_profile("sm_90a"),
               get_kernel=never)
     with pytest.raises(ValueError, match="hc_scale"):
-        mp.mhc_pre(X, fn, scale.double(), base, **kw)
+        ops.mhc_pre(X, fn, scale.double(), base, **kw)
     with pytest.raises(ValueError, match=r"out\[1\]"):
-        mp.mhc_pre(X, fn, scale, base, out=(torch.empty(5, 4096, dtype=torch.bfloat16, device=dev),
+        ops.mhc_pre(X, fn, scale, base, out=(torch.empty(5, 4096, dtype=torch.bfloat16, device=dev),
                                             torch.empty(5, 3, device=dev), torch.empty(5, 4, 4, device=dev)), **kw)
     with pytest.raises(ValueError, match="workspace"):
-        mp.mhc_pre(X, fn, scale, base, workspace=torch.empty(4, 4, device=dev), **kw)
+        ops.mhc_pre(X, fn, scale, base, workspace=torch.empty(4, 4, device=dev), **kw)

@@ -20,9 +20,9 @@ Fused output layout (what the pre big-fuse consumes):
 from typing import Any, Mapping
 
 from dsv4_jit.arch import PROFILES, ArchProfile, get_profile
-from dsv4_jit.spec import KernelSpec, Variant, get_spec, register
+from dsv4_jit.spec import KernelSpec, Variant, register
 
-from .mhc_pre import mix_pad as pre_mix_pad
+from .pre import mix_pad as pre_mix_pad
 
 VEC = 8                    # bf16 per 16-byte access
 MAX_MIX_PAD = 32           # one lane per mix_part column
@@ -371,102 +371,3 @@ class MhcPostPreFusedSpec(KernelSpec):
 def use_fused_post_pre(num_tokens: int) -> bool:
     """Whether the fused kernel beats post + prenorm GEMM (routing hint for the runtime)."""
     return 1 <= num_tokens <= FUSED_POST_PRE_MAX_TOKENS
-
-
-# =============================================================================================
-# op wrappers
-# =============================================================================================
-def _torch():
-    import torch
-    return torch
-
-
-def _check_post_inputs(x, residual, post, comb):
-    torch = _torch()
-    from dsv4_jit.validate import check_tensor
-    check_tensor(x, "x", [None, None], torch.bfloat16)
-    dev = x.device
-    num_tokens, hidden = x.shape
-    if residual is None or not hasattr(residual, "dim") or residual.dim() != 3:
-        raise ValueError(f"residual: expected shape [{num_tokens}, hc, {hidden}], got "
-                         f"{list(residual.shape) if hasattr(residual, 'shape') else type(residual).__name__}")
-    hc = residual.shape[1]
-    check_tensor(residual, "residual", [num_tokens, hc, hidden], torch.bfloat16, dev)
-    check_tensor(post, "post", [num_tokens, hc], torch.float32, dev)
-    check_tensor(comb, "comb", [num_tokens, hc, hc], torch.float32, dev)
-    return num_tokens, hidden, hc
-
-
-# Hot path: (getter, arch, x shape, residual shape) -> the loaded kernel, so a call is one dict lookup
-# plus cheap layout checks (see benchmarks/bench_host_overhead.py).
-_POST_PLANS: dict[tuple, Any] = {}
-
-
-def mhc_post(x, residual, post, comb, *, arch, get_kernel, out=None):
-    """out[t, j] = post[t, j] * x[t] + sum_i comb[t, i, j] * residual[t, i]  -> [T, hc, H] bf16."""
-    torch = _torch()
-    from dsv4_jit.validate import require
-
-    try:
-        key = (get_kernel, arch.name, arch.schedule, x.shape, residual.shape)
-    except AttributeError:
-        key = None
-    kernel = _POST_PLANS.get(key)
-    if kernel is None:
-        # slow path, once per signature: full validation of the inputs (the rest below)
-        _check_post_inputs(x, residual, post, comb)
-    num_tokens, hc, hidden = residual.shape
-    dev = x.device
-    if dev.type != "cuda":
-        raise ValueError(f"x: must be a CUDA tensor, got device {dev}")
-    bf16, f32 = torch.bfloat16, torch.float32
-    require(x, "x", (num_tokens, hidden), bf16, dev)
-    require(residual, "residual", (num_tokens, hc, hidden), bf16, dev)
-    require(post, "post", (num_tokens, hc), f32, dev)
-    require(comb, "comb", (num_tokens, hc, hc), f32, dev)
-    if out is None:
-        out = torch.empty((num_tokens, hc, hidden), dtype=bf16, device=dev)
-    else:
-        require(out, "out", (num_tokens, hc, hidden), bf16, dev)
-    if num_tokens == 0:
-        return out
-    if kernel is None:
-        # everything is validated before anything is selected, loaded or compiled
-        spec = get_spec("mhc_post")
-        static = {"hidden_size": hidden, "hc_mult": hc}
-        spec.select(get_profile(arch), static, num_tokens)  # validates shapes (hidden_size, hc)
-        kernel = _POST_PLANS[key] = get_kernel(spec, static, num_tokens)
-    kernel(x, residual, post, comb, out)
-    return out
-
-
-def mhc_post_pre_fused(x, residual, post, comb, fn_next, *, arch, get_kernel, out=None,
-                       mix_part=None, sq_part=None):
-    """post, plus the next layer's prenorm partials. Returns (out, mix_part [S,T,MP], sq_part [S,T])."""
-    torch = _torch()
-    from dsv4_jit.validate import check_tensor
-    num_tokens, hidden, hc = _check_post_inputs(x, residual, post, comb)
-    dev = x.device
-    if not isinstance(fn_next, torch.Tensor) or fn_next.dim() != 2:
-        raise ValueError("fn_next: expected a 2-D fp32 tensor [mix_width, hc*hidden]")
-    mix = fn_next.shape[0]
-    check_tensor(fn_next, "fn_next", [mix, hc * hidden], torch.float32, dev)
-    spec = get_spec("mhc_post_pre_fused")
-    static = {"hidden_size": hidden, "hc_mult": hc, "mix_width": mix}
-    variant = spec.select(get_profile(arch), static, max(num_tokens, 1))
-    splits, mix_pad = fused_num_splits(variant), variant.p["mix_pad"]
-    if out is None:
-        out = torch.empty((num_tokens, hc, hidden), dtype=torch.bfloat16, device=dev)
-    else:
-        check_tensor(out, "out", [num_tokens, hc, hidden], torch.bfloat16, dev)
-    if mix_part is None:
-        mix_part = torch.empty((splits, num_tokens, mix_pad), dtype=torch.float32, device=dev)
-    else:
-        check_tensor(mix_part, "mix_part", [splits, num_tokens, mix_pad], torch.float32, dev)
-    if sq_part is None:
-        sq_part = torch.empty((splits, num_tokens), dtype=torch.float32, device=dev)
-    else:
-        check_tensor(sq_part, "sq_part", [splits, num_tokens], torch.float32, dev)
-    if num_tokens > 0:
-        get_kernel(spec, static, num_tokens)(x, residual, post, comb, fn_next, out, mix_part, sq_part)
-    return out, mix_part, sq_part

@@ -14,10 +14,10 @@ several tokens per CTA that would need 32-56 KB per token, too much for SM120's 
 # No `from __future__ import annotations` (TileLang evaluates the T.Tensor annotations).
 from typing import Any, Mapping
 
-from dsv4_jit.arch import ArchProfile, get_profile
-from dsv4_jit.spec import KernelSpec, Variant, get_spec, register
+from dsv4_jit.arch import ArchProfile
+from dsv4_jit.spec import KernelSpec, Variant, register
 
-from .mhc_post import _int_param, check_arch, check_hidden_hc, pass_configs_for, schedule_name
+from .post import check_arch, check_hidden_hc, pass_configs_for, schedule_name
 
 VEC = 8
 
@@ -165,28 +165,3 @@ class MhcHeadSpec(KernelSpec):
 
     def pass_configs(self, variant: Variant) -> dict[str, Any]:
         return pass_configs_for(variant)
-
-
-def hc_head(residual, fn, hc_scale, hc_base, *, rms_eps, hc_eps, arch, get_kernel, out=None):
-    """[T, hc, H] bf16 residual streams -> [T, H] bf16 (see module docstring)."""
-    import torch
-    from dsv4_jit.validate import check_tensor
-    if not isinstance(residual, torch.Tensor) or residual.dim() != 3:
-        raise ValueError("residual: expected a 3-D bf16 tensor [T, hc, hidden]")
-    check_tensor(residual, "residual", [None, None, None], torch.bfloat16)
-    num_tokens, hc, hidden = residual.shape
-    dev = residual.device
-    check_tensor(fn, "fn", [hc, hc * hidden], torch.float32, dev)
-    check_tensor(hc_scale, "hc_scale", [1], torch.float32, dev)
-    check_tensor(hc_base, "hc_base", [hc], torch.float32, dev)
-    if out is None:
-        out = torch.empty((num_tokens, hidden), dtype=torch.bfloat16, device=dev)
-    else:
-        check_tensor(out, "out", [num_tokens, hidden], torch.bfloat16, dev)
-    if num_tokens == 0:
-        return out
-    spec = get_spec("mhc_head")
-    static = {"hidden_size": hidden, "hc_mult": hc, "rms_eps": float(rms_eps), "hc_eps": float(hc_eps)}
-    spec.select(get_profile(arch), static, num_tokens)  # validates before any launch
-    get_kernel(spec, static, num_tokens)(residual, fn, hc_scale, hc_base, out)
-    return out
