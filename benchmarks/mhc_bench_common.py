@@ -1,4 +1,4 @@
-"""What the mHC GPU benchmarks share: V4-Flash shapes, their inputs, the two timers, the JSON writer.
+"""What the mHC GPU benchmarks share: V4 shapes, their inputs, the two timers, the error metric, the JSON writer.
 
 Imported by the scripts beside it (run as `python benchmarks/<script>.py`, so this directory is on
 sys.path). torch and triton are imported by the callers' GPU paths only.
@@ -12,6 +12,7 @@ import torch
 
 H, HC, M, MP = 4096, 4, 24, 32  # V4-Flash hidden, hc_mult, mix width, mix width padded to 16
 EPS, ITERS, POST_MULT = 1e-6, 20, 2.0
+MODELS = {"flash": 4096, "pro": 7168}  # hidden size per V4 model; hc, mix width and eps are shared
 
 
 def bench_us(fn) -> float:
@@ -34,18 +35,47 @@ def graph_us(fn, reps: int = 20) -> float:
     return bench_us(g.replay) / reps
 
 
-def pre_weights(g: torch.Generator | None = None, dev: str = "cuda"):
-    """(fn [M, HC*H], hc_scale [3], hc_base [M]) fp32, random."""
-    fn = torch.randn(M, HC * H, device=dev, generator=g) * 1e-2
+def graph_us_or_reason(fn, reps: int = 20) -> tuple[float | None, str | None]:
+    """graph_us, or (None, why) when capture or replay fails: a peer that cannot be captured must
+    not end the run. The device is synchronized again so that a failed capture leaves nothing behind."""
+    try:
+        return graph_us(fn, reps), None
+    except Exception as e:  # any capture error: report it in the table
+        reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:160]
+    try:
+        torch.cuda.synchronize()
+    except Exception as e:  # a sticky CUDA error: later rows would fail too, so say so
+        reason += f" (device left in error: {type(e).__name__})"
+    return None, reason
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max |a - b| / max |b| in fp64: the worst element, relative to the reference's scale (an
+    elementwise ratio would blow up on values near zero)."""
+    a, b = a.double(), b.double()
+    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
+
+
+def pre_weights(g: torch.Generator | None = None, dev: str = "cuda", hidden: int = H):
+    """(fn [M, HC*hidden], hc_scale [3], hc_base [M]) fp32, random."""
+    fn = torch.randn(M, HC * hidden, device=dev, generator=g) * 1e-2
     scale = torch.rand(3, device=dev, generator=g) + 0.5
     base = torch.randn(M, device=dev, generator=g) * 0.1
     return fn, scale, base
 
 
-def activations(t: int, g: torch.Generator | None = None, dev: str = "cuda"):
-    """(residual [t, HC, H] bf16, x [t, H] bf16, post [t, HC], comb [t, HC, HC]) for t tokens, random."""
-    residual = torch.randn(t, HC, H, device=dev, generator=g).to(torch.bfloat16)
-    x = torch.randn(t, H, device=dev, generator=g).to(torch.bfloat16)
+def head_weights(g: torch.Generator | None = None, dev: str = "cuda", hidden: int = H):
+    """(hc_head_fn [HC, HC*hidden], hc_head_scale [1], hc_head_base [HC]) fp32, random."""
+    fn = torch.randn(HC, HC * hidden, device=dev, generator=g) * 1e-2
+    scale = torch.rand(1, device=dev, generator=g) + 0.5
+    base = torch.randn(HC, device=dev, generator=g) * 0.1
+    return fn, scale, base
+
+
+def activations(t: int, g: torch.Generator | None = None, dev: str = "cuda", hidden: int = H):
+    """(residual [t, HC, hidden] bf16, x [t, hidden] bf16, post [t, HC], comb [t, HC, HC]) for t tokens, random."""
+    residual = torch.randn(t, HC, hidden, device=dev, generator=g).to(torch.bfloat16)
+    x = torch.randn(t, hidden, device=dev, generator=g).to(torch.bfloat16)
     post = torch.rand(t, HC, device=dev, generator=g) * 2
     comb = torch.rand(t, HC, HC, device=dev, generator=g)
     return residual, x, post, comb
