@@ -1,10 +1,12 @@
 """Engine configs -> capture sizes / token counts. Expected values are computed here, independently of
-warmup/, from the formulas and worked examples in anchors_cache.md section 6."""
+warmup/: vLLM's from the vLLM 0.33.0 source (file:function named at each rule) and by hand; SGLang's from
+the formulas and worked examples in anchors_cache.md section 6."""
 from __future__ import annotations
 
 import enum
 import json
 import math
+import subprocess
 import sys
 from types import SimpleNamespace
 
@@ -15,38 +17,148 @@ from dsv4_jit.warmup import (EngineShapes, load_profile, parse_engine_args, reso
                              shapes_from_config, vllm_shapes)
 
 
-# ---- independent references ----------------------------------------------------------------------
+# ---- independent reference: vLLM 0.33.0, by membership test over all ints ------------------------
 
-def ref_vllm(max_num_seqs=1024, mnbt=8192, k=0, tp=1, sp=False, ceiling=512):
-    """vLLM capture sizes written from the documented rules, by membership test over all ints."""
+def _on_grid(s: int) -> bool:
+    return s in (1, 2, 4) or (8 <= s < 256 and s % 8 == 0) or (s >= 256 and s % 16 == 0)
+
+
+def ref_vllm(max_num_seqs=1024, mnbt=8192, k=0, ceiling=512, mode="FULL_AND_PIECEWISE", v2=True):
+    """Captured token counts for default capture settings (no explicit sizes / max size)."""
     q = 1 + k
-    max_cg = min(max_num_seqs * q * 2, ceiling, mnbt)
-    grid = [s for s in range(1, max_cg + 1)
-            if s in (1, 2, 4) or (8 <= s < 256 and s % 8 == 0) or (s >= 256 and s % 16 == 0)]
-    if sp and tp > 1:
-        grid = [s for s in grid if s % tp == 0]
-    max_cg = grid[-1]
-    m = max(q, tp) if (sp and tp > 1) else q
-    return sorted({math.ceil(s / m) * m for s in grid if math.ceil(s / m) * m <= max_cg}) if m > 1 else grid
+    pre = min(max_num_seqs * q * 2, ceiling)                  # vllm.py: VllmConfig._set_cudagraph_sizes
+    max_cg = min(pre, mnbt)
+    reqs = {n for n in range(1, min(max_num_seqs, ceiling) + 1) if _on_grid(n)} | {min(max_num_seqs, ceiling)}
+    uniform = {n * q for n in reqs if n * q <= pre} if q > 1 else ({max_num_seqs} if max_num_seqs <= pre else set())
+    config = ({s for s in range(1, max_cg + 1) if _on_grid(s)} | ({mnbt} if mnbt <= max_cg else set())
+              | {u for u in uniform if u <= mnbt})
+    top = max(config)
+    if not v2 and mode != "PIECEWISE" and q > 1:              # compilation.py: adjust_..._for_spec_decode
+        config = {math.ceil(s / q) * q for s in config if math.ceil(s / q) * q <= top} or {q}
+        top = max(config)
+    out = set(config) if mode != "FULL_DECODE_ONLY" else set()
+    if mode in ("FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"):    # cudagraph_utils.py: _init_candidates (V2)
+        if v2:
+            out |= {math.ceil(s / q) * q for s in config if math.ceil(s / q) * q <= min(max_num_seqs * q, top)}
+        else:                                                 # cudagraph_dispatcher.py (V1)
+            out |= {s for s in config if q <= s <= max_num_seqs * q}
+    return sorted(out)
 
 
-K0 = [1, 2, 4] + list(range(8, 256, 8)) + list(range(256, 513, 16))
-K1 = [2, 4] + list(range(8, 256, 8)) + list(range(256, 513, 16))
-K3 = [4] + list(range(8, 256, 8)) + list(range(256, 513, 16))
+K0 = [1, 2, 4] + list(range(8, 256, 8)) + list(range(256, 513, 16))           # 51 sizes
+K3_V1 = [4] + list(range(8, 256, 8)) + list(range(256, 513, 16))               # 49: rounded to 4s
+
+MTP2 = "--speculative-config '{\"method\":\"mtp\",\"num_speculative_tokens\":2}'"
+ISSUE_8 = f"--max-num-seqs 48 --max-num-batched-tokens 100 {MTP2}"
+# Hand-derived from vLLM 0.33.0 for ISSUE_8 (q = 3, V2 runner, FULL_AND_PIECEWISE):
+#  _set_cudagraph_sizes: ceiling min(48*3*2, 512) = 288, clamped to 100 -> grid 1,2,4,8..96, plus 100
+#  (max_num_batched_tokens) and the decode sizes 3 x {1,2,4,8,16,24,32} <= 100 -> 19 config sizes;
+#  _init_candidates: mixed graphs at all 19, FULL decode graphs at round_up(s, 3) <= min(144, 100).
+ISSUE_8_CONFIG = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 100]
+ISSUE_8_DECODE = [3, 6, 9, 12, 18, 24, 33, 42, 48, 57, 66, 72, 81, 90, 96]
+ISSUE_8_SIZES = [1, 2, 3, 4, 6, 8, 9, 12, 16, 18, 24, 32, 33, 40, 42, 48, 56, 57, 64, 66, 72, 80, 81, 88, 90,
+                 96, 100]
 
 
-def test_vllm_worked_examples():
-    s0 = vllm_shapes()
-    assert len(s0.capture_sizes) == 51 and list(s0.capture_sizes) == K0
-    assert s0.capture_sizes[:4] == (1, 2, 4, 8) and s0.capture_sizes[-3:] == (480, 496, 512)
-    assert 248 in s0.capture_sizes and 256 in s0.capture_sizes and 272 in s0.capture_sizes
-    s1 = vllm_shapes(num_speculative_tokens=1)
-    assert len(s1.capture_sizes) == 50 and list(s1.capture_sizes) == K1
-    assert s1.tokens_per_seq == 2 and s1.spec_tokens == 1
-    s3 = vllm_shapes(num_speculative_tokens=3)
-    assert len(s3.capture_sizes) == 49 and list(s3.capture_sizes) == K3
-    s64 = vllm_shapes(max_num_seqs=64)
-    assert len(s64.capture_sizes) == 19 and s64.capture_sizes[-1] == 128
+def test_reference_agrees_with_hand_derivation():
+    assert ref_vllm(48, 100, k=2) == ISSUE_8_SIZES == sorted(set(ISSUE_8_CONFIG) | set(ISSUE_8_DECODE))
+    assert ref_vllm(48, 100, k=2, v2=False) == ISSUE_8_DECODE
+    assert ref_vllm() == K0 and ref_vllm(k=3, v2=False) == K3_V1
+
+
+# ---- issue #8: every config vLLM accepts is planned, odd ones with a note ------------------------
+
+def test_issue_8_mtp_batched_tokens_below_seqs_times_q_is_accepted():
+    s = parse_engine_args("vllm", ISSUE_8)
+    assert list(s.capture_sizes) == ISSUE_8_SIZES and len(ISSUE_8_SIZES) == 27
+    assert s.settings["config_capture_sizes"] == ISSUE_8_CONFIG
+    assert s.settings["model_runner"] == "v2" and s.settings["cudagraph_mode"] == "FULL_AND_PIECEWISE"
+    assert s.max_num_tokens == 100 and list(s.token_counts()) == list(range(1, 101))
+    assert s.spec_tokens == 2 and s.tokens_per_seq == 3
+    assert any("48 x (1 + num_speculative_tokens=2) = 144" in n and "at most 33 requests" in n for n in s.notes)
+    assert any("vLLM warns: max_num_scheduled_tokens=100" in n for n in s.notes)
+    same = parse_engine_args("vllm", "--max-num-seqs 48 --max-num-batched-tokens 100 --spec-method mtp --spec-tokens 2")
+    assert same.capture_sizes == s.capture_sizes
+
+
+def test_issue_8_cli_prints_the_note():
+    r = subprocess.run([sys.executable, "-m", "dsv4_jit", "plan", "--model", "deepseek-v4-flash", "--arch", "sm_90a",
+                        "--vllm-args", ISSUE_8], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout + r.stderr
+    assert "27 capture sizes 1..100" in out and "note: --max-num-batched-tokens=100 < --max-num-seqs=48" in out
+
+
+@pytest.mark.parametrize("flags,sizes,tokens", [
+    # defaults (H100/H200 tier: 1024 seqs, 8192 tokens); tp and dp do not change vLLM 0.33's sizes
+    ("", K0, 8192),
+    ("-tp 8 -dp 2", K0, 8192),
+    # MTP K=1/K=3 at defaults: the decode sizes 2n / 4n all lie on the grid, and V2 keeps size 1 (mixed)
+    ("-tp 8 --speculative-config '{\"method\":\"mtp\",\"num_speculative_tokens\":1}'", K0, 8192),
+    ("--speculative-config '{\"method\":\"deepseek_mtp\",\"num_speculative_tokens\":3}'", K0, 8192),
+    # the issue, and the same under the V1 model runner (sizes rounded to multiples of 3)
+    (ISSUE_8, ISSUE_8_SIZES, 100),
+    (f"VLLM_USE_V2_MODEL_RUNNER=0 vllm serve m {ISSUE_8}", ISSUE_8_DECODE, 100),
+    (f"{ISSUE_8} -cc.cudagraph_mode=FULL_DECODE_ONLY", ISSUE_8_DECODE, 100),
+    (f"{ISSUE_8} -cc.cudagraph_mode=PIECEWISE", ISSUE_8_CONFIG, 100),
+    (f"{ISSUE_8} -cc.cudagraph_mode=FULL", ISSUE_8_CONFIG, 100),
+    # 100 seqs, K=0: ceiling 200, and max_num_seqs=100 itself is captured off the 8-grid
+    ("--max-num-seqs 100", [1, 2, 4] + list(range(8, 97, 8)) + [100] + list(range(104, 201, 8)), 8192),
+    # -O1 (PIECEWISE), MTP K=1, 48 seqs, 100 tokens: decode sizes 2n are on the grid, 100 appended
+    ("-O1 --max-num-seqs 48 --max-num-batched-tokens 100 --speculative-config "
+     "'{\"method\":\"mtp\",\"num_speculative_tokens\":1}'", [1, 2, 4] + list(range(8, 97, 8)) + [100], 100),
+    # smallest batch vLLM accepts with 2 MTP tokens (3 > lookahead 2): [1, 2] grid, 3 appended
+    (f"--max-num-seqs 2 --max-num-batched-tokens 3 {MTP2}", [1, 2, 3], 3),
+    # explicit sizes: kept as given (<= batched tokens); V2 adds no decode graph outside them here
+    ("--cudagraph-capture-sizes 1 2 4 8 --speculative-config '{\"num_speculative_tokens\":1, \"method\":\"mtp\"}'",
+     [1, 2, 4, 8], 8192),
+    ("--max-num-seqs 8 --max-num-batched-tokens 2048 --cuda-graph-sizes=1,2,3000", [1, 2], 2048),
+    ("--max-num-seqs 8 --max-num-batched-tokens 64 --cudagraph-capture-sizes 128 256", [], 64),
+    ("-cc '{\"cudagraph_capture_sizes\":[1]}' --speculative-config.method mtp "
+     "--speculative-config.num_speculative_tokens 3", [1], 8192),
+    # explicit ceiling: no decode sizes appended; 100 is truncated to the grid's 96
+    ("--max-cudagraph-capture-size 64", [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64], 8192),
+    ("--max-cudagraph-capture-size 100", [1, 2, 4] + list(range(8, 97, 8)), 8192),
+    # performance modes: interactivity captures every size to 32; throughput doubles the defaults
+    ("--performance-mode interactivity --max-num-seqs 16", list(range(1, 33)), 8192),
+    ("--performance-mode throughput", K0, 16384),
+    # suffix decoding (24 tokens by default) runs on the V1 runner: multiples of 25 up to 500
+    ("--speculative-config '{\"method\":\"suffix\"}'", list(range(25, 501, 25)), 8192),
+    # batched-DP MoE backends default max_num_batched_tokens to 256
+    ("--enable-expert-parallel -dp 2 --all2all-backend deepep_low_latency --max-num-seqs 128",
+     [1, 2, 4] + list(range(8, 257, 8)), 256),
+    # human-readable token counts, as vLLM's human_readable_int
+    ("--max-num-seqs 256 --max-num-batched-tokens 2K", ref_vllm(256, 2048), 2048),
+    ("--max-num-seqs 256 --max-num-batched-tokens 16k", ref_vllm(256, 16000), 16000),
+    # chunked prefill off: a defaulted max_num_batched_tokens rises to max_model_len
+    ("--no-enable-chunked-prefill --max-model-len 32k", K0, 32000),
+    # no CUDA graphs
+    ("--enforce-eager", [], 8192),
+    ("-O0", [], 8192),
+    ("-O 0 -cc.cudagraph_mode=PIECEWISE", K0, 8192),
+])
+def test_vllm_hand_derived_table(flags, sizes, tokens):
+    s = parse_engine_args("vllm", flags)
+    assert list(s.capture_sizes) == sizes
+    assert s.max_num_tokens == tokens and len(s.token_counts()) == tokens
+    assert set(s.capture_sizes) <= set(s.token_counts())
+    assert s.sequence_parallel is False
+
+
+def test_vllm_table_notes():
+    s = parse_engine_args("vllm", "--max-num-seqs 8 --max-num-batched-tokens 64 --cudagraph-capture-sizes 128 256")
+    assert not s.cuda_graphs and any("captures nothing" in n for n in s.notes)
+    s = parse_engine_args("vllm", "-cc '{\"cudagraph_capture_sizes\":[1]}' --speculative-config.method mtp "
+                                  "--speculative-config.num_speculative_tokens 3")
+    assert any("no graph holds a whole decode step" in n for n in s.notes)
+    s = parse_engine_args("vllm", "--max-cudagraph-capture-size 100")
+    assert any("truncated to 96" in n for n in s.notes)
+    s = parse_engine_args("vllm", "--speculative-config '{\"method\":\"suffix\"}'")
+    assert s.spec_tokens == 24 and s.settings["model_runner"] == "v1" and any("V1 model runner" in n for n in s.notes)
+    s = parse_engine_args("vllm", "--no-enable-chunked-prefill")
+    assert any("chunked prefill off" in n for n in s.notes)
+    s = parse_engine_args("vllm", f"{MTP2[:-2]},\"num_speculative_tokens_per_batch_size\":[[1,8,2]]}}'")
+    assert any("not modelled" in n for n in s.notes)
 
 
 def test_vllm_defaults_large_gpu_and_said_so():
@@ -57,35 +169,40 @@ def test_vllm_defaults_large_gpu_and_said_so():
     assert vllm_shapes(usage="llm").max_num_tokens == 16384
 
 
-@pytest.mark.parametrize("gib,name,seqs,tokens", [
-    (48, None, 256, 2048), (80, None, 1024, 8192), (80, "NVIDIA A100-SXM4-80GB", 256, 2048),
-    (141, "H200", 1024, 8192), (24, None, 256, 2048)])
-def test_vllm_batch_defaults_by_gpu(gib, name, seqs, tokens):
-    s = vllm_shapes(gpu_memory_gib=gib, gpu_name=name)
+@pytest.mark.parametrize("gib,name,seqs,tokens,ceiling", [
+    (48, None, 256, 2048, 512), (80, None, 1024, 8192, 512), (80, "NVIDIA A100-SXM4-80GB", 256, 2048, 512),
+    (141, "H200", 1024, 8192, 512), (24, None, 256, 2048, 512), (180, None, 1024, 16384, 512),
+    (None, "NVIDIA B200", 1024, 16384, 1024)])
+def test_vllm_batch_defaults_by_gpu(gib, name, seqs, tokens, ceiling):
+    gpu = {k: v for k, v in (("gpu_memory_gib", gib), ("gpu_name", name)) if v is not None}
+    s = vllm_shapes(**gpu)
     assert (s.settings["max_num_seqs"], s.max_num_tokens) == (seqs, tokens)
     assert not any(">= 70 GiB" in n for n in s.notes)
-    assert list(s.capture_sizes) == ref_vllm(seqs, tokens)
+    assert list(s.capture_sizes) == ref_vllm(seqs, tokens, ceiling=ceiling)
 
 
-# Real serving configs: (flags, independent expectation kwargs)
+def test_vllm_blackwell_ceiling_matches_vllms_own_count():
+    # vLLM's gpt-oss hook comment: a 1024 ceiling gives 83 graphs (K=0, 1024 seqs)
+    assert len(vllm_shapes(gpu_name="NVIDIA B200").capture_sizes) == 83
+
+
+# Real serving configs against the independent reference: (flags, reference kwargs)
 REAL = [
     ("-tp 1", dict()),
-    ("-tp 2", dict(tp=2)),
-    ("--tensor-parallel-size 4", dict(tp=4)),
-    ("-tp 8", dict(tp=8)),
-    ("-tp 8 --speculative-config '{\"method\":\"mtp\",\"num_speculative_tokens\":1}'", dict(tp=8, k=1)),
-    ("-tp 4 --speculative-config '{\"method\":\"mtp\",\"num_speculative_tokens\":3}'", dict(tp=4, k=3)),
-    ("-tp 2 --max-num-seqs 64 --speculative-config '{\"num_speculative_tokens\":1}'", dict(max_num_seqs=64, k=1, tp=2)),
-    ("--max-num-seqs 16 --speculative-config '{\"num_speculative_tokens\":3}'", dict(max_num_seqs=16, k=3)),
+    ("-tp 2", dict()),
+    ("--tensor-parallel-size 4", dict()),
+    ("-tp 8 --speculative-config '{\"method\":\"mtp\",\"num_speculative_tokens\":1}'", dict(k=1)),
+    ("-tp 4 --speculative-config '{\"method\":\"mtp\",\"num_speculative_tokens\":3}'", dict(k=3)),
+    ("-tp 2 --max-num-seqs 64 --spec-method mtp --spec-tokens 1", dict(max_num_seqs=64, k=1)),
+    ("--max-num-seqs 16 -sc '{\"method\":\"mtp\",\"num_speculative_tokens\":3}'", dict(max_num_seqs=16, k=3)),
     ("--max-num-seqs 128 --max-num-batched-tokens 2048", dict(max_num_seqs=128, mnbt=2048)),
     ("--max-num-seqs 128 --max-num-batched-tokens 256", dict(max_num_seqs=128, mnbt=256)),
-    ("--max-num-seqs 256 --max-num-batched-tokens 16384 -tp 2", dict(max_num_seqs=256, mnbt=16384, tp=2)),
-    ("-tp 4 -O '{\"pass_config\":{\"enable_sp\":true}}'", dict(tp=4, sp=True)),
-    ("-tp 4 -O '{\"pass_config\":{\"enable_sp\":true}}' --speculative-config '{\"num_speculative_tokens\":1}'",
-     dict(tp=4, sp=True, k=1)),
-    ("-tp 2 -O '{\"pass_config\":{\"enable_sp\":true}}' --speculative-config '{\"num_speculative_tokens\":3}'",
-     dict(tp=2, sp=True, k=3)),
-    ("-tp 8 --compilation-config '{\"pass_config\":{\"enable_sequence_parallelism\":true}}'", dict(tp=8, sp=True)),
+    ("--max-num-seqs 256 --max-num-batched-tokens 16384 -tp 2", dict(max_num_seqs=256, mnbt=16384)),
+    ("--max-num-seqs 512 --max-num-batched-tokens 1024 " + MTP2, dict(max_num_seqs=512, mnbt=1024, k=2)),
+    ("--max-num-seqs 300 --max-num-batched-tokens 300 " + MTP2, dict(max_num_seqs=300, mnbt=300, k=2)),
+    ("VLLM_USE_V2_MODEL_RUNNER=0 --max-num-seqs 16 " + MTP2, dict(max_num_seqs=16, k=2, v2=False)),
+    ("-O '{\"cudagraph_mode\":\"FULL_DECODE_ONLY\"}' --max-num-seqs 40 " + MTP2,
+     dict(max_num_seqs=40, k=2, mode="FULL_DECODE_ONLY")),
 ]
 
 
@@ -93,48 +210,81 @@ REAL = [
 def test_vllm_real_configs(flags, kw):
     s = parse_engine_args("vllm", flags)
     assert list(s.capture_sizes) == ref_vllm(**kw)
-    assert s.tp_size == kw.get("tp", 1)
     assert s.max_num_tokens == kw.get("mnbt", 8192)
-    assert s.sequence_parallel == (kw.get("sp", False) and kw.get("tp", 1) > 1)
-    # capture sizes are token counts the engine produces
     assert set(s.capture_sizes) <= set(s.token_counts())
 
 
-def test_vllm_hand_checked_small_cases():
-    # max_num_seqs=64, K=1: ceiling 256 -> grid 1,2,4,8..248,256 -> multiples of 2
-    assert list(vllm_shapes(max_num_seqs=64, num_speculative_tokens=1).capture_sizes) == \
-        [2, 4] + list(range(8, 257, 8))
-    # SP tp=4 K=0: sizes divisible by 4 only
-    s = vllm_shapes(tensor_parallel_size=4, compilation_config={"pass_config": {"enable_sp": True}})
-    assert s.capture_sizes[:3] == (4, 8, 16) and len(s.capture_sizes) == 49
-    assert list(s.sharded_token_counts()) == list(range(1, 2049))
-    # max_cudagraph_capture_size caps the grid
-    assert list(vllm_shapes(max_cudagraph_capture_size=64).capture_sizes) == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]
+def test_vllm_v1_runner_rounding_refusal_is_vllms():
+    # V2 (the default) accepts a lone size 1 with 3 MTP tokens; the V1 runner's rounding refuses it.
+    flags = ("-cc.cudagraph_capture_sizes=[1] --speculative-config.method mtp "
+             "--speculative-config.num_speculative_tokens 3")
+    assert parse_engine_args("vllm", flags).capture_sizes == (1,)
+    with pytest.raises(ConfigError, match="multiple of 4"):
+        parse_engine_args("vllm", "VLLM_USE_V2_MODEL_RUNNER=0 " + flags)
+    assert vllm_shapes(flags, use_v2_model_runner=True).capture_sizes == (1,)
 
 
 def test_vllm_explicit_sizes():
     s = parse_engine_args("vllm", ["--compilation-config", '{"cudagraph_capture_sizes":[4,1,2,2]}'])
     assert s.capture_sizes == (1, 2, 4)
-    s = parse_engine_args("vllm", "--cudagraph-capture-sizes 1 2 4 8 --speculative-config "
-                                  "'{\"num_speculative_tokens\":1, \"method\":\"mtp\"}'")
-    assert s.capture_sizes == (2, 4, 8)
     s = parse_engine_args("vllm", "--max-num-seqs 8 --max-num-batched-tokens 2048 --cuda-graph-sizes=1,2,3000")
     assert s.capture_sizes == (1, 2) and any("3000" in n for n in s.notes)
-    # vLLM's own error: the only size rounds up past the ceiling
-    with pytest.raises(ConfigError, match="multiple of 4"):
-        parse_engine_args("vllm", "-O.cudagraph_capture_sizes=[1] --speculative-config.num_speculative_tokens 3")
+    s = parse_engine_args("vllm", "VLLM_USE_V2_MODEL_RUNNER=0 --cudagraph-capture-sizes 1 2 4 8 "
+                                  "--speculative-config '{\"num_speculative_tokens\":1, \"method\":\"mtp\"}'")
+    assert s.capture_sizes == (2, 4, 8)
 
 
 def test_vllm_no_cuda_graphs():
     for flags in ("--enforce-eager", "-O.cudagraph_mode=NONE", "--compilation-config '{\"cudagraph_mode\": \"none\"}'",
-                  "--compilation-config.cudagraph_mode NONE"):
+                  "--compilation-config.cudagraph_mode NONE", "-O0", "--optimization-level 0"):
         s = parse_engine_args("vllm", flags)
         assert s.capture_sizes == () and not s.cuda_graphs, flags
         assert s.max_num_tokens == 8192 and len(s.token_counts()) == 8192
     s = parse_engine_args("vllm", "--enforce-eager --no-enforce-eager")
     assert len(s.capture_sizes) == 51
     s = parse_engine_args("vllm", "-O '{\"cudagraph_mode\":\"FULL_DECODE_ONLY\"}'")
+    # decode-only graphs: q = 1, so every size up to max_num_seqs = all 51
     assert len(s.capture_sizes) == 51 and s.settings["cudagraph_mode"] == "FULL_DECODE_ONLY"
+    s = parse_engine_args("vllm", "-O '{\"cudagraph_mode\":\"FULL_DECODE_ONLY\"}' --max-num-seqs 64")
+    assert list(s.capture_sizes) == [1, 2, 4] + list(range(8, 65, 8))       # decode graphs stop at 64 seqs
+
+
+# What vLLM 0.33 refuses stays refused, naming the flag.
+@pytest.mark.parametrize("flags,match", [
+    ("--max-num-seqs 300 --max-num-batched-tokens 256", "--max-num-batched-tokens=256 is smaller than --max-num-seqs"),
+    ("--max-num-batched-tokens 512", "--max-num-batched-tokens=512 is smaller than --max-num-seqs=1024"),
+    ("--enable-expert-parallel -dp 2 --all2all-backend nixl_ep", "max-num-batched-tokens=256 is smaller"),
+    (f"--max-num-seqs 2 --max-num-batched-tokens 2 {MTP2}", "no slot for a scheduled token"),
+    (f"--enable-lora {ISSUE_8}", "--enable-lora with speculative decoding: vLLM refuses --max-num-batched-tokens=100"),
+    ("--no-enable-chunked-prefill --max-model-len 4096 --max-num-batched-tokens 2048 --max-num-seqs 64",
+     "--max-num-batched-tokens=2048 is smaller than --max-model-len=4096"),
+    ("--speculative-config '{\"num_speculative_tokens\": 1}'", "needs a draft \"model\""),
+    ("--spec-tokens 2", "needs a draft \"model\""),
+    ("--speculative-config '{\"method\": \"eagle\", \"num_speculative_tokens\": 3}'", "needs a draft \"model\""),
+    ("--speculative-config '{\"method\": \"medusa2\", \"num_speculative_tokens\": 3}'", "unknown method 'medusa2'"),
+    ("--speculative-config '{\"method\": \"mtp\", \"num_speculative_tokens\": 0}'",
+     "num_speculative_tokens must be > 0"),
+    ("--speculative-config '{\"num_speculative_tokens\": -1}'", "num_speculative_tokens must be > 0"),
+    (f"{MTP2} --spec-tokens 2", "--spec-tokens and --speculative-config num_speculative_tokens are mutually exclusive"),
+    ("--cudagraph-capture-sizes 1 2 -cc '{\"cudagraph_capture_sizes\":[4]}'", "mutually exclusive"),
+    ("--cudagraph-capture-sizes 1 2 4 --max-cudagraph-capture-size 8", "contradicts"),
+    ("-tp 4 -cc '{\"pass_config\":{\"enable_sp\":true}}'", "pass_config.enable_sp: vLLM 0.33 has no sequence-par"),
+    ("-tp 8 --enable-sequence-parallelism", "--enable-sequence-parallelism: vLLM 0.33 has no sequence-par"),
+    ("-O5", "-O5: expected 0, 1, 2 or 3"),
+    ("--performance-mode fast", "--performance-mode: expected one of"),
+    ("VLLM_USE_V2_MODEL_RUNNER=1 --speculative-config '{\"method\":\"suffix\"}'", "Model Runner V2 does not yet"),
+    ("VLLM_USE_V2_MODEL_RUNNER=0 --speculative-config '{\"method\":\"dspark\",\"num_speculative_tokens\":4}'",
+     "Model Runner V1 does not support dspark"),
+    ("--max-num-batched-tokens 1.5K", "decimals are not allowed"),
+])
+def test_vllm_refusals(flags, match):
+    with pytest.raises(ConfigError, match=match):
+        parse_engine_args("vllm", flags)
+
+
+def test_spec_batched_tokens_from_defaults_is_a_note():
+    s = vllm_shapes(num_speculative_tokens=15)       # 1024 x 16 > 8192, but neither value was given
+    assert any("at most 512 requests" in n for n in s.notes)
 
 
 # ---- SGLang ---------------------------------------------------------------------------------------
@@ -204,7 +354,7 @@ def test_flag_spellings_equivalent():
     forms = ["--max-num-seqs 64 -tp 4", "--max-num-seqs=64 --tensor-parallel-size=4", "--max_num_seqs 64 --tp-size 4",
              ["--max-num-seqs", "64", "--tp", "4"], "--MAX-NUM-SEQS 64 --tensor_parallel_size 4"]
     got = {parse_engine_args("vllm", f).capture_sizes for f in forms}
-    assert got == {tuple(ref_vllm(64, 8192, tp=4))}
+    assert got == {tuple(ref_vllm(64, 8192))}
     assert {parse_engine_args("vllm", f).tp_size for f in forms} == {4}
 
 
@@ -214,7 +364,7 @@ def test_unrelated_flags_recorded():
                                   "-O3 --max-num-seqs 32")
     assert s.ignored["--host"] == "0.0.0.0" and s.ignored["--port"] == "8000"
     assert s.ignored["--trust-remote-code"] is True and s.ignored["--model"] == "foo"
-    assert s.ignored["--max-model-len"] == "65536" and "-O3" in s.ignored
+    assert s.settings["optimization_level"] == 3 and "-O3" not in s.ignored      # vLLM 0.33: -O<n> is the level
     assert s.ignored["_positional"] == ["vllm", "serve", "deepseek-ai/DeepSeek-V4-Flash"]
     assert s.settings["max_num_seqs"] == 32
     json.dumps(s.to_dict())
@@ -240,18 +390,17 @@ def test_shapes_roundtrip():
     ("vllm", "--max-num-seqs", "--max-num-seqs: missing value"),
     ("vllm", "-tp 0", "-tp must be >= 1"),
     ("vllm", "--max-num-seqs 300 --max-num-batched-tokens 256", "--max-num-batched-tokens=256 is smaller"),
-    ("vllm", "--max-num-seqs 1024 --max-num-batched-tokens 1024 --speculative-config '{\"num_speculative_tokens\":1}'",
-     r"--max-num-batched-tokens=1024 < --max-num-seqs=1024"),
+    ("vllm", "--enable-lora --max-num-seqs 1024 --max-num-batched-tokens 1024 --speculative-config "
+     "'{\"method\":\"mtp\",\"num_speculative_tokens\":1}'", r"--max-num-batched-tokens=1024 < --max-num-seqs=1024"),
     ("vllm", "--compilation-config '{\"cudagraph_mode\":\"SOMETIMES\"}'", "unknown cudagraph_mode"),
     ("vllm", "--compilation-config '{bad json'", "--compilation-config: not valid JSON"),
-    ("vllm", "--speculative-config '{\"num_speculative_tokens\": -1}'", "num_speculative_tokens must be >= 0"),
+    ("vllm", "--speculative-config '{\"num_speculative_tokens\": -1}'", "num_speculative_tokens must be > 0"),
     ("vllm", "--speculative-config '{\"num_speculative_tokens\": true}'", "expected an integer"),
     ("vllm", "--speculative-config '{\"method\": \"mtp\"}'", "no num_speculative_tokens"),
     ("vllm", "--cudagraph-capture-sizes 1 2 0", "sizes must be >= 1"),
     ("vllm", "--cudagraph-capture-sizes 1 2 4 --max-cudagraph-capture-size 8", "contradicts"),
     ("vllm", "--enforce-eager=maybe", "--enforce-eager: expected true/false"),
-    ("vllm", "-tp 4 -O '{\"pass_config\":{\"enable_sp\":true}}' --speculative-config '{\"num_speculative_tokens\":2}'",
-     "sequence parallelism"),
+    ("vllm", "-tp 4 -O '{\"pass_config\":{\"enable_sp\":true}}' " + MTP2, "no sequence-parallelism pass"),
     ("vllm", "--max-num-seqs.x 3", "not a JSON config flag"),
     ("sglang", "--speculative-algorithm FOO", "unknown algorithm"),
     ("sglang", "--cuda-graph-bs 0 1", "--cuda-graph-bs: batch sizes must be >= 1"),
@@ -263,11 +412,6 @@ def test_shapes_roundtrip():
 def test_errors_name_the_flag(engine, flags, match):
     with pytest.raises(ConfigError, match=match):
         parse_engine_args(engine, flags)
-
-
-def test_spec_batched_tokens_from_defaults_is_a_note():
-    s = vllm_shapes(num_speculative_tokens=15)       # 1024 x 16 > 8192, but neither value was given
-    assert any("at most 512 requests" in n for n in s.notes)
 
 
 def test_unknown_engine_and_multiple_sources(tmp_path):
@@ -371,6 +515,24 @@ def test_vllm_config_object():
     assert list(shapes_from_config(cfg).capture_sizes) == ref_vllm(256)
     with pytest.raises(ConfigError, match="scheduler_config.max_num_seqs must be >= 1"):
         shapes_from_config(fake_vllm_config(scheduler_config__max_num_seqs=0))
+
+
+def test_vllm_config_object_issue_8_as_vllm_resolves_it():
+    # A VllmConfig after __post_init__: sizes and ceiling written back, eager -> NONE with [] / 0.
+    live = dict(scheduler_config__max_num_seqs=48, scheduler_config__max_num_batched_tokens=100,
+                speculative_config__num_speculative_tokens=2,
+                compilation_config__cudagraph_capture_sizes=ISSUE_8_CONFIG,
+                compilation_config__max_cudagraph_capture_size=100)
+    assert list(shapes_from_config(fake_vllm_config(**live)).capture_sizes) == ISSUE_8_SIZES
+    cfg = fake_vllm_config(**live)
+    cfg.use_v2_model_runner = False                  # the VllmConfig property, read as is
+    assert list(shapes_from_config(cfg).capture_sizes) == ISSUE_8_DECODE
+    s = shapes_from_config(fake_vllm_config(**{**live, "compilation_config__cudagraph_capture_sizes": [],
+                                               "compilation_config__max_cudagraph_capture_size": 0,
+                                               "compilation_config__cudagraph_mode": CUDAGraphMode.NONE}))
+    assert s.capture_sizes == () and s.max_num_tokens == 100
+    with pytest.raises(ConfigError, match="no sequence-parallelism pass"):
+        shapes_from_config(fake_vllm_config(compilation_config__pass_config=SimpleNamespace(enable_sp=True)))
 
 
 def test_sglang_server_args_object():

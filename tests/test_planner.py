@@ -94,7 +94,10 @@ def test_intervals():
     assert intervals([]) == []
 
 
-@pytest.mark.parametrize("flags", ["", "--speculative-config '{\"num_speculative_tokens\": 1}'",
+@pytest.mark.parametrize("flags", ["", "--speculative-config '{\"method\": \"mtp\", \"num_speculative_tokens\": 1}'",
+                                   # issue #8: 2 MTP tokens, fewer batched tokens than 48 full decode steps
+                                   "--max-num-seqs 48 --max-num-batched-tokens 100 "
+                                   "--speculative-config '{\"method\":\"mtp\",\"num_speculative_tokens\":2}'",
                                    "--max-num-seqs 64 --max-num-batched-tokens 6000",
                                    "--enforce-eager --max-num-seqs 256 --max-num-batched-tokens 2048"])
 def test_keys_equal_select_over_every_token_count(flags):

@@ -13,8 +13,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from dsv4_jit.errors import ConfigError
 
-# Value kinds a flag can have.
-INT, FLOAT, BOOL, STR, INTLIST, JSON = "int", "float", "bool", "str", "intlist", "json"
+# Value kinds a flag can have. HRINT: an int that may carry vLLM's human-readable suffix ("16k", "1K").
+INT, HRINT, FLOAT, BOOL, STR, INTLIST, JSON = "int", "hrint", "float", "bool", "str", "intlist", "json"
 
 
 def norm_name(name: str) -> str:
@@ -25,7 +25,7 @@ def norm_name(name: str) -> str:
 @dataclass(frozen=True)
 class Flag:
     dest: str                     # key in the settings dict (snake_case, as the engine's config field)
-    kind: str                     # INT | FLOAT | BOOL | STR | INTLIST | JSON
+    kind: str                     # INT | HRINT | FLOAT | BOOL | STR | INTLIST | JSON
     names: tuple[str, ...]        # accepted spellings, normalised by norm_name
 
     @property
@@ -86,6 +86,25 @@ def to_int(value: Any, flag: str) -> int:
     if isinstance(value, str) and re.fullmatch(r"[+-]?\d+", value.strip()):
         return int(value.strip())
     raise ConfigError(f"{flag}: expected an integer, got {value!r}")
+
+
+_DEC = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_BIN = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def to_human_int(value: Any, flag: str) -> int:
+    """An integer, or vLLM's `human_readable_int` form: '25.6k' -> 25600, '1K' -> 1024 (binary: no decimals)."""
+    if isinstance(value, str):
+        m = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT])", value.strip())
+        if m:
+            number, suffix = m.groups()
+            if suffix in _DEC:
+                return int(float(number) * _DEC[suffix])
+            if "." not in number:
+                return int(number) * _BIN[suffix]
+            raise ConfigError(f"{flag}: decimals are not allowed with binary suffix {suffix} "
+                              f"(got {value!r}; did you mean {number}{suffix.lower()}?)")
+    return to_int(value, flag)
 
 
 def to_float(value: Any, flag: str) -> float:
@@ -149,7 +168,7 @@ def to_json_dict(value: Any, flag: str) -> dict:
 
 
 def convert(flag: Flag, value: Any, shown: str) -> Any:
-    return {INT: to_int, FLOAT: to_float, BOOL: to_bool, STR: lambda v, f: str(v),
+    return {INT: to_int, HRINT: to_human_int, FLOAT: to_float, BOOL: to_bool, STR: lambda v, f: str(v),
             INTLIST: to_int_list, JSON: to_json_dict}[flag.kind](value, shown)
 
 
@@ -179,7 +198,8 @@ def _is_flag(tok: str) -> bool:
     return tok.startswith("-") and len(tok) > 1 and not re.fullmatch(r"-\d+(\.\d*)?", tok)
 
 
-_OPT_LEVEL = re.compile(r"^-O(\d)$")   # vLLM's `-O3` (compilation mode)
+_OPT_LEVEL = re.compile(r"^-O=?(\d+)$")   # vLLM's `-O3` / `-O=3`: the optimization level
+OPT_LEVEL_FLAG = "optimization-level"    # tables with this flag read `-O<n>` as it, as vLLM 0.33 does
 
 
 def parse_flags(args: str | Sequence[str], table: FlagTable, settings: Settings | None = None) -> Settings:
@@ -195,7 +215,11 @@ def parse_flags(args: str | Sequence[str], table: FlagTable, settings: Settings 
             continue
         m = _OPT_LEVEL.match(tok)
         if m:
-            st.ignored[tok] = True
+            lvl = table.lookup(OPT_LEVEL_FLAG)
+            if lvl is None:
+                st.ignored[tok] = True
+            else:
+                st.set(lvl.dest, int(m.group(1)), tok)
             continue
         name, eq, inline = tok.partition("=")
         has_inline = bool(eq)
@@ -254,7 +278,11 @@ def parse_flags(args: str | Sequence[str], table: FlagTable, settings: Settings 
             value = toks[i]
             i += 1
         if flag.kind == JSON and isinstance(value, str) and value.strip().isdigit():
-            value = {"mode": int(value)}     # vLLM's `-O 3` / `--compilation-config 3`
+            lvl = table.lookup(OPT_LEVEL_FLAG)
+            if lvl is not None and norm_name(name) == "o":
+                st.set(lvl.dest, int(value), f"{name} {value.strip()}")   # vLLM's `-O 3`: a level
+                continue
+            value = {"mode": int(value)}     # `--compilation-config 3`
         v = convert(flag, value, shown)
         if flag.kind == BOOL and negated:
             v = not v

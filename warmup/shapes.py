@@ -9,19 +9,19 @@ from typing import Any
 class EngineShapes:
     """Token shapes of one engine configuration, per rank.
 
-    * `capture_sizes` - CUDA-graph sizes in **tokens per forward** (vLLM's capture sizes are tokens
-      already; SGLang's are requests, converted as `bs * tokens_per_seq`). Decode batches are padded
-      up to one of these, so every capture size is a token count a kernel will see.
+    * `capture_sizes` - CUDA-graph sizes in **tokens per forward**: every token count the engine captures
+      a graph at (vLLM: its mixed graphs plus its FULL decode graphs; SGLang's request counts converted as
+      `bs * tokens_per_seq`). Batches are padded up to one of these, so each is a count a kernel will see.
     * `max_num_tokens` - the most tokens one forward can carry (prefill chunk / batched tokens, or the
       largest decode batch if that is bigger).
     * `token_counts()` - all of 1..max_num_tokens: eager and piecewise prefill run at any count, and
       CUDA-graph decode pads to capture sizes, which lie inside that range.
 
-    Sequence parallelism (vLLM `pass_config.enable_sp`): between the reduce-scatter and all-gather the
-    residual stream is sharded, so those kernels see `ceil(T / tp_size)` tokens per rank (vLLM pads T
-    to a multiple of tp). Those counts are inside 1..max_num_tokens, so `token_counts()` is unchanged;
-    `sharded_token_counts()` gives the per-rank view and capture sizes are already filtered to
-    multiples of tp, as vLLM does.
+    Sequence parallelism (`sequence_parallel`; vLLM 0.33 has no such pass and refuses the old
+    `pass_config.enable_sp`, so only a config that sets it by hand has it): between the reduce-scatter
+    and all-gather the residual stream is sharded, so those kernels see `ceil(T / tp_size)` tokens per
+    rank. Those counts are inside 1..max_num_tokens, so `token_counts()` is unchanged;
+    `sharded_token_counts()` gives the per-rank view.
     """
     engine: str                          # "vllm" | "sglang"
     formula_version: str
