@@ -2,7 +2,10 @@
 # The whole GPU pass in one command (run on the GPU machine, from the repo root):
 #   source .gpu/env.sh && bash scripts/gpu_pass.sh [BUNDLE]
 # 1. container-build case: import BUNDLE (compiled for sm_90a on a machine with no GPU), then run every
-#    planned kernel with compiles forbidden; 2. GPU tests; 3. benchmarks. Logs and JSON go to $OUT.
+#    planned kernel with compiles forbidden; 2. warm the store for both shipped models and both schedules
+#    in parallel (the GPU machine has 16 cores; 78 variants take ~70 s); 3. GPU tests, every family case's
+#    worst per-token error into $OUT/gpu_cases.jsonl; 4. benchmarks (peers: bash scripts/fetch_peers.sh first,
+#    and carry .peers). Logs and JSON go to $OUT. Run the full compile tier on the CPU before this.
 set -uo pipefail
 OUT=${OUT:-bench_out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 DSV4_JIT_CACHE_DIR=${DSV4_JIT_CACHE_DIR:-/tmp/dsv4-jit-cache}
@@ -13,7 +16,9 @@ status=0
 if [ -n "$bundle" ]; then
   python3 scripts/container_case.py "$bundle" 2>&1 | tee "$OUT/container_case.log" || status=1
 fi
-python3 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tee "$OUT/gpu_tests.log" || status=1
+python3 scripts/build_gpu_bundle.py /tmp/dsv4-gpu-pass-bundle.tar.gz -j "$(nproc)" 2>&1 | tee "$OUT/warm.log" || status=1
+DSV4_JIT_GPU_REPORT="$OUT/gpu_cases.jsonl" python3 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 \
+  | tee "$OUT/gpu_tests.log" || status=1
 python3 benchmarks/bench_mhc.py --out "$OUT/bench_mhc.json" 2>&1 | tee "$OUT/bench_mhc.log" || status=1
 python3 benchmarks/bench_warm_load.py --repeat 5 --out "$OUT/warm_load.json" 2>&1 | tee "$OUT/warm_load.log" || status=1
 python3 benchmarks/bench_host_overhead.py --out "$OUT/host_overhead.json" 2>&1 | tee "$OUT/host_overhead.log" || status=1
