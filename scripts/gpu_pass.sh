@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # The whole GPU pass in one command (run on the GPU machine, from the repo root):
 #   source .gpu/env.sh && bash scripts/gpu_pass.sh [BUNDLE]
+# Build what travels first, here: `mkdir -p .git/info && ../shared/gpu/bundle.sh tilelang==0.1.15
+# apache-tvm-ffi==0.1.12 z3-solver==4.15.4.0 torch-c-dlpack-ext==0.1.5 platformdirs tile-kernels==2.1.0`
+# (the peer the benchmark compares against; bundle.sh's default still names 1.0.0) and
+# `bash scripts/fetch_peers.sh`; then carry .gpu and .peers.
 # 1. container-build case: import BUNDLE (compiled for sm_90a on a machine with no GPU), then run every
 #    planned kernel with compiles forbidden; 2. warm the store for both shipped models and both schedules
 #    in parallel (the GPU machine has 16 cores; 78 variants take ~70 s); 3. GPU tests, every family case's
