@@ -266,7 +266,6 @@ def test_ref_head_naive():
 # ---------------------------------------------------------------------------------------------
 # GPU: kernels vs references, native schedule and the SM120 schedule compiled for this GPU
 # ---------------------------------------------------------------------------------------------
-GPU_TOKENS = (1, 2, 3, 7, 8, 31, 33, 64, 100, 255, 512, 1000, 2047, 2049, 4096, 8192)
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
@@ -297,11 +296,6 @@ def _getter(profile, store):
         # The serving path: select, then load from the store (compiling only on a miss).
         return jit.load(spec, spec.select(profile, static, num_tokens), store)
     return get
-
-
-def _rel(a, b):
-    a, b = a.double(), b.double()
-    return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
 def _poison(*shape, dtype):

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from dsv4_jit.arch import get_profile
+from dsv4_jit.family import DEFAULT_GPU_TOKENS
 from dsv4_jit.model_config import load_model_config
 from dsv4_jit.spec import Variant
 from dsv4_jit.kernels.mhc import ops
@@ -243,7 +244,7 @@ def test_require_raises_precise_errors():
 
 
 # -------------------------------------------------------------------------------------------- gpu
-GPU_TOKENS = (1, 2, 3, 7, 8, 31, 33, 64, 100, 255, 512, 1000, 2047, 2049, 4096, 8192)
+GPU_TOKENS = DEFAULT_GPU_TOKENS  # the family cases' token counts (tile, split and PDL edges)
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
