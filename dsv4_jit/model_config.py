@@ -21,6 +21,27 @@ class ModelConfig:
     hc_eps: float
     rms_norm_eps: float
     hc_post_mult: float = 2.0
+    # Attention / indexer numbers (optional in a config.json; defaults are V4-Flash's).
+    qk_rope_head_dim: int = 64
+    sliding_window: int = 128
+    index_n_heads: int = 64
+    index_head_dim: int = 128
+    index_topk: int = 512
+    # Per layer (+ MTP) KV compression ratio: 0 = SWA only, 4 = indexer-selected, 128 = every block.
+    compress_ratios: tuple = ()
+
+    @property
+    def layer_ratios(self) -> tuple:
+        """compress_ratios, or V4-Flash's pattern (two SWA-only layers, then 4/128 alternating, MTP SWA-only)
+        when the config does not list them."""
+        if self.compress_ratios:
+            return tuple(self.compress_ratios)
+        body = [0, 0] + [4 if i % 2 == 0 else 128 for i in range(self.num_hidden_layers - 2)]
+        return tuple(body + [0] * self.num_nextn_predict_layers)
+
+    @property
+    def nope_head_dim(self) -> int:
+        return self.head_dim - self.qk_rope_head_dim
 
     @property
     def hc_hidden(self) -> int:
@@ -51,6 +72,9 @@ _HF_FIELDS = {
     "hc_eps": "hc_eps", "rms_norm_eps": "rms_norm_eps",
 }
 
+_OPTIONAL_FIELDS = ("qk_rope_head_dim", "sliding_window", "index_n_heads", "index_head_dim", "index_topk",
+                   "compress_ratios")
+
 _EMBEDDED_DIR = Path(__file__).parent / "model_configs"
 EMBEDDED = {"deepseek-v4-flash": "deepseek-v4-flash.json", "deepseek-v4-pro": "deepseek-v4-pro.json"}
 
@@ -60,9 +84,18 @@ def from_hf_dict(d: dict, name: str) -> ModelConfig:
     if missing:
         raise ConfigError(f"{name}: config.json lacks {', '.join(missing)} (is this a DeepSeek V4 config?)")
     kw = {ours: d[theirs] for ours, theirs in _HF_FIELDS.items()}
+    for k in _OPTIONAL_FIELDS:
+        if d.get(k) is not None:
+            kw[k] = tuple(int(r) for r in d[k]) if k == "compress_ratios" else int(d[k])
     cfg = ModelConfig(name=name, **kw)
     if cfg.hc_mult < 1 or cfg.hidden_size % 256:
         raise ConfigError(f"{name}: unsupported hidden_size={cfg.hidden_size} / hc_mult={cfg.hc_mult}")
+    if not 0 < cfg.qk_rope_head_dim < cfg.head_dim or cfg.sliding_window < 1 or cfg.index_topk < 1:
+        raise ConfigError(f"{name}: unsupported head_dim={cfg.head_dim} / qk_rope_head_dim={cfg.qk_rope_head_dim} / "
+                          f"sliding_window={cfg.sliding_window} / index_topk={cfg.index_topk}")
+    bad = [r for r in cfg.compress_ratios if r not in (0, 4, 128)]
+    if bad:
+        raise ConfigError(f"{name}: compress_ratios holds {sorted(set(bad))}; DeepSeek V4 uses 0, 4 and 128")
     return cfg
 
 
