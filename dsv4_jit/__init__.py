@@ -61,6 +61,18 @@ def hc_head(residual, fn, hc_scale, hc_base, *, arch=None, **kw):
     return _m.hc_head(residual, fn, hc_scale, hc_base, **_arch_kw(arch), **kw)
 
 
+def sparse_mla_decode(q, kv_cache, indices, lengths, attn_sink, *, arch=None, **kw):
+    """Sparse MLA attention with the sink over the fp8_ds_mla paged cache (decode, MTP). Returns [T, H, 512]."""
+    from .kernels.attention import ops as _a
+    return _a.sparse_mla_decode(q, kv_cache, indices, lengths, attn_sink, **_arch_kw(arch), **kw)
+
+
+def sparse_mla_prefill(q, kv, indices, lengths, attn_sink, *, arch=None, **kw):
+    """Sparse MLA attention with the sink over gathered bf16 KV rows (ragged prefill). Returns [T, H, 512]."""
+    from .kernels.attention import ops as _a
+    return _a.sparse_mla_prefill(q, kv, indices, lengths, attn_sink, **_arch_kw(arch), **kw)
+
+
 def warmup(plan, *, rank: int = 0, world_size: int = 1, seal_mode: str = "warn", **kw):
     """Inside an engine: compile this rank's share of `plan`, wait for the others, load everything, seal."""
     from .warmup.runner import warmup_in_engine
@@ -72,5 +84,5 @@ __all__ = [
     "Dsv4JitError", "UnsupportedArchError", "SharedMemoryBudgetError", "SealedCompileError", "ConfigError",
     "seal", "sealed", "counters", "reset_counters", "get_kernel", "kernel_getter", "load", "compile_variant",
     "ModelConfig", "ParallelConfig", "load_model_config",
-    "mhc_pre", "mhc_sinkhorn", "mhc_post", "mhc_post_pre_fused", "hc_head", "warmup",
+    "mhc_pre", "mhc_sinkhorn", "mhc_post", "mhc_post_pre_fused", "hc_head", "sparse_mla_decode", "sparse_mla_prefill", "warmup",
 ]

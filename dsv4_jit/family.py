@@ -55,6 +55,8 @@ class GpuCase:
     tolerance: name -> the largest per-token relative error allowed (||got_t - ref_t|| / ||ref_t||, the
         token being dim 0, unless token_dims names another dim for that output)
     planned: whether a forward pass makes this call, so every variant it launches must be in the plan
+    tp_size: the tensor-parallel size whose shapes the case runs (heads per rank); the plan it is checked
+        against is built for that TP
     """
     name: str
     make_inputs: Callable[[int, Any, Any], dict]
@@ -65,6 +67,7 @@ class GpuCase:
     tokens: Sequence[int] = DEFAULT_GPU_TOKENS
     token_dims: Mapping[str, int] = field(default_factory=dict)
     planned: bool = True
+    tp_size: int = 1
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from ..family import KernelUse, all_families, family_uses
 from ..spec import KernelSpec, Variant, get_spec
 from . import mhc  # noqa: F401  (registration; add new families here)
+from . import attention  # noqa: F401
 
 __all__ = ["KernelUse", "model_kernel_uses", "op_variants"]
 

@@ -7,6 +7,7 @@ schedule and for the SM120 schedule compiled for sm_90a (WGMMA/TMA/warp speciali
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 import time
 
@@ -17,6 +18,9 @@ def main() -> int:
     ap.add_argument("-j", "--jobs", type=int, default=None)
     ap.add_argument("--max-tokens", type=int, default=8192)
     ap.add_argument("--models", nargs="+", default=["deepseek-v4-flash", "deepseek-v4-pro"])
+    ap.add_argument("--tp", nargs="+", type=int, default=[1, 2, 4],
+                    help="tensor-parallel sizes (the GPU cases run heads per rank at TP 1, 2 and 4)")
+    ap.add_argument("--families", nargs="+", default=None, help="only these kernel families (default: all)")
     args = ap.parse_args()
     from dsv4_jit.arch import get_profile
     from dsv4_jit.jit import default_store
@@ -28,15 +32,22 @@ def main() -> int:
 
     hopper = get_profile("sm_90a")
     profiles = [hopper, get_profile("sm_120a").emulated(hopper)]
-    shapes = vllm_shapes(max_num_batched_tokens=args.max_tokens, max_num_seqs=256)
+    from dsv4_jit.family import all_families
+    from dsv4_jit.model_config import ParallelConfig, load_model_config
+    fams = [f for n, f in all_families().items() if args.families is None or n in args.families]
     store = default_store()
     t0 = time.perf_counter()
     total = 0
-    for model in args.models:
-        plan = build_plan(model, shapes, profiles, arch_reason="GPU pass: sm_90a + SM120 schedule on sm_90a")
+    for model, tp in itertools.product(args.models, args.tp):
+        shapes = vllm_shapes(max_num_batched_tokens=args.max_tokens, max_num_seqs=256, tensor_parallel_size=tp)
+        m = load_model_config(model)
+        if m.num_attention_heads % tp:
+            continue
+        uses = [u for f in fams for u in f.uses(m, ParallelConfig(tp_size=tp))]
+        plan = build_plan(m, shapes, profiles, uses=uses, arch_reason="GPU pass: sm_90a + SM120 schedule on sm_90a")
         total += plan.compiles
         report = run_warmup(plan, jobs=args.jobs, store=store)
-        print(f"{model}: {plan.compiles} variants; compiled {report.count('compiled')}, "
+        print(f"{model} tp={tp}: {plan.compiles} variants; compiled {report.count('compiled')}, "
               f"cached {report.count('cached')}, failed {report.count('failed')}")
         if not report.ok:
             for r in report.results:

@@ -234,14 +234,14 @@ def gpu_store(tmp_path_factory):
 
 
 @functools.lru_cache(maxsize=None)
-def _planned(family_name: str, model: str, schedule: str, max_tokens: int) -> frozenset:
+def _planned(family_name: str, model: str, schedule: str, max_tokens: int, tp_size: int = 1) -> frozenset:
     """(kernel, params, schedule) of every variant the plan holds for this family at vLLM defaults."""
     from dsv4_jit.warmup.engines import vllm_shapes
     from dsv4_jit.warmup.planner import build_plan
     fam = next(f for f in FAMILIES if f.name == family_name)
     m = load_model_config(model)
-    shapes = vllm_shapes(max_num_batched_tokens=max_tokens)
-    plan = build_plan(m, shapes, [schedule], uses=fam.uses(m, ParallelConfig()), key_fn=lambda s, v: v.name)
+    shapes = vllm_shapes(max_num_batched_tokens=max_tokens, tensor_parallel_size=tp_size)
+    plan = build_plan(m, shapes, [schedule], uses=fam.uses(m, ParallelConfig(tp_size=tp_size)), key_fn=lambda s, v: v.name)
     return frozenset((v.variant.kernel, v.variant.params, v.variant.schedule) for v in plan.variants)
 
 
@@ -290,9 +290,9 @@ def test_gpu_case(family, model, case_index, schedule, gpu_store):
                 worst[name] = (err, t)
             assert err <= case.tolerance[name], f"T={t}: {name} token {tok} relative error {err:.3e}"
     if case.planned:
-        missing = asked - _planned(family.name, model, schedule.schedule, max(case.tokens))
+        missing = asked - _planned(family.name, model, schedule.schedule, max(case.tokens), case.tp_size)
         assert not missing, f"variants the op launched that the plan does not hold: {sorted(missing)}"
-    line = {"family": family.name, "model": model, "case": case.name, "schedule": f"{schedule.schedule} on {schedule.name}",
+    line = {"family": family.name, "model": model, "case": case.name, "tp": case.tp_size, "schedule": f"{schedule.schedule} on {schedule.name}",
             "worst_per_token_rel_err": {k: [float(f"{e:.3e}"), t] for k, (e, t) in worst.items()},
             "variants": len(asked)}
     print("\n" + json.dumps(line))

@@ -1,0 +1,1 @@
+from .family import FAMILY  # noqa: F401  (registers the attention family)

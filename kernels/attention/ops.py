@@ -1,0 +1,256 @@
+"""Sparse MLA host ops: what the engine calls. Every argument is validated (ValueError naming it) before
+any kernel is selected or launched; `out=` and `workspace=` let CUDA-graph capture run with nothing
+allocated; the variant (head block, KV tile, split count) comes from `select`, the function the planner
+enumerates.
+
+  sparse_mla_decode   q against the fp8_ds_mla paged cache (decode, MTP, and prefill over the paged cache)
+  sparse_mla_prefill  q against gathered bf16 KV rows (ragged prefill)
+
+Kept apart from the kernel module on purpose: the artifact key hashes kernel source only.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from dsv4_jit.arch import ArchProfile
+from dsv4_jit.spec import get_spec
+
+from .sparse_mla import D, ROPE, SCALE_BYTES, TOKEN_BYTES, SparseMlaCombineSpec, SparseMlaSpec
+
+_FWD = get_spec(SparseMlaSpec.name)
+_COMBINE = get_spec(SparseMlaCombineSpec.name)
+
+
+def sparse_mla_workspace_numel(arch: ArchProfile, heads: int, num_tokens: int, kv_format: str = "fp8_ds_mla") -> int:
+    """fp32 elements of the split workspace (partial O, then partial log-sum-exp) at this token count;
+    0 where the kernel does not split."""
+    v = _FWD.select(arch, _static(heads, D ** -0.5, kv_format), num_tokens)
+    s = v.p["n_splits"]
+    return 0 if s == 1 else s * num_tokens * heads * (D + 1)
+
+
+def sparse_mla_workspace_max_numel(arch: ArchProfile, heads: int, max_tokens: int, kv_format: str = "fp8_ds_mla") -> int:
+    """The largest workspace any token count <= max_tokens needs (allocate once before graph capture)."""
+    return max(sparse_mla_workspace_numel(arch, heads, t, kv_format) for t in range(1, max_tokens + 1))
+
+
+def _static(heads: int, scale: float, kv_format: str) -> dict[str, Any]:
+    return {"heads": heads, "head_dim": D, "rope_dim": ROPE, "softmax_scale": float(scale), "kv_format": kv_format}
+
+
+def _check(t, name: str, shape, dtype, device) -> None:
+    from dsv4_jit.validate import check_tensor
+    check_tensor(t, name, shape, dtype, device)
+
+
+def _check_q(q) -> tuple[int, int]:
+    if not isinstance(q, torch.Tensor) or q.dim() != 3:
+        raise ValueError(f"q: expected a [T, H, {D}] bf16 CUDA tensor, got "
+                         f"{tuple(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__}")
+    _check(q, "q", [None, None, D], torch.bfloat16, None)
+    t, h = q.shape[0], q.shape[1]
+    if t < 1 or not 1 <= h <= 256:
+        raise ValueError(f"q: need at least one token and 1..256 heads, got shape {list(q.shape)}")
+    return t, h
+
+
+def _check_list(name: str, idx, lens, t: int, dev) -> None:
+    if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or idx.shape[1] < 1:
+        raise ValueError(f"{name}: expected a [T, N] int32 CUDA tensor with N >= 1 (-1 marks a hole)")
+    _check(idx, name, [t, None], torch.int32, dev)
+    lname = "lengths" if name == "indices" else name.replace("indices", "lengths")
+    _check(lens, lname, [t], torch.int32, dev)
+
+
+def _page_geometry(cache, name: str, block_size, dev) -> tuple[int, int]:
+    """(pages, page_bytes) of an fp8_ds_mla cache: any contiguous uint8 tensor whose dim 0 is the page."""
+    if not isinstance(cache, torch.Tensor) or cache.dim() < 2:
+        raise ValueError(f"{name}: expected a uint8 [num_pages, page_bytes] (or [num_pages, ...]) CUDA tensor")
+    if cache.dtype != torch.uint8:
+        raise ValueError(f"{name}: expected dtype torch.uint8 (fp8_ds_mla bytes), got {cache.dtype}")
+    _check(cache, name, [None] * cache.dim(), torch.uint8, dev)
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"{name}: block_size must be a positive int, got {block_size!r}")
+    pages = cache.shape[0]
+    pb = cache.numel() // max(pages, 1)
+    need = block_size * (TOKEN_BYTES + SCALE_BYTES)
+    if pages < 1 or pb % 16 or pb < need:
+        raise ValueError(f"{name}: a page of {block_size} tokens needs >= {need} B in a multiple of 16 B "
+                         f"(fp8_ds_mla: 576 B per token then 8 B of scales); got {pages} pages of {pb} B")
+    return pages, pb
+
+
+def _check_ranges(name: str, idx, lens, rows: int) -> None:
+    """One device reduction + sync: every candidate inside its token's length must be -1 or a row/slot
+    of the cache. (The kernel masks bad entries anyway; this turns them into an error.)"""
+    n = idx.shape[1]
+    lname = "lengths" if name == "indices" else name.replace("indices", "lengths")
+    bad_len = ((lens < 0) | (lens > n)).any()
+    pos = torch.arange(n, device=idx.device)[None, :]
+    live = pos < lens[:, None]
+    bad_idx = (live & ((idx < -1) | (idx >= rows))).any()
+    bl, bi = (bool(x) for x in torch.stack([bad_len, bad_idx]).tolist())
+    if bl:
+        raise ValueError(f"{lname}: every length must lie in [0, {n}] (the width of {name})")
+    if bi:
+        raise ValueError(f"{name}: an entry inside its token's length is outside the cache (valid: -1 or 0..{rows - 1})")
+
+
+def _want_check(check_indices) -> bool:
+    if check_indices is None:
+        # a host sync is not allowed under graph capture; the kernel still masks bad entries there
+        return not torch.cuda.is_current_stream_capturing()
+    return bool(check_indices)
+
+
+_ZERO_LENS: dict[tuple, torch.Tensor] = {}
+
+
+def _no_list(idx, t: int):
+    """An empty second list: the first list's indices with all lengths 0 (one cached zeros tensor per T)."""
+    key = (idx.device, t)
+    z = _ZERO_LENS.get(key)
+    if z is None:
+        z = _ZERO_LENS[key] = torch.zeros(t, dtype=torch.int32, device=idx.device)
+    return idx, z
+
+
+def _fp8_views(cache, pages: int, pb: int):
+    flat = cache.view(pages, pb)
+    rows = pb // 16
+    return (flat.view(torch.float8_e4m3fn).view(pages, rows, 16), flat.view(pages, rows, 16),
+            flat.view(torch.bfloat16).view(pages, rows, 8))
+
+
+def _outputs(q, t: int, h: int, splits: int, out, workspace):
+    dev = q.device
+    if out is None:
+        out = torch.empty(t, h, D, dtype=torch.bfloat16, device=dev)
+    else:
+        _check(out, "out", [t, h, D], torch.bfloat16, dev)
+    if splits == 1:
+        part = _dummy_parts(dev, h)
+        return out, part[0], part[1]
+    need = splits * t * h * (D + 1)
+    if workspace is None:
+        workspace = torch.empty(need, dtype=torch.float32, device=dev)
+    else:
+        from dsv4_jit.validate import require_1d
+        require_1d(workspace, "workspace", torch.float32, dev)
+        if workspace.numel() < need:
+            raise ValueError(f"workspace: needs >= {need} fp32 elements at T={t}, H={h} "
+                             f"({splits} splits; see sparse_mla_workspace_max_numel), got {workspace.numel()}")
+    o_part = workspace[: splits * t * h * D].view(splits, t, h, D)
+    lse = workspace[splits * t * h * D: need].view(splits, t, h)
+    return out, o_part, lse
+
+
+_DUMMY: dict[tuple, tuple] = {}
+
+
+def _dummy_parts(dev, h: int):
+    # the unsplit kernel never touches the partials; a one-token placeholder satisfies the signature
+    key = (dev, h)
+    d = _DUMMY.get(key)
+    if d is None:
+        d = _DUMMY[key] = (torch.empty(1, 1, h, D, dtype=torch.float32, device=dev),
+                           torch.empty(1, 1, h, dtype=torch.float32, device=dev))
+    return d
+
+
+def _launch(static, t, out, o_part, lse, attn_sink, args, get_kernel) -> None:
+    fwd = get_kernel(_FWD, static, t)
+    s = fwd.variant.p["n_splits"]
+    if s == 1:
+        fwd(*args, attn_sink, out, o_part, lse)
+    else:
+        fwd(*args, attn_sink, out[:1], o_part, lse)
+        get_kernel(_COMBINE, static, t)(o_part, lse, attn_sink, out)
+
+
+def _splits(arch, static, t) -> int:
+    return _FWD.select(arch, static, t).p["n_splits"]
+
+
+def sparse_mla_decode(q, kv_cache, indices, lengths, attn_sink, *, block_size: int, extra_kv_cache=None,
+                      extra_indices=None, extra_lengths=None, extra_block_size: int | None = None,
+                      softmax_scale: float | None = None, out=None, workspace=None, check_indices=None,
+                      arch, get_kernel):
+    """Sparse MLA with the sink over the fp8_ds_mla paged cache. Returns out [T, H, 512] bf16.
+
+    q [T, H, 512] bf16 (after q head-norm and RoPE); kv_cache uint8 [pages, page_bytes] (FlashMLA MODEL1
+    FP8 sparse pages of `block_size` tokens); indices [T, N] int32 slots (page * block_size + offset, -1 =
+    hole) with lengths [T] int32 (entries past a token's length are ignored); attn_sink [H] fp32. The
+    optional extra_* list reads a second cache (the compressed cache beside the SWA window). MTP: the 1+K
+    query tokens of a request are rows of q with their own lists. softmax_scale defaults to 512^-0.5.
+    workspace: fp32, >= sparse_mla_workspace_numel() elements (used when the kernel splits a token's
+    candidates across CTAs). check_indices: None = check ranges (one host sync) unless capturing."""
+    t, h = _check_q(q)
+    dev = q.device
+    _check_list("indices", indices, lengths, t, dev)
+    pages1, pb1 = _page_geometry(kv_cache, "kv_cache", block_size, dev)
+    _check(attn_sink, "attn_sink", [h], torch.float32, dev)
+    extra = (extra_kv_cache, extra_indices, extra_lengths)
+    if any(x is not None for x in extra) and not all(x is not None for x in extra):
+        raise ValueError("extra_kv_cache, extra_indices and extra_lengths go together (pass all three or none)")
+    if extra_kv_cache is not None:
+        bs2 = block_size if extra_block_size is None else extra_block_size
+        _check_list("extra_indices", extra_indices, extra_lengths, t, dev)
+        pages2, pb2 = _page_geometry(extra_kv_cache, "extra_kv_cache", bs2, dev)
+    scale = D ** -0.5 if softmax_scale is None else softmax_scale
+    static = _static(h, scale, "fp8_ds_mla")
+    splits = _splits(arch, static, t)  # also validates scale / heads with a ValueError
+    out, o_part, lse = _outputs(q, t, h, splits, out, workspace)
+    if _want_check(check_indices):
+        _check_ranges("indices", indices, lengths, pages1 * block_size)
+        if extra_kv_cache is not None:
+            _check_ranges("extra_indices", extra_indices, extra_lengths, pages2 * bs2)
+    v1 = _fp8_views(kv_cache, pages1, pb1)
+    if extra_kv_cache is None:
+        v2, (idx2, lens2), bs2 = v1, _no_list(indices, t), block_size
+    else:
+        v2, idx2, lens2 = _fp8_views(extra_kv_cache, pages2, pb2), extra_indices, extra_lengths
+    args = (q, *v1, indices, lengths, *v2, idx2, lens2, int(block_size), int(bs2))
+    _launch(static, t, out, o_part, lse, attn_sink, args, get_kernel)
+    return out
+
+
+def sparse_mla_prefill(q, kv, indices, lengths, attn_sink, *, extra_kv=None, extra_indices=None,
+                       extra_lengths=None, softmax_scale: float | None = None, out=None, workspace=None,
+                       check_indices=None, arch, get_kernel):
+    """Sparse MLA with the sink over gathered bf16 KV rows kv [N, 512] (ragged prefill: each query token
+    carries its own candidate rows). indices [T, N_idx] int32 rows of kv (-1 = hole), lengths [T]; the
+    optional extra_* list reads a second row set. Returns out [T, H, 512] bf16."""
+    t, h = _check_q(q)
+    dev = q.device
+    _check_list("indices", indices, lengths, t, dev)
+    if not isinstance(kv, torch.Tensor) or kv.dim() != 2:
+        raise ValueError(f"kv: expected a [N, {D}] bf16 CUDA tensor")
+    _check(kv, "kv", [None, D], torch.bfloat16, dev)
+    _check(attn_sink, "attn_sink", [h], torch.float32, dev)
+    extra = (extra_kv, extra_indices, extra_lengths)
+    if any(x is not None for x in extra) and not all(x is not None for x in extra):
+        raise ValueError("extra_kv, extra_indices and extra_lengths go together (pass all three or none)")
+    if extra_kv is not None:
+        if not isinstance(extra_kv, torch.Tensor) or extra_kv.dim() != 2:
+            raise ValueError(f"extra_kv: expected a [N, {D}] bf16 CUDA tensor")
+        _check(extra_kv, "extra_kv", [None, D], torch.bfloat16, dev)
+        _check_list("extra_indices", extra_indices, extra_lengths, t, dev)
+    if kv.shape[0] < 1 or (extra_kv is not None and extra_kv.shape[0] < 1):
+        raise ValueError("kv: needs at least one row")
+    scale = D ** -0.5 if softmax_scale is None else softmax_scale
+    static = _static(h, scale, "bf16")
+    splits = _splits(arch, static, t)
+    out, o_part, lse = _outputs(q, t, h, splits, out, workspace)
+    if _want_check(check_indices):
+        _check_ranges("indices", indices, lengths, kv.shape[0])
+        if extra_kv is not None:
+            _check_ranges("extra_indices", extra_indices, extra_lengths, extra_kv.shape[0])
+    if extra_kv is None:
+        kv2, (idx2, lens2) = kv, _no_list(indices, t)
+    else:
+        kv2, idx2, lens2 = extra_kv, extra_indices, extra_lengths
+    _launch(static, t, out, o_part, lse, attn_sink, (q, kv, indices, lengths, kv2, idx2, lens2), get_kernel)
+    return out

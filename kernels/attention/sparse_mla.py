@@ -1,0 +1,473 @@
+"""DeepSeek V4 sparse MLA attention with the learned sink: decode over the fp8_ds_mla paged cache, and
+prefill over a gathered bf16 KV.
+
+Math (per query token t, head h; one KV head, K = V = the 512-d latent incl. its 64 RoPE dims):
+  s_j   = q[t, h] . kv_j * softmax_scale                      over the candidates j of token t
+  out   = sum_j e^{s_j} kv_j / (sum_j e^{s_j} + e^{sink[h]})  (the sink only enlarges the denominator)
+Candidates come from two lists per token (the SWA window, and the compressed-cache positions the indexer
+picked or every ratio-128 block), each with its own cache, index list [T, N] (-1 = hole) and length [T].
+A token with no valid candidate gets out = 0 (softmax over the sink alone).
+
+fp8_ds_mla cache (FlashMLA MODEL1 FP8 sparse): a page of `block_size` tokens is [block_size x 576 B:
+448 fp8 e4m3 NoPE | 64 bf16 RoPE] then [block_size x 8 B: 7 UE8M0 scales, one per 64 NoPE dims, 1 pad];
+pages may be padded (any page size that is a multiple of 16 B). The kernel reads the page bytes through
+three views of the same storage, [pages, page_bytes/16, 16] fp8 and uint8 and [pages, page_bytes/16, 8]
+bf16, so every read is a static 16-byte-aligned row and vectorizes; it dequantizes into shared memory.
+A slot is page * block_size + offset. Out-of-range slots, holes and positions past a token's length are
+masked in the kernel (never read), so a bad index can never become an illegal access.
+
+One CTA = (query token, block of HB heads, split). Q [HB, 512] and one KV tile [BI, 512] live in shared
+memory (bf16), the scores and O in registers (mma.sync through T.gemm). With n_splits > 1 each split
+takes an even share of the token's tiles (computed from its real lengths at run time, so short requests
+do no work past their length) and writes O normalised within the split and its log2-sum-exp; the combine
+kernel merges splits and applies the sink. With n_splits == 1 the kernel writes `out` itself.
+
+Shared memory, per CTA:  2*512*(HB + BI)  Q and KV tiles (bf16)
+                       + 2*HB*BI          P (bf16, the second GEMM's A operand)
+                       + 4*BI*(2 + 8)     page / offset per row and 8 scale slots per row (fp32)
+                       + 8*threads        cross-warp row reductions
+SM12x: HB <= 32, BI = 32 -> 69,888 B at most (equal to the lowered figure) (H = 64 runs as 2 head blocks; the public one-CTA-per-64-heads
+tiling needs 141,312 B, which SM120 cannot launch). sm_90a / sm_100a: HB = 64, BI = 64, 256 threads -> 143,872 B.
+"""
+# No `from __future__ import annotations`: TileLang evaluates the T.Tensor annotations.
+import math
+from typing import Any, Mapping
+
+from dsv4_jit.arch import PROFILES, ArchProfile, get_profile
+from dsv4_jit.spec import KernelSpec, Variant, register
+
+D = 512            # q / kv head dim (latent)
+NOPE = 448         # fp8 dims
+ROPE = 64          # bf16 dims
+GROUP = 64         # NoPE dims per UE8M0 scale
+TOKEN_BYTES = 576  # NoPE fp8 + RoPE bf16, per token, at the start of a page
+SCALE_BYTES = 8    # 7 scales + 1 pad, per token, after the page's token data
+KV_FORMATS = ("fp8_ds_mla", "bf16")
+SPLITS = (1, 2, 4, 8, 16)
+LOG2E = 1.4426950408889634
+
+_FAMILY_SCHEDULE = {"hopper": "sm_90a", "blackwell_dc": "sm_100a", "blackwell_consumer": "sm_120a"}
+
+
+def schedule_name(arch: ArchProfile) -> str:
+    """The schedule a (possibly emulated) profile stands for: an SM120 profile retargeted to sm_90a keeps
+    its family, so the variant records schedule=sm_120a and gets SM12x pass configs."""
+    canon = PROFILES.get(arch.name)
+    if canon is not None and canon.family == arch.family:
+        return arch.name
+    return _FAMILY_SCHEDULE[arch.family]
+
+
+def pass_configs_for(variant: Variant) -> dict[str, Any]:
+    # 128-bit vectors only: TileLang emits 256-bit loads for sm_100+/sm_120 that an SM120 schedule proven
+    # on an sm_90a GPU would never exercise.
+    cfg = dict(get_profile(variant.schedule).pass_configs)
+    cfg["tl.disable_vectorize_256"] = True
+    return cfg
+
+
+def _check_arch(name: str, arch: Any) -> ArchProfile:
+    if not isinstance(arch, ArchProfile):
+        raise ValueError(f"{name}: arch must be an ArchProfile, got {arch!r}")
+    if arch.family not in _FAMILY_SCHEDULE:
+        raise ValueError(f"{name}: no schedule for GPU family {arch.family!r}")
+    return arch
+
+
+def _int_static(name: str, static: Mapping[str, Any], key: str, lo: int, hi: int) -> int:
+    if not isinstance(static, Mapping) or key not in static:
+        raise ValueError(f"{name}: static params lack {key!r}")
+    v = static[key]
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise ValueError(f"{name}: {key} must be an int in [{lo}, {hi}], got {v!r}")
+    return v
+
+
+def head_block(heads: int, arch: ArchProfile) -> int:
+    """Heads per CTA: 16 (the mma.sync row tile) up to 32 on SM12x, where Q + one KV tile must fit
+    101,376 B; 64 elsewhere. H = 8 (V4-Flash at TP 8) runs padded to 16, the pad rows masked."""
+    cap = 32 if arch.family == "blackwell_consumer" else 64
+    hb = 16
+    while hb < cap and hb < heads:
+        hb *= 2
+    return hb
+
+
+def kv_tile(arch: ArchProfile) -> int:
+    return 32 if arch.family == "blackwell_consumer" else 64
+
+
+def num_splits(num_tokens: int, head_blocks: int, num_sms: int) -> int:
+    """Splits of each token's candidate list: the largest of 1, 2, 4, 8, 16 that keeps
+    tokens x head blocks x splits within the SM count, so a small decode batch still fills the GPU and a
+    large one pays no combine. Depends on the token count only (never on context length), so the planner
+    enumerates every value."""
+    per = num_sms // max(1, num_tokens * head_blocks)
+    s = 1
+    while s * 2 <= min(per, SPLITS[-1]):
+        s *= 2
+    return s
+
+
+def smem_bytes_for(hb: int, bi: int, threads: int) -> int:
+    # + 8 B per thread: TileLang's cross-warp row reductions (reduce_max / reduce_sum) stage through shared
+    return 2 * D * (hb + bi) + 2 * hb * bi + 4 * bi * (2 + 8) + 8 * threads
+
+
+def build_sparse_mla(heads: int, head_block: int, block_i: int, threads: int, kv_format: str, n_splits: int,
+                     softmax_scale: float):
+    import tilelang.language as T
+
+    H, HB, BI, S = heads, head_block, block_i, n_splits
+    NHB = (H + HB - 1) // HB
+    pad_heads = H % HB != 0
+    scale2 = softmax_scale * LOG2E
+    fp8 = kv_format == "fp8_ds_mla"
+    NG = NOPE // GROUP
+    num_tokens = T.dynamic("num_tokens")
+    n1 = T.dynamic("n_idx1")
+    n2 = T.dynamic("n_idx2")
+    neg_inf = -T.infinity("float32")
+
+    if fp8:
+        P1, R1, P2, R2 = T.dynamic("pages1"), T.dynamic("rows1"), T.dynamic("pages2"), T.dynamic("rows2")
+        kv_args = {"kvq1": ((P1, R1, 16), "float8_e4m3fn"), "kvs1": ((P1, R1, 16), "uint8"),
+                   "kvr1": ((P1, R1, 8), "bfloat16"), "kvq2": ((P2, R2, 16), "float8_e4m3fn"),
+                   "kvs2": ((P2, R2, 16), "uint8"), "kvr2": ((P2, R2, 8), "bfloat16")}
+    else:
+        N1, N2 = T.dynamic("kv_rows1"), T.dynamic("kv_rows2")
+
+    @T.macro
+    def load_q(q, q_s, t, hb):
+        if pad_heads:
+            for h, d in T.Parallel(HB, D):
+                q_s[h, d] = T.if_then_else(hb * HB + h < H, q[t, T.min(hb * HB + h, H - 1), d], T.bfloat16(0))
+        else:
+            T.copy(q[t, hb * HB:(hb + 1) * HB, :], q_s)
+
+    @T.macro
+    def softmax_step(acc_s, acc_o, p_s, kv_s, m_i, m_prev, m_safe, alpha, l_i, row_sum, valid_s):
+        for h, j in T.Parallel(HB, BI):
+            acc_s[h, j] = T.if_then_else(valid_s[j] >= 0, acc_s[h, j] * scale2, neg_inf)
+        T.copy(m_i, m_prev)
+        T.reduce_max(acc_s, m_i, dim=1, clear=False)
+        for h in T.Parallel(HB):
+            # an all-masked row keeps m = -inf; use 0 as its reference so exp2 gives 0, not NaN
+            m_safe[h] = T.if_then_else(m_i[h] == neg_inf, T.float32(0), m_i[h])
+            alpha[h] = T.exp2(m_prev[h] - m_safe[h])
+        for h, j in T.Parallel(HB, BI):
+            acc_s[h, j] = T.exp2(acc_s[h, j] - m_safe[h])
+        T.reduce_sum(acc_s, row_sum, dim=1)
+        for h in T.Parallel(HB):
+            l_i[h] = l_i[h] * alpha[h] + row_sum[h]
+        for h, d in T.Parallel(HB, D):
+            acc_o[h, d] = acc_o[h, d] * alpha[h]
+        T.copy(acc_s, p_s)
+        T.gemm(p_s, kv_s, acc_o)
+
+    @T.macro
+    def rows_fp8(idx, lens, nidx, pages, rows, t, tile, pg_s, off_s, bs):
+        # one thread per tile row: slot -> (page, offset), -1 for a hole / past the length / outside the cache
+        n = T.min(lens[t], nidx)
+        for j in T.Parallel(BI):
+            pos = tile * BI + j
+            slot = T.if_then_else(pos < n, idx[t, T.min(pos, nidx - 1)], -1)
+            ok = (slot >= 0) and (slot < pages * bs) and (bs > 0) and (rows * 16 >= bs * (TOKEN_BYTES + SCALE_BYTES))
+            pg_s[j] = T.if_then_else(ok, slot // T.max(bs, 1), -1)
+            off_s[j] = T.if_then_else(ok, slot % T.max(bs, 1), 0)
+
+    @T.macro
+    def gather_fp8(kvq, kvs, kvr, pg_s, off_s, sc_s, kv_s, bs):
+        for j, g in T.Parallel(BI, NG):
+            pg = pg_s[j]
+            byte = bs * TOKEN_BYTES + off_s[j] * SCALE_BYTES + g
+            e = kvs[T.max(pg, 0), byte // 16, byte % 16]
+            sc_s[j, g] = T.if_then_else(pg >= 0, T.exp2(T.Cast("float32", e) - T.float32(127)), T.float32(0))
+        for j, c in T.Parallel(BI, NOPE):
+            pg = pg_s[j]
+            v = kvq[T.max(pg, 0), off_s[j] * (TOKEN_BYTES // 16) + c // 16, c % 16]
+            kv_s[j, c] = T.Cast("bfloat16", T.if_then_else(pg >= 0, T.Cast("float32", v), T.float32(0)) * sc_s[j, c // GROUP])
+        for j, c in T.Parallel(BI, ROPE):
+            pg = pg_s[j]
+            kv_s[j, NOPE + c] = T.if_then_else(
+                pg >= 0, kvr[T.max(pg, 0), off_s[j] * (TOKEN_BYTES // 16) + NOPE // 16 + c // 8, c % 8], T.bfloat16(0))
+
+    @T.macro
+    def rows_bf16(idx, lens, nidx, nrows, t, tile, pg_s):
+        n = T.min(lens[t], nidx)
+        for j in T.Parallel(BI):
+            pos = tile * BI + j
+            slot = T.if_then_else(pos < n, idx[t, T.min(pos, nidx - 1)], -1)
+            pg_s[j] = T.if_then_else((slot >= 0) and (slot < nrows), slot, -1)
+
+    @T.macro
+    def gather_bf16(kv, pg_s, kv_s):
+        for j, c in T.Parallel(BI, D):
+            r = pg_s[j]
+            kv_s[j, c] = T.if_then_else(r >= 0, kv[T.max(r, 0), c], T.bfloat16(0))
+
+    @T.macro
+    def tile_range(lens1, lens2, t, split, rng):
+        # rng = [tiles of list 1, first tile, end tile] of this split over the concatenated tile list
+        t1 = T.ceildiv(T.max(T.min(lens1[t], n1), 0), BI)
+        t2 = T.ceildiv(T.max(T.min(lens2[t], n2), 0), BI)
+        per = T.ceildiv(t1 + t2, S)
+        rng[0] = t1
+        rng[1] = T.min(split * per, t1 + t2)
+        rng[2] = T.min(split * per + per, t1 + t2)
+
+    @T.macro
+    def finish(acc_o, l_i, m_i, m_safe, sink, out, o_part, lse_part, t, hb, split):
+        if S == 1:
+            for h, d in T.Parallel(HB, D):
+                if hb * HB + h < H:
+                    hh = T.min(hb * HB + h, H - 1)
+                    den = l_i[h] + T.exp2(sink[hh] * LOG2E - m_safe[h])
+                    out[t, hh, d] = T.Cast("bfloat16", acc_o[h, d] / den)
+        else:
+            for h, d in T.Parallel(HB, D):
+                if hb * HB + h < H:
+                    o_part[split, t, T.min(hb * HB + h, H - 1), d] = T.if_then_else(
+                        l_i[h] > 0, acc_o[h, d] / l_i[h], T.float32(0))
+            for h in T.Parallel(HB):
+                if hb * HB + h < H:
+                    lse_part[split, t, T.min(hb * HB + h, H - 1)] = T.if_then_else(
+                        l_i[h] > 0, m_i[h] + T.log2(l_i[h]), neg_inf)
+
+    # `out` is written only when S == 1 and the partials only when S > 1; the op passes a 1-token dummy for
+    # the side not written, so their token extents are symbols of their own.
+    num_out, num_part = T.dynamic("num_out"), T.dynamic("num_part")
+    out_shape = (num_out, H, D)
+    part_shape = (S, num_part, H, D)
+    lse_shape = (S, num_part, H)
+
+    if fp8:
+        @T.prim_func
+        def sparse_mla_fwd(
+            q: T.Tensor[(num_tokens, H, D), "bfloat16"],
+            kvq1: T.Tensor[(P1, R1, 16), "float8_e4m3fn"],
+            kvs1: T.Tensor[(P1, R1, 16), "uint8"],
+            kvr1: T.Tensor[(P1, R1, 8), "bfloat16"],
+            idx1: T.Tensor[(num_tokens, n1), "int32"],
+            lens1: T.Tensor[(num_tokens,), "int32"],
+            kvq2: T.Tensor[(P2, R2, 16), "float8_e4m3fn"],
+            kvs2: T.Tensor[(P2, R2, 16), "uint8"],
+            kvr2: T.Tensor[(P2, R2, 8), "bfloat16"],
+            idx2: T.Tensor[(num_tokens, n2), "int32"],
+            lens2: T.Tensor[(num_tokens,), "int32"],
+            block_size1: T.int32,
+            block_size2: T.int32,
+            sink: T.Tensor[(H,), "float32"],
+            out: T.Tensor[out_shape, "bfloat16"],
+            o_part: T.Tensor[part_shape, "float32"],
+            lse_part: T.Tensor[lse_shape, "float32"],
+        ):
+            with T.Kernel(num_tokens, NHB, S, threads=threads) as (t, hb, split):
+                q_s = T.alloc_shared([HB, D], "bfloat16")
+                kv_s = T.alloc_shared([BI, D], "bfloat16")
+                p_s = T.alloc_shared([HB, BI], "bfloat16")
+                pg_s = T.alloc_shared([BI], "int32")
+                off_s = T.alloc_shared([BI], "int32")
+                sc_s = T.alloc_shared([BI, 8], "float32")
+                acc_s = T.alloc_fragment([HB, BI], "float32")
+                acc_o = T.alloc_fragment([HB, D], "float32")
+                m_i = T.alloc_fragment([HB], "float32")
+                m_prev = T.alloc_fragment([HB], "float32")
+                m_safe = T.alloc_fragment([HB], "float32")
+                alpha = T.alloc_fragment([HB], "float32")
+                l_i = T.alloc_fragment([HB], "float32")
+                row_sum = T.alloc_fragment([HB], "float32")
+                rng = T.alloc_local([3], "int32")
+
+                load_q(q, q_s, t, hb)
+                T.clear(acc_o)
+                T.clear(l_i)
+                T.fill(m_i, neg_inf)
+                T.fill(m_safe, 0)
+                tile_range(lens1, lens2, t, split, rng)
+                for it in T.serial(T.max(T.min(rng[2], rng[0]) - rng[1], 0)):
+                    rows_fp8(idx1, lens1, n1, P1, R1, t, rng[1] + it, pg_s, off_s, block_size1)
+                    gather_fp8(kvq1, kvs1, kvr1, pg_s, off_s, sc_s, kv_s, block_size1)
+                    T.gemm(q_s, kv_s, acc_s, transpose_B=True, clear_accum=True)
+                    softmax_step(acc_s, acc_o, p_s, kv_s, m_i, m_prev, m_safe, alpha, l_i, row_sum, pg_s)
+                for it in T.serial(T.max(rng[2] - T.max(rng[1], rng[0]), 0)):
+                    rows_fp8(idx2, lens2, n2, P2, R2, t, T.max(rng[1], rng[0]) - rng[0] + it, pg_s, off_s,
+                             block_size2)
+                    gather_fp8(kvq2, kvs2, kvr2, pg_s, off_s, sc_s, kv_s, block_size2)
+                    T.gemm(q_s, kv_s, acc_s, transpose_B=True, clear_accum=True)
+                    softmax_step(acc_s, acc_o, p_s, kv_s, m_i, m_prev, m_safe, alpha, l_i, row_sum, pg_s)
+                finish(acc_o, l_i, m_i, m_safe, sink, out, o_part, lse_part, t, hb, split)
+
+        return sparse_mla_fwd
+
+    @T.prim_func
+    def sparse_mla_fwd_bf16(
+        q: T.Tensor[(num_tokens, H, D), "bfloat16"],
+        kv1: T.Tensor[(N1, D), "bfloat16"],
+        idx1: T.Tensor[(num_tokens, n1), "int32"],
+        lens1: T.Tensor[(num_tokens,), "int32"],
+        kv2: T.Tensor[(N2, D), "bfloat16"],
+        idx2: T.Tensor[(num_tokens, n2), "int32"],
+        lens2: T.Tensor[(num_tokens,), "int32"],
+        sink: T.Tensor[(H,), "float32"],
+        out: T.Tensor[out_shape, "bfloat16"],
+        o_part: T.Tensor[part_shape, "float32"],
+        lse_part: T.Tensor[lse_shape, "float32"],
+    ):
+        with T.Kernel(num_tokens, NHB, S, threads=threads) as (t, hb, split):
+            q_s = T.alloc_shared([HB, D], "bfloat16")
+            kv_s = T.alloc_shared([BI, D], "bfloat16")
+            p_s = T.alloc_shared([HB, BI], "bfloat16")
+            pg_s = T.alloc_shared([BI], "int32")
+            acc_s = T.alloc_fragment([HB, BI], "float32")
+            acc_o = T.alloc_fragment([HB, D], "float32")
+            m_i = T.alloc_fragment([HB], "float32")
+            m_prev = T.alloc_fragment([HB], "float32")
+            m_safe = T.alloc_fragment([HB], "float32")
+            alpha = T.alloc_fragment([HB], "float32")
+            l_i = T.alloc_fragment([HB], "float32")
+            row_sum = T.alloc_fragment([HB], "float32")
+            rng = T.alloc_local([3], "int32")
+
+            load_q(q, q_s, t, hb)
+            T.clear(acc_o)
+            T.clear(l_i)
+            T.fill(m_i, neg_inf)
+            T.fill(m_safe, 0)
+            tile_range(lens1, lens2, t, split, rng)
+            for it in T.serial(T.max(T.min(rng[2], rng[0]) - rng[1], 0)):
+                rows_bf16(idx1, lens1, n1, N1, t, rng[1] + it, pg_s)
+                gather_bf16(kv1, pg_s, kv_s)
+                T.gemm(q_s, kv_s, acc_s, transpose_B=True, clear_accum=True)
+                softmax_step(acc_s, acc_o, p_s, kv_s, m_i, m_prev, m_safe, alpha, l_i, row_sum, pg_s)
+            for it in T.serial(T.max(rng[2] - T.max(rng[1], rng[0]), 0)):
+                rows_bf16(idx2, lens2, n2, N2, t, T.max(rng[1], rng[0]) - rng[0] + it, pg_s)
+                gather_bf16(kv2, pg_s, kv_s)
+                T.gemm(q_s, kv_s, acc_s, transpose_B=True, clear_accum=True)
+                softmax_step(acc_s, acc_o, p_s, kv_s, m_i, m_prev, m_safe, alpha, l_i, row_sum, pg_s)
+            finish(acc_o, l_i, m_i, m_safe, sink, out, o_part, lse_part, t, hb, split)
+
+    return sparse_mla_fwd_bf16
+
+
+def build_combine(heads: int, n_splits: int, head_block: int, threads: int):
+    """out[t, h] = sum_s 2^lse_s o_s / (sum_s 2^lse_s + e^sink[h]), in log2 units against the max."""
+    import tilelang.language as T
+
+    H, S, HC = heads, n_splits, head_block
+    TPH = threads // HC          # threads per head
+    VD = D // TPH                # dims per thread
+    num_tokens = T.dynamic("num_tokens")
+
+    @T.prim_func
+    def sparse_mla_combine(
+        o_part: T.Tensor[(S, num_tokens, H, D), "float32"],
+        lse_part: T.Tensor[(S, num_tokens, H), "float32"],
+        sink: T.Tensor[(H,), "float32"],
+        out: T.Tensor[(num_tokens, H, D), "bfloat16"],
+    ):
+        with T.Kernel(num_tokens, T.ceildiv(H, HC), threads=threads) as (t, hc):
+            tx = T.get_thread_binding()
+            h = hc * HC + tx // TPH
+            hh = T.min(h, H - 1)
+            d0 = (tx % TPH) * VD
+            w = T.alloc_local([S], "float32")
+            st = T.alloc_local([2], "float32")   # running max, then the denominator
+            acc = T.alloc_local([VD], "float32")
+            ob = T.alloc_local([VD], "bfloat16")
+            st[0] = sink[hh] * LOG2E
+            for s in T.unroll(S):
+                st[0] = T.max(st[0], lse_part[s, t, hh])
+            st[1] = T.exp2(sink[hh] * LOG2E - st[0])
+            for s in T.unroll(S):
+                w[s] = T.exp2(lse_part[s, t, hh] - st[0])
+                st[1] = st[1] + w[s]
+            for v in T.unroll(VD):
+                acc[v] = T.float32(0)
+            for s in T.unroll(S):
+                for v in T.unroll(VD):
+                    acc[v] = acc[v] + w[s] * o_part[s, t, hh, d0 + v]
+            for v in T.unroll(VD):
+                ob[v] = T.Cast("bfloat16", acc[v] / st[1])
+            if h < H:
+                for v in T.vectorized(VD):
+                    out[t, hh, d0 + v] = ob[v]
+
+    return sparse_mla_combine
+
+
+def _static_heads_scale(name: str, static: Mapping[str, Any]) -> tuple[int, float, str]:
+    heads = _int_static(name, static, "heads", 1, 256)
+    scale = static.get("softmax_scale")
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 < float(scale) < 1:
+        raise ValueError(f"{name}: softmax_scale must be a float in (0, 1), got {scale!r}")
+    fmt = static.get("kv_format", "fp8_ds_mla")
+    if fmt not in KV_FORMATS:
+        raise ValueError(f"{name}: kv_format must be one of {KV_FORMATS}, got {fmt!r}")
+    if static.get("head_dim", D) != D or static.get("rope_dim", ROPE) != ROPE:
+        raise ValueError(f"{name}: head_dim/rope_dim must be {D}/{ROPE} (DeepSeek V4), got "
+                         f"{static.get('head_dim')}/{static.get('rope_dim')}")
+    return heads, float(scale), fmt
+
+
+def attention_statics(model, parallel, kv_format: str) -> dict[str, Any]:
+    heads = model.num_attention_heads // parallel.tp_size
+    if heads < 1 or model.num_attention_heads % parallel.tp_size:
+        raise ValueError(f"attention: {model.num_attention_heads} heads do not split over TP {parallel.tp_size}")
+    return {"heads": heads, "head_dim": int(model.head_dim), "rope_dim": int(model.qk_rope_head_dim),
+            "softmax_scale": float(model.head_dim ** -0.5), "kv_format": kv_format}
+
+
+@register
+class SparseMlaSpec(KernelSpec):
+    name = "sparse_mla_fwd"
+
+    def static_params(self, model, parallel) -> dict[str, Any]:
+        return attention_statics(model, parallel, "fp8_ds_mla")
+
+    def select(self, arch: ArchProfile, static: Mapping[str, Any], num_tokens: int) -> Variant:
+        _check_arch(self.name, arch)
+        self.check_tokens(num_tokens)
+        heads, scale, fmt = _static_heads_scale(self.name, static)
+        hb = head_block(heads, arch)
+        nhb = math.ceil(heads / hb)
+        params = {"heads": heads, "head_block": hb, "block_i": kv_tile(arch), "threads": 128 if hb <= 32 else 256,
+                  "kv_format": fmt, "n_splits": num_splits(num_tokens, nhb, arch.num_sms_hint),
+                  "softmax_scale": scale}
+        return Variant.make(self.name, params, arch, schedule_name(arch))
+
+    def build(self, variant: Variant):
+        return build_sparse_mla(**variant.p)
+
+    def smem_bytes(self, variant: Variant) -> int:
+        p = variant.p
+        return smem_bytes_for(p["head_block"], p["block_i"], p["threads"])
+
+    def pass_configs(self, variant: Variant) -> dict[str, Any]:
+        return pass_configs_for(variant)
+
+
+@register
+class SparseMlaCombineSpec(KernelSpec):
+    name = "sparse_mla_combine"
+
+    def static_params(self, model, parallel) -> dict[str, Any]:
+        return attention_statics(model, parallel, "fp8_ds_mla")
+
+    def select(self, arch: ArchProfile, static: Mapping[str, Any], num_tokens: int) -> Variant:
+        """The combine matching SparseMlaSpec.select at the same token count (n_splits > 1 only)."""
+        fwd = SparseMlaSpec().select(arch, static, num_tokens)
+        # Where the forward kernel does not split, no combine runs; select still names the 2-split combine
+        # (compiled anyway for the token counts that split) so the planner's enumeration stays total.
+        s = max(2, fwd.p["n_splits"])
+        params = {"heads": fwd.p["heads"], "n_splits": s, "head_block": 4, "threads": 128}
+        return Variant.make(self.name, params, arch, schedule_name(arch))
+
+    def build(self, variant: Variant):
+        return build_combine(**variant.p)
+
+    def smem_bytes(self, variant: Variant) -> int:
+        return 0
+
+    def pass_configs(self, variant: Variant) -> dict[str, Any]:
+        return pass_configs_for(variant)
