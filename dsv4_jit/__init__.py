@@ -73,6 +73,36 @@ def sparse_mla_prefill(q, kv, indices, lengths, attn_sink, *, arch=None, **kw):
     return _a.sparse_mla_prefill(q, kv, indices, lengths, attn_sink, **_arch_kw(arch), **kw)
 
 
+def indexer_decode_logits(q, q_scale, weights, kv_cache, seq_lens, block_table, *, arch=None, **kw):
+    """Lightning-indexer paged decode logits (fp8, MTP next_n). Returns (logits [T, W], row_info [T, 3])."""
+    from .kernels.indexer import ops as _i
+    return _i.indexer_decode_logits(q, q_scale, weights, kv_cache, seq_lens, block_table, **_arch_kw(arch), **kw)
+
+
+def indexer_prefill_logits(q, q_scale, weights, k, k_scale, ks, ke, req_idx, *, arch=None, **kw):
+    """Lightning-indexer ragged prefill logits over a contiguous compressed K. Returns (logits, row_info)."""
+    from .kernels.indexer import ops as _i
+    return _i.indexer_prefill_logits(q, q_scale, weights, k, k_scale, ks, ke, req_idx, **_arch_kw(arch), **kw)
+
+
+def indexer_topk(logits, row_info, block_table, *, arch=None, **kw):
+    """Top-k of the indexer logits as compressed-cache slots (-1 padded). Returns (indices, lengths)."""
+    from .kernels.indexer import ops as _i
+    return _i.indexer_topk(logits, row_info, block_table, **_arch_kw(arch), **kw)
+
+
+def indexer_decode_topk(q, q_scale, weights, kv_cache, seq_lens, block_table, *, arch=None, **kw):
+    """One decode step of the indexer: paged logits + top-k with page translation. Returns (indices, lengths)."""
+    from .kernels.indexer import ops as _i
+    return _i.indexer_decode_topk(q, q_scale, weights, kv_cache, seq_lens, block_table, **_arch_kw(arch), **kw)
+
+
+def indexer_swa_indices(positions, req_idx, block_table, *, arch=None, **kw):
+    """Sliding-window slots per query token over a paged SWA cache. Returns (swa_indices, swa_lengths)."""
+    from .kernels.indexer import ops as _i
+    return _i.indexer_swa_indices(positions, req_idx, block_table, **_arch_kw(arch), **kw)
+
+
 def warmup(plan, *, rank: int = 0, world_size: int = 1, seal_mode: str = "warn", **kw):
     """Inside an engine: compile this rank's share of `plan`, wait for the others, load everything, seal."""
     from .warmup.runner import warmup_in_engine
@@ -85,4 +115,5 @@ __all__ = [
     "seal", "sealed", "counters", "reset_counters", "get_kernel", "kernel_getter", "load", "compile_variant",
     "ModelConfig", "ParallelConfig", "load_model_config",
     "mhc_pre", "mhc_sinkhorn", "mhc_post", "mhc_post_pre_fused", "hc_head", "sparse_mla_decode", "sparse_mla_prefill", "warmup",
+    "indexer_decode_logits", "indexer_prefill_logits", "indexer_topk", "indexer_decode_topk", "indexer_swa_indices",
 ]

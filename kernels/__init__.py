@@ -11,6 +11,7 @@ from ..family import KernelUse, all_families, family_uses
 from ..spec import KernelSpec, Variant, get_spec
 from . import mhc  # noqa: F401  (registration; add new families here)
 from . import attention  # noqa: F401
+from . import indexer  # noqa: F401
 
 __all__ = ["KernelUse", "model_kernel_uses", "op_variants"]
 

@@ -1,0 +1,311 @@
+"""Lightning-indexer logits (DeepSeek V4 ratio-4 layers): paged decode (`indexer_decode_logits`) and ragged
+prefill (`indexer_prefill_logits`), one TileLang builder for both.
+
+Math (ref `Indexer.forward`, dsv4_kernels.md 3.6), per query token t and compressed position j:
+
+    logits[t, j] = q_scale[t] * k_scale[j] * sum_h weights[t, h] * relu(q[t, h, :] . k[j, :])
+
+q fp8 e4m3 [T, H, D] with one fp32 scale per token (q = q_scale * q_fp8), k fp8 e4m3 [*, D] with one fp32
+scale per compressed position. Both scales must be > 0 (relu(s*x) = s*relu(x) is what lets the kernel apply
+them after the relu; absmax/448 scales are). fp32 accumulation (mma.sync m16n8k32 e4m3 on SM12x).
+
+Valid columns per token: [lo_t, hi_t). Every other column of the logits row, up to its width W, is written
+-inf, so the caller may size W for CUDA-graph capture (max_model_len / ratio) and pass short requests.
+
+* decode (paged): tokens come in groups of `next_n` per request (MTP: next_n = 1 + draft tokens), token
+  t = b * next_n + g. `seq_lens[b]` is the request's length in (uncompressed) tokens including this step's
+  next_n tokens, so token g sits at position p = seq_lens[b] - next_n + g and sees the compressed positions
+  j < (p + 1) // ratio (causal, ref `Indexer.forward`). Index-K cache, DeepGEMM/vLLM fp8 paged layout: page
+  bytes [page_size * D fp8 values | page_size * 4 B fp32 scales] (132 B per position for D = 128); the kernel
+  takes the same memory twice, as fp8 [num_pages, page_size*(D+4)] and as fp32 [num_pages, page_size*(D+4)/4].
+  block_table[b, i] is the physical page of compressed positions [i*page_size, (i+1)*page_size); entries past
+  the request's length may be -1 (never read: the tile loop stops at the length, and tails are clamped).
+* prefill (ragged): k [Nk, D] fp8 + k_scale [Nk] fp32 contiguous (the engine's gathered compressed K);
+  token t sees columns [ks[t], ke[t]) of k (DeepGEMM `fp8_mqa_logits` convention), logits [T, W].
+
+Grid: (ceil(W / (tiles_per_cta * block_n)), token groups). A CTA owns a chunk of `tiles_per_cta` tiles of
+block_n columns for its group's rows. A chunk no valid range of its tokens reaches (past the request's length)
+writes -inf and exits without reading K, so the grid can stay sized to W (CUDA-graph capture) while the work
+follows each request's length (the public SM12x fix: 433 -> 29 us at 28K context). A chunk that any range
+reaches runs all its tiles through a `num_stages` cp.async pipeline (TileLang 0.1.15 cannot pipeline a
+loop of dynamic trip count here: `cp_async_wait` needs a constant), masking columns outside each token's
+range to -inf; the waste is at most tiles_per_cta - 1 tiles per request.
+
+Also written: row_info [T, 3] int32 = (lo_t, hi_t, request index) by the CTAs of column chunk 0, which the
+top-k kernel (topk.py) reads: its columns, and the block-table row to translate them through.
+
+Kernel-defining code only (no host code: the artifact key hashes this module).
+"""
+# No `from __future__ import annotations`: TileLang evaluates the T.Tensor annotations.
+from typing import Any, Mapping
+
+from dsv4_jit.arch import PROFILES, ArchProfile, get_profile
+from dsv4_jit.spec import KernelSpec, Variant, register
+
+FP8 = "float8_e4m3"
+SCALE_BYTES = 4
+
+_FAMILY_SCHEDULE = {"hopper": "sm_90a", "blackwell_dc": "sm_100a", "blackwell_consumer": "sm_120a"}
+
+# Per schedule family: (block_n, num_stages, threads).
+#  * SM12x: 128-column tiles x 2 stages (the public bN256 x 3 = 116,736 B does not fit 101,376 B; bN128 x 2
+#    does), 8 warps along the columns (FullRow: each warp owns 16 columns and every head of its tokens, so
+#    the head reduction stays inside the warp), mma.sync only.
+#  * Hopper / SM100: 256-column tiles x 3 stages, 16 warps (the tilelang example's Hopper tiling).
+SCHEDULES = {
+    "blackwell_consumer": (128, 2, 256),
+    "hopper": (256, 3, 512),
+    "blackwell_dc": (256, 3, 512),
+}
+
+
+def schedule_name(arch: ArchProfile) -> str:
+    """The schedule an (possibly emulated) profile stands for (see kernels/mhc/post.py)."""
+    canon = PROFILES.get(arch.name)
+    if canon is not None and canon.family == arch.family:
+        return arch.name
+    return _FAMILY_SCHEDULE[arch.family]
+
+
+def check_arch(name: str, arch: ArchProfile) -> None:
+    if not isinstance(arch, ArchProfile):
+        raise ValueError(f"{name}: arch must be an ArchProfile (dsv4_jit.arch.get_profile), got {arch!r}")
+    if arch.family not in _FAMILY_SCHEDULE:
+        raise ValueError(f"{name}: unknown arch family {arch.family!r}")
+
+
+def int_param(name: str, static: Mapping[str, Any], key: str, allowed=None, lo: int = 1) -> int:
+    if not isinstance(static, Mapping) or key not in static:
+        raise ValueError(f"{name}: static params lack {key!r}")
+    v = static[key]
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+        raise ValueError(f"{name}: {key} must be an int >= {lo}, got {v!r}")
+    if allowed is not None and v not in allowed:
+        raise ValueError(f"{name}: {key}={v} is not supported (supported: {sorted(allowed)})")
+    return v
+
+
+def tiles_per_cta(num_groups_hint: int) -> int:
+    """Column tiles one CTA walks (pipelined). Few token groups (requests): one tile per CTA, so a single long
+    request still spreads over every SM (64K compressed positions = 512 CTAs at block_n 128). Many: 4 tiles,
+    so the q tile each CTA stages is amortised over 4 K tiles and the pipeline has something to overlap.
+    Depends on the token count only (never on context length or batch beyond it): no compile per context."""
+    return 1 if num_groups_hint <= 16 else 4
+
+
+def logits_smem_bytes(p: Mapping[str, Any]) -> int:
+    """Pre-nvcc shared memory: the q tile (group * heads rows of D fp8) plus `stages` K tiles of block_n x D
+    fp8. Scales, weights and the accumulator live in registers; the head reduction stays inside a warp
+    (FullRow), so TileLang adds no reduction workspace."""
+    return p["group"] * p["heads"] * p["dim"] + p["stages"] * p["block_n"] * p["dim"]
+
+
+def build_logits(*, paged: bool, heads: int, dim: int, group: int, block_n: int, stages: int, threads: int,
+                 tiles: int, page_size: int = 0, ratio: int = 0):
+    import tilelang.language as T
+
+    H, D, G, BN, S = heads, dim, group, block_n, tiles
+    P = page_size
+    CHUNK = BN * S
+    acc = "float32"
+    neg_inf = -T.infinity(acc)
+
+    num_tokens = T.dynamic("num_tokens")
+    width = T.dynamic("width")
+    num_pages = T.dynamic("num_pages")
+    batch = T.dynamic("batch")
+    max_pages = T.dynamic("max_pages")
+    num_k = T.dynamic("num_k")
+    PB = max(P, 1) * (D + SCALE_BYTES)       # bytes per page (paged)
+    SCALE_OFF = P * D // SCALE_BYTES         # first fp32 scale of a page, in fp32 elements
+
+    # ---- per-mode pieces (expressions only; the statements live in `body`) ----
+    def bounds(tok, grp, src_a, src_b, src_c):
+        """(lo, hi, request) of token `tok` in group `grp`."""
+        if paged:   # src_a = seq_lens, src_b = block_table
+            limit = T.min(width, max_pages * P)
+            visible = T.floordiv(T.max(src_a[grp] - G + (tok - grp * G) + 1, 0), ratio)
+            return 0, T.min(visible, limit), grp
+        limit = T.min(width, num_k)             # src_a = ks, src_b = ke, src_c = req_idx
+        lo = T.min(T.max(src_a[tok], 0), limit)
+        return lo, T.max(T.min(src_b[tok], limit), lo), src_c[tok]
+
+    def page_of(block_table, grp, pos):
+        return T.max(block_table[grp, T.min(T.floordiv(pos, P), max_pages - 1)], 0)
+
+    @T.macro
+    def body(q, q_scale, weights, k_a, k_b, src_a, src_b, src_c, logits, row_info):
+        with T.Kernel(T.ceildiv(width, CHUNK), T.ceildiv(num_tokens, G), threads=threads) as (bc, bg):
+            q_shared = T.alloc_shared([G * H, D], FP8)
+            k_shared = T.alloc_shared([BN, D], FP8)
+            ks_frag = T.alloc_fragment([BN], acc)
+            w_frag = T.alloc_fragment([G, H], acc)
+            s = T.alloc_fragment([BN, G * H], acc)
+            s_r = T.reshape(s, (BN, G, H))
+            l_frag = T.alloc_fragment([BN, G], acc)
+            lo_min = T.alloc_local([1], "int32")
+            hi_max = T.alloc_local([1], "int32")
+
+            c0 = bc * CHUNK
+            lo_min[0] = 2147483647
+            hi_max[0] = 0
+            for g in T.serial(G):
+                if bg * G + g < num_tokens:
+                    lo_min[0] = T.min(lo_min[0], bounds(bg * G + g, bg, src_a, src_b, src_c)[0])
+                    hi_max[0] = T.max(hi_max[0], bounds(bg * G + g, bg, src_a, src_b, src_c)[1])
+
+            if bc == 0:
+                for g in T.serial(G):
+                    if bg * G + g < num_tokens:
+                        row_info[bg * G + g, 0] = bounds(bg * G + g, bg, src_a, src_b, src_c)[0]
+                        row_info[bg * G + g, 1] = bounds(bg * G + g, bg, src_a, src_b, src_c)[1]
+                        row_info[bg * G + g, 2] = bounds(bg * G + g, bg, src_a, src_b, src_c)[2]
+
+            if lo_min[0] >= hi_max[0] or hi_max[0] <= c0 or lo_min[0] >= c0 + CHUNK:
+                # no valid range reaches this chunk (past the request's length): -inf, no K read, exit
+                for g, n in T.Parallel(G, CHUNK):
+                    if bg * G + g < num_tokens and c0 + n < width:
+                        logits[bg * G + g, c0 + n] = neg_inf
+            else:
+                for gh, d in T.Parallel(G * H, D):
+                    q_shared[gh, d] = q[T.min(bg * G + gh // H, num_tokens - 1), gh % H, d]
+                for g, h in T.Parallel(G, H):
+                    w_frag[g, h] = T.if_then_else(
+                        bg * G + g < num_tokens,
+                        weights[T.min(bg * G + g, num_tokens - 1), h] * q_scale[T.min(bg * G + g, num_tokens - 1)],
+                        0.0)
+
+                for it in T.Pipelined(S, num_stages=stages):
+                    if paged:   # k_a = kv_fp8 [pages, P*(D+4)], k_b = kv_f32 view, src_b = block_table
+                        for n, d in T.Parallel(BN, D):
+                            k_shared[n, d] = k_a[page_of(src_b, bg, c0 + it * BN + n),
+                                                 T.floormod(c0 + it * BN + n, P) * D + d]
+                        for n in T.Parallel(BN):
+                            ks_frag[n] = k_b[page_of(src_b, bg, c0 + it * BN + n),
+                                             SCALE_OFF + T.floormod(c0 + it * BN + n, P)]
+                    else:       # k_a = k [num_k, D], k_b = k_scale [num_k]
+                        for n, d in T.Parallel(BN, D):
+                            k_shared[n, d] = k_a[T.min(c0 + it * BN + n, num_k - 1), d]
+                        for n in T.Parallel(BN):
+                            ks_frag[n] = k_b[T.min(c0 + it * BN + n, num_k - 1)]
+                    T.gemm(k_shared, q_shared, s, transpose_B=True, clear_accum=True,
+                           policy=T.GemmWarpPolicy.FullRow)
+                    for n, g, h in T.Parallel(BN, G, H):
+                        s_r[n, g, h] = T.max(s_r[n, g, h], 0.0) * w_frag[g, h] * ks_frag[n]
+                    T.reduce_sum(s_r, l_frag, dim=-1, clear=True)
+                    for g, n in T.Parallel(G, BN):
+                        if bg * G + g < num_tokens and c0 + it * BN + n < width:
+                            logits[bg * G + g, c0 + it * BN + n] = T.if_then_else(
+                                c0 + it * BN + n >= bounds(bg * G + g, bg, src_a, src_b, src_c)[0]
+                                and c0 + it * BN + n < bounds(bg * G + g, bg, src_a, src_b, src_c)[1],
+                                l_frag[n, g], neg_inf)
+
+    if paged:
+        @T.prim_func
+        def indexer_decode_logits(
+            q: T.Tensor[(num_tokens, H, D), FP8],
+            q_scale: T.Tensor[(num_tokens,), "float32"],
+            weights: T.Tensor[(num_tokens, H), "float32"],
+            kv_fp8: T.Tensor[(num_pages, PB), FP8],
+            kv_f32: T.Tensor[(num_pages, PB // SCALE_BYTES), "float32"],
+            seq_lens: T.Tensor[(batch,), "int32"],
+            block_table: T.Tensor[(batch, max_pages), "int32"],
+            logits: T.Tensor[(num_tokens, width), "float32"],
+            row_info: T.Tensor[(num_tokens, 3), "int32"],
+        ):
+            body(q, q_scale, weights, kv_fp8, kv_f32, seq_lens, block_table, None, logits, row_info)
+
+        return indexer_decode_logits
+
+    @T.prim_func
+    def indexer_prefill_logits(
+        q: T.Tensor[(num_tokens, H, D), FP8],
+        q_scale: T.Tensor[(num_tokens,), "float32"],
+        weights: T.Tensor[(num_tokens, H), "float32"],
+        k: T.Tensor[(num_k, D), FP8],
+        k_scale: T.Tensor[(num_k,), "float32"],
+        ks: T.Tensor[(num_tokens,), "int32"],
+        ke: T.Tensor[(num_tokens,), "int32"],
+        req_idx: T.Tensor[(num_tokens,), "int32"],
+        logits: T.Tensor[(num_tokens, width), "float32"],
+        row_info: T.Tensor[(num_tokens, 3), "int32"],
+    ):
+        body(q, q_scale, weights, k, k_scale, ks, ke, req_idx, logits, row_info)
+
+    return indexer_prefill_logits
+
+
+class _LogitsSpec(KernelSpec):
+    paged = False
+    arg_names: tuple = ()
+
+    def _common(self, arch: ArchProfile, static: Mapping[str, Any], num_tokens: int) -> dict:
+        check_arch(self.name, arch)
+        self.check_tokens(num_tokens)
+        heads = int_param(self.name, static, "heads", (8, 16, 32, 64))
+        dim = int_param(self.name, static, "dim", (64, 128))
+        block_n, stages, threads = SCHEDULES[arch.family]
+        return {"heads": heads, "dim": dim, "block_n": block_n, "stages": stages, "threads": threads}
+
+    def smem_bytes(self, variant: Variant) -> int:
+        return logits_smem_bytes(variant.p)
+
+    def pass_configs(self, variant: Variant) -> dict[str, Any]:
+        cfg = dict(get_profile(variant.schedule).pass_configs)
+        cfg["tl.disable_vectorize_256"] = True  # 16-byte vectors only: the SM12x schedule proven on sm_90a
+        return cfg
+
+
+@register
+class IndexerDecodeLogitsSpec(_LogitsSpec):
+    """Paged decode logits. Statics: heads, dim, page_size, ratio, next_n (1 + MTP draft tokens)."""
+    name = "indexer_decode_logits"
+    paged = True
+    arg_names = ("q", "q_scale", "weights", "kv_fp8", "kv_f32", "seq_lens", "block_table", "logits", "row_info")
+
+    def static_params(self, model, parallel) -> dict[str, Any]:
+        # next_n and page_size are per call site: family.uses lists them
+        return {"heads": int(model.index_n_heads), "dim": int(model.index_head_dim), "ratio": 4}
+
+    def select(self, arch: ArchProfile, static: Mapping[str, Any], num_tokens: int) -> Variant:
+        p = self._common(arch, static, num_tokens)
+        next_n = int_param(self.name, static, "next_n", (1, 2, 3, 4))
+        page_size = int_param(self.name, static, "page_size", (16, 32, 64, 128, 256))
+        ratio = int_param(self.name, static, "ratio")
+        if p["block_n"] % page_size and page_size % p["block_n"]:
+            raise ValueError(f"{self.name}: page_size={page_size} and block_n={p['block_n']} do not nest")
+        p.update(group=next_n, page_size=page_size, ratio=ratio, tiles=tiles_per_cta(-(-num_tokens // next_n)))
+        return Variant.make(self.name, p, arch, schedule_name(arch))
+
+    def build(self, variant: Variant):
+        p = variant.p
+        return build_logits(paged=True, heads=p["heads"], dim=p["dim"], group=p["group"], block_n=p["block_n"],
+                            stages=p["stages"], threads=p["threads"], tiles=p["tiles"],
+                            page_size=p["page_size"], ratio=p["ratio"])
+
+
+# Prefill query tokens per CTA: two tokens x 64 heads = 128 B-operand rows (the tilelang example's
+# block_Q = 128 // heads): each K tile staged serves both.
+def prefill_group(heads: int) -> int:
+    return max(1, 128 // heads)
+
+
+@register
+class IndexerPrefillLogitsSpec(_LogitsSpec):
+    """Ragged prefill logits over a contiguous compressed K. Statics: heads, dim."""
+    name = "indexer_prefill_logits"
+    arg_names = ("q", "q_scale", "weights", "k", "k_scale", "ks", "ke", "req_idx", "logits", "row_info")
+
+    def static_params(self, model, parallel) -> dict[str, Any]:
+        return {"heads": int(model.index_n_heads), "dim": int(model.index_head_dim)}
+
+    def select(self, arch: ArchProfile, static: Mapping[str, Any], num_tokens: int) -> Variant:
+        p = self._common(arch, static, num_tokens)
+        # few tokens (a chunk's tail): one tile per CTA spreads long ranges over the SMs
+        p.update(group=prefill_group(p["heads"]), tiles=tiles_per_cta(num_tokens))
+        return Variant.make(self.name, p, arch, schedule_name(arch))
+
+    def build(self, variant: Variant):
+        p = variant.p
+        return build_logits(paged=False, heads=p["heads"], dim=p["dim"], group=p["group"], block_n=p["block_n"],
+                            stages=p["stages"], threads=p["threads"], tiles=p["tiles"])

@@ -1,0 +1,261 @@
+"""Indexer host ops: what the engine calls for every ratio-4 layer (logits, top-k) and once per forward (SWA
+index prep). Validate every argument (ValueError naming it) before anything is selected, loaded or compiled;
+allocate only what the caller did not pass (`out=`, `workspace=` for CUDA-graph capture); launch the variant
+`select` picked through `get_kernel(spec, static, num_tokens)`.
+
+Every op here is TileLang end to end (no torch.topk, no torch math on the hot path).
+
+Tensor conventions (T query tokens, H = 64 index heads, D = 128, P = page size):
+  q        [T, H, D] torch.float8_e4m3fn;  q_scale [T] fp32 (> 0);  weights [T, H] fp32
+  kv_cache uint8, [num_pages, P * (D + 4)] or [num_pages, P, 1, D + 4] (DeepGEMM's shape, same bytes): per
+           page P*D fp8 values, then P fp32 scales (> 0)
+  decode:  T = batch * next_n; seq_lens [batch] int32 = request length in tokens INCLUDING this step's next_n
+           tokens; block_table [batch, max_pages] int32 over compressed positions (-1 past the length is fine)
+  logits   [T, W] fp32, -inf outside each token's range; W >= the longest compressed length (default
+           max_pages * P for decode, Nk for prefill)
+  row_info [T, 3] int32 = (first column, end column, request) per token, written by the logits kernels and
+           read by indexer_topk
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from dsv4_jit.spec import get_spec
+
+from .logits import SCALE_BYTES
+
+DEFAULT_RATIO = 4
+
+
+def _arch_of(op: str, arch):
+    from dsv4_jit.arch import ArchProfile
+    if not isinstance(arch, ArchProfile):
+        raise ValueError(f"{op}: arch must be an ArchProfile (dsv4_jit.arch.get_profile), got {arch!r}")
+    return arch
+
+
+def _int_arg(op: str, name: str, v, allowed=None, lo: int = 1) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+        raise ValueError(f"{op}: {name} must be an int >= {lo}, got {v!r}")
+    if allowed is not None and v not in allowed:
+        raise ValueError(f"{op}: {name}={v} is not supported (supported: {sorted(allowed)})")
+    return v
+
+
+def _q_args(q, q_scale, weights):
+    import torch
+    from dsv4_jit.validate import check_tensor
+    if not isinstance(q, torch.Tensor) or q.dim() != 3:
+        raise ValueError("q: expected a [T, heads, dim] torch.float8_e4m3fn tensor")
+    check_tensor(q, "q", [None, None, None], torch.float8_e4m3fn)
+    tokens, heads, dim = q.shape
+    dev = q.device
+    check_tensor(q_scale, "q_scale", [tokens], torch.float32, dev)
+    check_tensor(weights, "weights", [tokens, heads], torch.float32, dev)
+    return tokens, heads, dim, dev
+
+
+def _kv_cache_views(kv_cache, dim: int, dev):
+    """(page_size, fp8 view [pages, P*(D+4)], fp32 view [pages, P*(D+4)/4]) of the paged index-K cache."""
+    import torch
+    from dsv4_jit.validate import check_tensor
+    if not isinstance(kv_cache, torch.Tensor) or kv_cache.dim() not in (2, 4) or kv_cache.dtype != torch.uint8:
+        raise ValueError("kv_cache: expected a uint8 [num_pages, page_size * (dim + 4)] or "
+                         "[num_pages, page_size, 1, dim + 4] tensor")
+    if kv_cache.dim() == 4:
+        if kv_cache.shape[2] != 1 or kv_cache.shape[3] != dim + SCALE_BYTES:
+            raise ValueError(f"kv_cache: expected shape [num_pages, page_size, 1, {dim + SCALE_BYTES}], "
+                             f"got {list(kv_cache.shape)}")
+        page_bytes = kv_cache.shape[1] * kv_cache.shape[3]
+    else:
+        page_bytes = kv_cache.shape[1]
+    check_tensor(kv_cache, "kv_cache", [None] * kv_cache.dim(), torch.uint8, dev)
+    if page_bytes % (dim + SCALE_BYTES):
+        raise ValueError(f"kv_cache: {page_bytes} bytes per page is not page_size * {dim + SCALE_BYTES}")
+    page_size = page_bytes // (dim + SCALE_BYTES)
+    if kv_cache.shape[0] < 1:
+        raise ValueError("kv_cache: needs at least one page")
+    flat = kv_cache.view(kv_cache.shape[0], page_bytes)
+    return page_size, flat.view(torch.float8_e4m3fn), flat.view(torch.float32)
+
+
+def _out_2d(t, name: str, shape: tuple, dtype, dev):
+    import torch
+    from dsv4_jit.validate import check_tensor
+    if t is None:
+        return torch.empty(shape, dtype=dtype, device=dev)
+    check_tensor(t, name, list(shape), dtype, dev)
+    return t
+
+
+# =============================================================================================
+# logits
+# =============================================================================================
+def decode_static(heads: int, dim: int, next_n: int, page_size: int, ratio: int = DEFAULT_RATIO) -> dict:
+    """The static dict of indexer_decode_logits (exactly what family.uses declares per call site)."""
+    return {"heads": heads, "dim": dim, "ratio": ratio, "next_n": next_n, "page_size": page_size}
+
+
+def indexer_decode_logits(q, q_scale, weights, kv_cache, seq_lens, block_table, *, next_n: int, arch, get_kernel,
+                          ratio: int = DEFAULT_RATIO, width: int | None = None, out=None, row_info=None):
+    """Paged decode logits (see kernels/indexer/logits.py). Returns (logits [T, W] fp32, row_info [T, 3] int32).
+
+    `out` / `row_info` may be preallocated (CUDA-graph capture); W is out.shape[1], else `width`, else
+    max_pages * page_size. Rows of a request whose compressed length exceeds W are cut at W."""
+    import torch
+    from dsv4_jit.validate import check_tensor
+
+    op = "indexer_decode_logits"
+    arch = _arch_of(op, arch)
+    next_n = _int_arg(op, "next_n", next_n, (1, 2, 3, 4))
+    ratio = _int_arg(op, "ratio", ratio)
+    tokens, heads, dim, dev = _q_args(q, q_scale, weights)
+    if tokens % next_n:
+        raise ValueError(f"q: {tokens} tokens is not a multiple of next_n={next_n}")
+    batch = tokens // next_n
+    page_size, kv_fp8, kv_f32 = _kv_cache_views(kv_cache, dim, dev)
+    check_tensor(seq_lens, "seq_lens", [batch], torch.int32, dev)
+    if not isinstance(block_table, torch.Tensor) or block_table.dim() != 2:
+        raise ValueError(f"block_table: expected an int32 [{batch}, max_pages] tensor")
+    check_tensor(block_table, "block_table", [batch, None], torch.int32, dev)
+    if block_table.shape[1] < 1:
+        raise ValueError("block_table: needs at least one page column")
+    if out is not None:
+        check_tensor(out, "out", [tokens, None], torch.float32, dev)
+        w = out.shape[1]
+    else:
+        w = block_table.shape[1] * page_size if width is None else _int_arg(op, "width", width)
+    out = _out_2d(out, "out", (tokens, w), torch.float32, dev)
+    row_info = _out_2d(row_info, "row_info", (tokens, 3), torch.int32, dev)
+    if tokens == 0 or w == 0:
+        return out, row_info
+    kernel = get_kernel(get_spec("indexer_decode_logits"), decode_static(heads, dim, next_n, page_size, ratio), tokens)
+    kernel(q, q_scale, weights, kv_fp8, kv_f32, seq_lens, block_table, out, row_info)
+    return out, row_info
+
+
+def indexer_prefill_logits(q, q_scale, weights, k, k_scale, ks, ke, req_idx, *, arch, get_kernel,
+                           width: int | None = None, out=None, row_info=None):
+    """Ragged prefill logits over a contiguous compressed K [Nk, D] fp8 + k_scale [Nk] fp32: token t sees
+    columns [ks[t], ke[t]); req_idx[t] is its request (block-table row for indexer_topk). W defaults to Nk."""
+    import torch
+    from dsv4_jit.validate import check_tensor
+
+    op = "indexer_prefill_logits"
+    arch = _arch_of(op, arch)
+    tokens, heads, dim, dev = _q_args(q, q_scale, weights)
+    if not isinstance(k, torch.Tensor) or k.dim() != 2:
+        raise ValueError(f"k: expected a [num_k, {dim}] torch.float8_e4m3fn tensor")
+    check_tensor(k, "k", [None, dim], torch.float8_e4m3fn, dev)
+    num_k = k.shape[0]
+    check_tensor(k_scale, "k_scale", [num_k], torch.float32, dev)
+    for t, name in ((ks, "ks"), (ke, "ke"), (req_idx, "req_idx")):
+        check_tensor(t, name, [tokens], torch.int32, dev)
+    if out is not None:
+        check_tensor(out, "out", [tokens, None], torch.float32, dev)
+        w = out.shape[1]
+    else:
+        w = num_k if width is None else _int_arg(op, "width", width)
+    out = _out_2d(out, "out", (tokens, w), torch.float32, dev)
+    row_info = _out_2d(row_info, "row_info", (tokens, 3), torch.int32, dev)
+    if tokens == 0 or w == 0 or num_k == 0:
+        if tokens and w:
+            out.fill_(float("-inf"))
+            row_info.zero_()
+        return out, row_info
+    kernel = get_kernel(get_spec("indexer_prefill_logits"), {"heads": heads, "dim": dim}, tokens)
+    kernel(q, q_scale, weights, k, k_scale, ks, ke, req_idx, out, row_info)
+    return out, row_info
+
+
+# =============================================================================================
+# top-k
+# =============================================================================================
+def indexer_topk(logits, row_info, block_table, *, topk: int, page_size: int, arch, get_kernel, out=None):
+    """Top-`topk` columns of each row within its row_info range, as compressed-cache slots (a set, any order,
+    -1 padded). Returns (indices [T, topk] int32, lengths [T] int32)."""
+    import torch
+    from dsv4_jit.validate import check_tensor
+
+    op = "indexer_topk"
+    arch = _arch_of(op, arch)
+    topk = _int_arg(op, "topk", topk)
+    page_size = _int_arg(op, "page_size", page_size)
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
+        raise ValueError("logits: expected a [T, W] fp32 tensor")
+    check_tensor(logits, "logits", [None, None], torch.float32)
+    tokens, dev = logits.shape[0], logits.device
+    check_tensor(row_info, "row_info", [tokens, 3], torch.int32, dev)
+    if not isinstance(block_table, torch.Tensor) or block_table.dim() != 2:
+        raise ValueError("block_table: expected an int32 [batch, max_pages] tensor")
+    check_tensor(block_table, "block_table", [None, None], torch.int32, dev)
+    if block_table.shape[0] < 1 or block_table.shape[1] < 1:
+        raise ValueError(f"block_table: needs at least one row and one column, got {list(block_table.shape)}")
+    indices, lengths = (None, None) if out is None else out
+    indices = _out_2d(indices, "out[0] (indices)", (tokens, topk), torch.int32, dev)
+    if lengths is None:
+        lengths = torch.empty(tokens, dtype=torch.int32, device=dev)
+    else:
+        check_tensor(lengths, "out[1] (lengths)", [tokens], torch.int32, dev)
+    if tokens == 0:
+        return indices, lengths
+    kernel = get_kernel(get_spec("indexer_topk"), {"topk": topk, "page_size": page_size}, tokens)
+    kernel(logits, row_info, block_table, indices, lengths)
+    return indices, lengths
+
+
+def indexer_decode_topk(q, q_scale, weights, kv_cache, seq_lens, block_table, *, next_n: int, topk: int, arch,
+                        get_kernel, ratio: int = DEFAULT_RATIO, width: int | None = None, workspace=None, out=None):
+    """One decode step of a ratio-4 layer's indexer: paged logits, then top-k with page-table translation.
+
+    workspace = (logits [T, W] fp32, row_info [T, 3] int32) and out = (indices [T, topk], lengths [T]) int32
+    may be preallocated (CUDA-graph capture). Returns (indices, lengths)."""
+    logits, row_info = (None, None) if workspace is None else workspace
+    logits, row_info = indexer_decode_logits(q, q_scale, weights, kv_cache, seq_lens, block_table, next_n=next_n,
+                                             arch=arch, get_kernel=get_kernel, ratio=ratio, width=width,
+                                             out=logits, row_info=row_info)
+    page_size = _kv_cache_views(kv_cache, q.shape[2], q.device)[0]
+    return indexer_topk(logits, row_info, block_table, topk=topk, page_size=page_size, arch=arch,
+                        get_kernel=get_kernel, out=out)
+
+
+# =============================================================================================
+# SWA index prep
+# =============================================================================================
+def indexer_swa_indices(positions, req_idx, block_table, *, window: int, page_size: int, arch, get_kernel,
+                        out=None):
+    """Sliding-window slots of every query token over a paged SWA cache (see topk.py). positions [T] int32
+    (absolute, 0-based), req_idx [T] int32, block_table [batch, max_pages] int32 over token positions (-1 for
+    freed pages outside the window is fine). Returns (swa_indices [T, window] int32, swa_lengths [T] int32)."""
+    import torch
+    from dsv4_jit.validate import check_tensor
+
+    op = "indexer_swa_indices"
+    arch = _arch_of(op, arch)
+    window = _int_arg(op, "window", window)
+    page_size = _int_arg(op, "page_size", page_size)
+    if not isinstance(positions, torch.Tensor) or positions.dim() != 1:
+        raise ValueError("positions: expected an int32 [T] tensor")
+    check_tensor(positions, "positions", [None], torch.int32)
+    tokens, dev = positions.shape[0], positions.device
+    check_tensor(req_idx, "req_idx", [tokens], torch.int32, dev)
+    if not isinstance(block_table, torch.Tensor) or block_table.dim() != 2:
+        raise ValueError("block_table: expected an int32 [batch, max_pages] tensor")
+    check_tensor(block_table, "block_table", [None, None], torch.int32, dev)
+    if block_table.shape[0] < 1 or block_table.shape[1] < 1:
+        raise ValueError(f"block_table: needs at least one row and one column, got {list(block_table.shape)}")
+    indices, lengths = (None, None) if out is None else out
+    indices = _out_2d(indices, "out[0] (swa_indices)", (tokens, window), torch.int32, dev)
+    if lengths is None:
+        lengths = torch.empty(tokens, dtype=torch.int32, device=dev)
+    else:
+        check_tensor(lengths, "out[1] (swa_lengths)", [tokens], torch.int32, dev)
+    if tokens == 0:
+        return indices, lengths
+    kernel = get_kernel(get_spec("indexer_swa_indices"), {"window": window, "page_size": page_size}, tokens)
+    kernel(positions, req_idx, block_table, indices, lengths)
+    return indices, lengths
+
+
+__all__: list[Any] = ["indexer_decode_logits", "indexer_prefill_logits", "indexer_topk", "indexer_decode_topk",
+                      "indexer_swa_indices", "decode_static"]

@@ -1,0 +1,259 @@
+"""Top-k selection over the indexer logits with page-table translation (`indexer_topk`), and the sliding-window
+index preparation (`indexer_swa_indices`). Both in TileLang; the whole selection runs on the GPU (no torch.topk).
+
+indexer_topk, one CTA per query token (row):
+  the row's candidate columns are [lo, hi) from row_info [T, 3] = (lo, hi, request) (written by the logits
+  kernels, logits.py); column lo + j is compressed position j of that request. With n = hi - lo:
+  * n <= topk: every position is taken (no selection), the rest of the row is -1;
+  * otherwise an exact radix select of the topk-th largest fp32 key, 8 bits per pass over 4 passes (order-
+    preserving uint32 keys; a 257-bin suffix-summed histogram in shared memory per pass, restricted to the
+    keys that match the prefix chosen so far), then one collection pass: every key above the threshold and
+    the first (topk - #above) keys equal to it (ties broken by atomic order: any tie order is valid).
+  Each pass reads the row from global memory (L2 for the decode rows); no candidate buffer, so any
+  distribution (all ties, all -inf) is exact with fixed shared memory.
+  Output: indices [T, topk] int32 = slots of the compressed KV cache the sparse-attention kernel reads,
+      slot = block_table[request, pos // page_size] * page_size + pos % page_size  (-1 for a -1 page),
+  in no particular order (a set), -1 padded; lengths [T] int32 = min(n, topk).
+
+indexer_swa_indices, for the sliding-window part of every layer's attention:
+  query token t at absolute position p = positions[t] of request r = req_idx[t] attends to the last
+  n = min(window, p + 1) tokens p - n + 1 .. p. The SWA KV cache is PAGED (vLLM layout: a block table per
+  request over the uncompressed token positions), so
+      swa_indices[t, w] = block_table[r, q // page_size] * page_size + q % page_size, q = p - n + 1 + w, w < n
+  and -1 for w >= n (oldest first); swa_lengths[t] = n. A ring-buffer cache (SGLang: seq_slot * W + q % W) is
+  the special case of a one-page-per-request table with page_size = window, when every new token's KV is
+  written before the prep runs.
+
+Kernel-defining code only (no host code: the artifact key hashes this module).
+"""
+# No `from __future__ import annotations`: TileLang evaluates the T.Tensor annotations.
+from typing import Any, Mapping
+
+from dsv4_jit.arch import ArchProfile, get_profile
+from dsv4_jit.spec import KernelSpec, Variant, register
+
+from .logits import check_arch, int_param, schedule_name
+
+RADIX = 256
+PASSES = 4  # 8 bits each over the 32-bit key
+
+
+def topk_threads(num_tokens: int, num_sms: int) -> int:
+    """Fewer rows than SMs: 1024 threads per row (each row's passes are the critical path). Otherwise 512,
+    two CTAs per SM."""
+    return 1024 if num_tokens < num_sms else 512
+
+
+def topk_smem_bytes(p: Mapping[str, Any]) -> int:
+    """Histogram (RADIX + 1 bins), two collection counters and the threshold, int32, each buffer placed at a
+    16-byte boundary in the merged dynamic allocation (1,040 + 16 + 16 = 1,072 B, the lowered figure)."""
+    def a16(n: int) -> int:
+        return -(-n // 16) * 16
+    return a16(4 * (RADIX + 1)) + a16(4 * 2) + a16(4 * 1)
+
+
+def build_topk(*, topk: int, page_size: int, threads: int):
+    import tilelang.language as T
+
+    P = page_size
+    num_tokens = T.dynamic("num_tokens")
+    width = T.dynamic("width")
+    batch = T.dynamic("batch")
+    max_pages = T.dynamic("max_pages")
+
+    def to_key(x):
+        bits = T.reinterpret(x, "uint32")
+        return T.if_then_else(x < 0, ~bits, bits | T.Cast("uint32", 0x80000000))
+
+    def slot(block_table, req, pos):
+        page = block_table[req, T.min(T.floordiv(pos, P), max_pages - 1)]
+        return T.if_then_else(page < 0, -1, page * P + T.floormod(pos, P))
+
+    @T.prim_func
+    def indexer_topk(
+        logits: T.Tensor[(num_tokens, width), "float32"],
+        row_info: T.Tensor[(num_tokens, 3), "int32"],
+        block_table: T.Tensor[(batch, max_pages), "int32"],
+        indices: T.Tensor[(num_tokens, topk), "int32"],
+        lengths: T.Tensor[(num_tokens,), "int32"],
+    ):
+        with T.Kernel(num_tokens, threads=threads) as bx:
+            tx = T.get_thread_binding()
+            hist = T.alloc_shared([RADIX + 1], "int32")
+            s_thr = T.alloc_shared([1], "int32")
+            s_cnt = T.alloc_shared([2], "int32")
+
+            lo = T.alloc_var("int32")
+            n = T.alloc_var("int32")
+            req = T.alloc_var("int32")
+            rem = T.alloc_var("int32")
+            val = T.alloc_var("int32")
+            thr = T.alloc_var("int32")
+            pos_out = T.alloc_var("int32")
+            prefix = T.alloc_var("uint32")
+            mask = T.alloc_var("uint32")
+            key = T.alloc_var("uint32")
+
+            lo = T.min(T.max(row_info[bx, 0], 0), width)
+            n = T.max(T.min(row_info[bx, 1], width), lo) - lo
+            req = T.min(T.max(row_info[bx, 2], 0), batch - 1)
+            if tx == 0:
+                lengths[bx] = T.min(n, topk)
+
+            if n <= topk:
+                for i in T.serial(T.ceildiv(topk, threads)):
+                    if i * threads + tx < topk:
+                        indices[bx, i * threads + tx] = T.if_then_else(
+                            i * threads + tx < n, slot(block_table, req, i * threads + tx), -1)
+            else:
+                rem = topk
+                prefix = T.Cast("uint32", 0)
+                mask = T.Cast("uint32", 0)
+                for rnd in T.serial(PASSES):
+                    for i in T.serial(T.ceildiv(RADIX + 1, threads)):
+                        if i * threads + tx < RADIX + 1:
+                            hist[i * threads + tx] = 0
+                    T.sync_threads()
+                    for i in T.serial(T.ceildiv(n, threads)):
+                        if i * threads + tx < n:
+                            key = to_key(logits[bx, lo + i * threads + tx])
+                            if (key & mask) == prefix:
+                                T.atomic_add(hist[T.Cast("int32", (key >> T.Cast("uint32", 24 - 8 * rnd))
+                                                         & T.Cast("uint32", 255))], 1)
+                    T.sync_threads()
+                    # suffix sums: hist[b] = #keys (matching the prefix) whose digit is >= b; hist[RADIX] = 0
+                    for st in T.serial(8):
+                        if tx < RADIX:
+                            val = hist[tx] + T.if_then_else(tx + (1 << st) < RADIX, hist[T.min(tx + (1 << st), RADIX)], 0)
+                        T.sync_threads()
+                        if tx < RADIX:
+                            hist[tx] = val
+                        T.sync_threads()
+                    # the digit of the rem-th largest key: exactly one bin has hist[b] >= rem > hist[b + 1]
+                    if tx < RADIX:
+                        if hist[tx] >= rem and hist[tx + 1] < rem:
+                            s_thr[0] = tx
+                    T.sync_threads()
+                    thr = s_thr[0]
+                    rem = rem - hist[thr + 1]
+                    prefix = prefix | (T.Cast("uint32", thr) << T.Cast("uint32", 24 - 8 * rnd))
+                    mask = mask | (T.Cast("uint32", 255) << T.Cast("uint32", 24 - 8 * rnd))
+                    T.sync_threads()
+                # prefix is now the topk-th largest key; (topk - rem) keys are above it
+                if tx == 0:
+                    s_cnt[0] = 0
+                    s_cnt[1] = 0
+                T.sync_threads()
+                for i in T.serial(T.ceildiv(n, threads)):
+                    if i * threads + tx < n:
+                        key = to_key(logits[bx, lo + i * threads + tx])
+                        if key > prefix:
+                            pos_out = T.atomic_add(s_cnt[0], 1, return_prev=True)
+                            indices[bx, pos_out] = slot(block_table, req, i * threads + tx)
+                        elif key == prefix:
+                            pos_out = T.atomic_add(s_cnt[1], 1, return_prev=True)
+                            if pos_out < rem:
+                                indices[bx, topk - rem + pos_out] = slot(block_table, req, i * threads + tx)
+
+    return indexer_topk
+
+
+@register
+class IndexerTopkSpec(KernelSpec):
+    """Top-k of the indexer logits + translation to compressed-cache slots. Statics: topk, page_size."""
+    name = "indexer_topk"
+    arg_names = ("logits", "row_info", "block_table", "indices", "lengths")
+
+    def static_params(self, model, parallel) -> dict[str, Any]:
+        return {"topk": int(model.index_topk)}  # page_size per call site (family.uses)
+
+    def select(self, arch: ArchProfile, static: Mapping[str, Any], num_tokens: int) -> Variant:
+        check_arch(self.name, arch)
+        self.check_tokens(num_tokens)
+        topk = int_param(self.name, static, "topk")
+        if topk > 4096:
+            raise ValueError(f"{self.name}: topk={topk} is out of range (1..4096)")
+        page_size = int_param(self.name, static, "page_size", (16, 32, 64, 128, 256))
+        p = {"topk": topk, "page_size": page_size, "threads": topk_threads(num_tokens, arch.num_sms_hint)}
+        return Variant.make(self.name, p, arch, schedule_name(arch))
+
+    def smem_bytes(self, variant: Variant) -> int:
+        return topk_smem_bytes(variant.p)
+
+    def build(self, variant: Variant):
+        return build_topk(**variant.p)
+
+    def pass_configs(self, variant: Variant) -> dict[str, Any]:
+        return dict(get_profile(variant.schedule).pass_configs)
+
+
+# =============================================================================================
+# SWA index preparation
+# =============================================================================================
+SWA_THREADS = 128
+
+
+def build_swa_indices(*, window: int, page_size: int, threads: int):
+    import tilelang.language as T
+
+    P, W = page_size, window
+    TB = max(1, threads * 4 // W)      # tokens per CTA: 4 entries per thread
+    num_tokens = T.dynamic("num_tokens")
+    batch = T.dynamic("batch")
+    max_pages = T.dynamic("max_pages")
+
+    @T.prim_func
+    def indexer_swa_indices(
+        positions: T.Tensor[(num_tokens,), "int32"],
+        req_idx: T.Tensor[(num_tokens,), "int32"],
+        block_table: T.Tensor[(batch, max_pages), "int32"],
+        swa_indices: T.Tensor[(num_tokens, W), "int32"],
+        swa_lengths: T.Tensor[(num_tokens,), "int32"],
+    ):
+        with T.Kernel(T.ceildiv(num_tokens, TB), threads=threads) as bx:
+            for tb, w in T.Parallel(TB, W):
+                if bx * TB + tb < num_tokens:
+                    swa_indices[bx * TB + tb, w] = T.if_then_else(
+                        w < T.min(W, T.max(positions[bx * TB + tb] + 1, 0)),
+                        T.if_then_else(
+                            block_table[T.min(T.max(req_idx[bx * TB + tb], 0), batch - 1),
+                                        T.min(T.max(T.floordiv(positions[bx * TB + tb] - T.min(W, T.max(positions[bx * TB + tb] + 1, 0)) + 1 + w, P), 0), max_pages - 1)] < 0,
+                            -1,
+                            block_table[T.min(T.max(req_idx[bx * TB + tb], 0), batch - 1),
+                                        T.min(T.max(T.floordiv(positions[bx * TB + tb] - T.min(W, T.max(positions[bx * TB + tb] + 1, 0)) + 1 + w, P), 0), max_pages - 1)] * P
+                            + T.floormod(positions[bx * TB + tb] - T.min(W, T.max(positions[bx * TB + tb] + 1, 0)) + 1 + w, P)),
+                        -1)
+            for tb in T.Parallel(TB):
+                if bx * TB + tb < num_tokens:
+                    swa_lengths[bx * TB + tb] = T.min(W, T.max(positions[bx * TB + tb] + 1, 0))
+
+    return indexer_swa_indices
+
+
+@register
+class IndexerSwaIndicesSpec(KernelSpec):
+    """Sliding-window index lists over a paged SWA cache. Statics: window, page_size."""
+    name = "indexer_swa_indices"
+    arg_names = ("positions", "req_idx", "block_table", "swa_indices", "swa_lengths")
+
+    def static_params(self, model, parallel) -> dict[str, Any]:
+        return {"window": int(model.sliding_window)}  # page_size per call site (family.uses)
+
+    def select(self, arch: ArchProfile, static: Mapping[str, Any], num_tokens: int) -> Variant:
+        check_arch(self.name, arch)
+        self.check_tokens(num_tokens)
+        window = int_param(self.name, static, "window")
+        if window % 32 or window > 4096:
+            raise ValueError(f"{self.name}: window={window} must be a multiple of 32 up to 4096")
+        page_size = int_param(self.name, static, "page_size", (16, 32, 64, 128, 256))
+        p = {"window": window, "page_size": page_size, "threads": SWA_THREADS}
+        return Variant.make(self.name, p, arch, schedule_name(arch))
+
+    def smem_bytes(self, variant: Variant) -> int:
+        return 0  # registers only
+
+    def build(self, variant: Variant):
+        return build_swa_indices(**variant.p)
+
+    def pass_configs(self, variant: Variant) -> dict[str, Any]:
+        return dict(get_profile(variant.schedule).pass_configs)

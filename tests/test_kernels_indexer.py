@@ -1,0 +1,223 @@
+"""Indexer family, CPU side: references against literal transcriptions, the top-k set check, op validation
+(ValueError naming the argument before any kernel is selected), and the schedules' shared-memory figures.
+GPU correctness is in the family's GpuCases (tests/test_families.py -m gpu -k indexer)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from dsv4_jit.arch import get_profile
+from dsv4_jit.kernels.indexer import family, ops, reference
+from dsv4_jit.model_config import ParallelConfig, load_model_config
+from dsv4_jit.spec import get_spec
+
+
+def _literal_decode(q8, qs, w, k, ks, seq_lens, next_n, ratio, width):
+    t_all, heads, _ = q8.shape
+    out = [[float("-inf")] * width for _ in range(t_all)]
+    for t in range(t_all):
+        b, g = divmod(t, next_n)
+        n = min(max(int(seq_lens[b]) - next_n + g + 1, 0) // ratio, width)
+        for j in range(n):
+            acc = 0.0
+            for h in range(heads):
+                dot = sum(float(q8[t, h, d]) * float(k[b][j, d]) for d in range(q8.shape[2]))
+                acc += float(w[t, h]) * max(dot, 0.0)
+            out[t][j] = acc * float(qs[t]) * float(ks[b][j])
+    return torch.tensor(out, dtype=torch.float64)
+
+
+def test_ref_decode_logits_matches_literal():
+    g = torch.Generator().manual_seed(0)
+    heads, dim, page, next_n, ratio = 4, 8, 4, 2, 4
+    seq_lens = torch.tensor([37, 3, 20], dtype=torch.int32)
+    comp = [int(s) // ratio for s in seq_lens]
+    width = 12
+    max_pages = 4
+    pages_needed = [-(-c // page) for c in comp]
+    total = sum(pages_needed) + 1
+    perm = torch.randperm(total, generator=g)
+    bt = torch.full((3, max_pages), -1, dtype=torch.int32)
+    at = 0
+    for i, n in enumerate(pages_needed):
+        bt[i, :n] = perm[at:at + n].int()
+        at += n
+    k8, kscale = reference.quantize_rows_fp8(torch.randn(total * page, dim, generator=g))
+    cache = reference.pack_paged_cache(k8, kscale, page)
+    q8, qs = reference.quantize_rows_fp8(torch.randn(6, heads * dim, generator=g))
+    q8 = q8.view(6, heads, dim)
+    w = torch.randn(6, heads, generator=g)
+    got, info = reference.ref_decode_logits(q8, qs, w, cache, seq_lens, bt, next_n, width, ratio)
+    # literal: per request, its positions' K rows through the block table
+    kd = k8.double()
+    per_req_k, per_req_s = [], []
+    for b in range(3):
+        rows = [int(bt[b, j // page]) * page + j % page if j < comp[b] else 0 for j in range(width)]
+        per_req_k.append(kd[rows])
+        per_req_s.append(kscale.double()[rows])
+    want = _literal_decode(q8.double(), qs, w, per_req_k, per_req_s, seq_lens, next_n, ratio, width)
+    assert torch.equal(torch.isinf(got), torch.isinf(want))
+    fin = ~torch.isinf(want)
+    assert torch.allclose(got[fin], want[fin], rtol=1e-9, atol=1e-12)
+    assert info[:, 1].tolist() == [min(max(int(seq_lens[t // 2]) - 2 + t % 2 + 1, 0) // 4, width) for t in range(6)]
+
+
+def test_pack_unpack_roundtrip():
+    g = torch.Generator().manual_seed(1)
+    k8, ks = reference.quantize_rows_fp8(torch.randn(128, 128, generator=g))
+    cache = reference.pack_paged_cache(k8, ks, 64)
+    assert cache.shape == (2, 64 * 132) and cache.dtype == torch.uint8
+    k, page = reference.unpack_paged_cache(cache, 128)
+    assert page == 64
+    assert torch.equal(k, k8.double() * ks.double()[:, None])
+
+
+def test_ref_prefill_matches_decode_on_one_request():
+    """The same request seen through the ragged path (contiguous K, ks/ke) and the paged path agree."""
+    g = torch.Generator().manual_seed(2)
+    heads, dim, page = 4, 16, 8
+    ctx = 50
+    comp = ctx // 4
+    k8, kscale = reference.quantize_rows_fp8(torch.randn(16, dim, generator=g))
+    cache = reference.pack_paged_cache(k8, kscale, page)
+    bt = torch.tensor([[0, 1]], dtype=torch.int32)
+    q8, qs = reference.quantize_rows_fp8(torch.randn(1, heads * dim, generator=g))
+    q8 = q8.view(1, heads, dim)
+    w = torch.randn(1, heads, generator=g)
+    dec, _ = reference.ref_decode_logits(q8, qs, w, cache, torch.tensor([ctx], dtype=torch.int32), bt, 1, 16)
+    i32 = lambda v: torch.tensor(v, dtype=torch.int32)  # noqa: E731
+    pre, info = reference.ref_prefill_logits(q8, qs, w, k8, kscale, i32([0]), i32([comp]), i32([0]), 16)
+    assert torch.equal(dec, pre) and info.tolist() == [[0, comp, 0]]
+
+
+def test_topk_set_check_accepts_any_tie_order_and_rejects_wrong_sets():
+    g = torch.Generator().manual_seed(3)
+    width, k, page = 40, 8, 4
+    lg = (torch.randn(3, width, generator=g) * 2).round() / 2       # ties
+    info = torch.tensor([[0, 40, 0], [5, 30, 1], [0, 6, 2]])
+    bt = torch.arange(30, dtype=torch.int32).view(3, 10)
+    ref, lens = reference.ref_topk(lg, info, bt, k, page)
+    assert lens.tolist() == [8, 8, 6]
+    assert (ref[2, 6:] == -1).all()
+    # another valid answer: reversed order; ties swapped for the equal value at the threshold when possible
+    alt = ref.clone()
+    alt[:, :6] = alt[:, :6].flip(1)
+    assert torch.equal(reference.check_topk_sets(alt, lg, info, bt, k, page), alt)
+    # a wrong answer: the largest replaced by the smallest candidate of row 0
+    bad = ref.clone()
+    smallest = int(lg[0].argmin())
+    bad[0, 0] = int(bt[0, smallest // page]) * page + smallest % page
+    want = reference.check_topk_sets(bad, lg, info, bt, k, page)
+    assert not torch.equal(want[0], bad[0]) and torch.equal(want[1:], bad[1:])
+    # duplicates are rejected
+    dup = ref.clone()
+    dup[1, 1] = dup[1, 0]
+    assert not torch.equal(reference.check_topk_sets(dup, lg, info, bt, k, page)[1], dup[1])
+
+
+def test_ref_swa_indices_literal():
+    bt = torch.tensor([[-1, -1, 7, 3, 9], [4, -1, -1, -1, -1]], dtype=torch.int32)
+    pos = torch.tensor([19, 2, 0], dtype=torch.int32)
+    req = torch.tensor([0, 1, 1], dtype=torch.int32)
+    idx, n = reference.ref_swa_indices(pos, req, bt, window=8, page_size=4)
+    assert n.tolist() == [8, 3, 1]
+    want0 = [int(bt[0, p // 4]) * 4 + p % 4 for p in range(12, 20)]
+    assert idx[0].tolist() == want0
+    assert idx[1].tolist() == [16, 17, 18] + [-1] * 5
+    assert idx[2].tolist() == [16] + [-1] * 7
+
+
+# --------------------------------------------------------------------------------------------- ops
+def _no_kernel(*a, **k):
+    raise AssertionError("a kernel was selected before every argument was validated")
+
+
+ARCH = get_profile("sm_120a")
+
+
+def _decode_args(dev="cpu"):
+    q = torch.zeros(2, 64, 128, dtype=torch.float8_e4m3fn, device=dev)
+    return dict(q=q, q_scale=torch.ones(2, device=dev), weights=torch.ones(2, 64, device=dev),
+                kv_cache=torch.zeros(4, 64 * 132, dtype=torch.uint8, device=dev),
+                seq_lens=torch.ones(2, dtype=torch.int32, device=dev),
+                block_table=torch.zeros(2, 3, dtype=torch.int32, device=dev))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="check_tensor accepts CUDA tensors only")
+@pytest.mark.parametrize("bad,name", [
+    (dict(q=torch.zeros(2, 64, 128)), "q"),
+    (dict(q_scale=torch.ones(3)), "q_scale"),
+    (dict(weights=torch.ones(2, 32)), "weights"),
+    (dict(kv_cache=torch.zeros(4, 100, dtype=torch.uint8)), "kv_cache"),
+    (dict(seq_lens=torch.ones(2, dtype=torch.int64)), "seq_lens"),
+    (dict(block_table=torch.zeros(3, 3, dtype=torch.int32)), "block_table"),
+])
+def test_decode_logits_validation_names_the_argument(bad, name):
+    args = {**_decode_args("cuda"), **{k: v.cuda() for k, v in bad.items()}}
+    with pytest.raises(ValueError, match=rf"^{name}\b|: {name}|{name}:"):
+        ops.indexer_decode_logits(**args, next_n=1, arch=ARCH, get_kernel=_no_kernel)
+
+
+def test_decode_logits_validation_next_n_and_cpu():
+    with pytest.raises(ValueError, match="next_n"):
+        ops.indexer_decode_logits(**_decode_args(), next_n=5, arch=ARCH, get_kernel=_no_kernel)
+    with pytest.raises(ValueError, match="CUDA"):
+        ops.indexer_decode_logits(**_decode_args(), next_n=2, arch=ARCH, get_kernel=_no_kernel)
+    with pytest.raises(ValueError, match="arch"):
+        ops.indexer_decode_logits(**_decode_args(), next_n=2, arch="sm_120a", get_kernel=_no_kernel)
+
+
+def test_topk_and_swa_validation():
+    with pytest.raises(ValueError, match="logits"):
+        ops.indexer_topk(torch.zeros(3), torch.zeros(3, 3, dtype=torch.int32), torch.zeros(1, 1, dtype=torch.int32),
+                         topk=512, page_size=64, arch=ARCH, get_kernel=_no_kernel)
+    with pytest.raises(ValueError, match="topk"):
+        ops.indexer_topk(torch.zeros(3, 4), torch.zeros(3, 3, dtype=torch.int32), torch.zeros(1, 1, dtype=torch.int32),
+                         topk=0, page_size=64, arch=ARCH, get_kernel=_no_kernel)
+    with pytest.raises(ValueError, match="positions"):
+        ops.indexer_swa_indices(torch.zeros(3, 2, dtype=torch.int32), torch.zeros(3, dtype=torch.int32),
+                                torch.zeros(1, 1, dtype=torch.int32), window=128, page_size=64, arch=ARCH,
+                                get_kernel=_no_kernel)
+
+
+# ------------------------------------------------------------------------------------- schedules
+def _variants(spec_name, static, arch):
+    spec = get_spec(spec_name)
+    return {spec.select(get_profile(arch), static, t) for t in range(1, 16385)}
+
+
+def test_sm120_shared_memory_figures():
+    """Pre-nvcc figures of every SM12x variant (the lowered figures match: README table)."""
+    m = load_model_config("deepseek-v4-flash")
+    got = {}
+    for use in family._uses(m, ParallelConfig()):
+        for v in _variants(use.spec.name, use.static, "sm_120a"):
+            got[(v.kernel, v.p.get("group"), v.p.get("tiles"), v.p.get("threads"))] = use.spec.smem_bytes(v)
+    assert got[("indexer_decode_logits", 1, 1, 256)] == 8_192 + 2 * 16_384
+    assert got[("indexer_decode_logits", 3, 4, 256)] == 24_576 + 2 * 16_384 == 57_344
+    assert got[("indexer_prefill_logits", 2, 4, 256)] == 49_152
+    assert got[("indexer_topk", None, None, 1024)] == 1_072
+    assert max(got.values()) <= 101_376
+
+
+def test_variant_depends_on_token_count_only():
+    """Context length and batch never enter select: one static + token count -> one variant, so a new context
+    never compiles (the SGLang split_kv bug the reference notes)."""
+    spec = get_spec("indexer_decode_logits")
+    st = ops.decode_static(64, 128, 2, 64)
+    for arch in ("sm_120a", "sm_90a"):
+        vs = _variants("indexer_decode_logits", st, arch)
+        assert len(vs) == 2
+        assert {v.p["block_n"] for v in vs} == ({128} if arch == "sm_120a" else {256})
+    assert spec.select(ARCH, st, 2) == spec.select(ARCH, dict(st), 2)
+
+
+def test_uses_are_ratio4_only():
+    m = load_model_config("deepseek-v4-flash")
+    labels = [u.label for u in family._uses(m, ParallelConfig(tp_size=4))]
+    assert sum("decode logits" in x for x in labels) == 3 and any("SWA" in x for x in labels)
+    no4 = type(m)(**{**m.to_dict(), "compress_ratios": (0, 128, 0)})
+    assert [u.spec.name for u in family._uses(no4, ParallelConfig())] == ["indexer_swa_indices"]
+    assert math.isclose(family.LOGITS_TOL, 1e-3)
