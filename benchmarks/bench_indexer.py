@@ -1,0 +1,153 @@
+"""Lightning-indexer benchmark: paged decode logits, and logits + top-k 512 (one ratio-4 layer's indexer per
+decode step), at contexts 8K / 64K / 256K tokens (2K / 16K / 64K compressed positions), batch 1 / 8 / 64,
+next_n = 1, V4-Flash shapes (64 heads x 128, page 64).
+
+Columns (us, CUDA-graph replay of 20 calls, median of triton's do_bench):
+  ours logits / ours +topk   dsv4_jit.indexer_decode_logits / indexer_decode_topk (TileLang, both steps)
+  GB/s, %copy                index-K bytes read by the logits kernel (batch * ctx/4 * 132 B) / its time, and that
+                             against a measured device-to-device copy (256 MiB, read + write)
+  torch logits / torch +topk gather + dequantise + einsum + relu/weights in fp32, then torch.topk (the baseline)
+  vllm logits / vllm +topk   vLLM 0.33's Triton paged MQA logits (its ROCm path) + its torch top-k
+                             (benchmarks/peer_vllm_indexer.py; NOT what vLLM runs on SM12x: DeepGEMM SM120 +
+                             persistent_topk). Missing peer: the reason is printed and the column is empty.
+The logits width is sized for the largest context (65,536 + 64 columns) in every row, as a CUDA graph
+captured for max_model_len would be: rows at 8K context show the early exit past each request's length.
+
+    python benchmarks/bench_indexer.py --out bench_out/indexer.json [--contexts 8192 65536 262144] [--batch 1 8 64]
+    [--arch sm_120a]   (an SM120 schedule on this GPU: sm_120a emulated on the native arch)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from mhc_bench_common import bench_us, graph_us_or_reason  # noqa: E402
+
+HEADS, DIM, PAGE, TOPK, RATIO = 64, 128, 64, 512, 4
+
+
+def copy_bandwidth_gbs() -> float:
+    n = 256 << 20
+    a = torch.empty(n, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    return 2 * n / (bench_us(lambda: b.copy_(a)) * 1e-6) / 1e9
+
+
+def make_inputs(batch: int, ctx: int, width: int, g: torch.Generator) -> dict:
+    from dsv4_jit.kernels.indexer.reference import pack_paged_cache, quantize_rows_fp8
+    comp = ctx // RATIO
+    pages_per = -(-comp // PAGE)
+    max_pages = -(-width // PAGE)
+    total = batch * pages_per + 1
+    perm = torch.randperm(total, generator=g, device="cuda").to(torch.int32)
+    bt = torch.full((batch, max_pages), -1, dtype=torch.int32, device="cuda")
+    bt[:, :pages_per] = perm[: batch * pages_per].view(batch, pages_per)
+    k8, ks = quantize_rows_fp8(torch.randn(total * PAGE, DIM, generator=g, device="cuda"))
+    q8, qs = quantize_rows_fp8(torch.randn(batch, HEADS * DIM, generator=g, device="cuda"))
+    return {"q": q8.view(batch, HEADS, DIM), "q_scale": qs, "weights": torch.randn(batch, HEADS, generator=g, device="cuda") * 0.01,
+            "kv_cache": pack_paged_cache(k8, ks, PAGE), "seq_lens": torch.full((batch,), ctx, dtype=torch.int32, device="cuda"),
+            "block_table": bt, "comp": comp, "width": width}
+
+
+def torch_logits(d: dict, out: torch.Tensor) -> torch.Tensor:
+    """Baseline: gather each request's pages, dequantise, fp32 einsum, relu * weights, sum over heads."""
+    b, comp = d["q"].shape[0], d["comp"]
+    flat = d["kv_cache"]
+    pages = flat.shape[0]
+    vals = flat[:, : PAGE * DIM].view(torch.float8_e4m3fn).view(pages * PAGE, DIM)
+    scales = flat[:, PAGE * DIM:].contiguous().view(torch.float32).view(pages * PAGE)
+    pos = torch.arange(comp, device="cuda")
+    slots = d["block_table"][:, pos // PAGE].long() * PAGE + pos % PAGE        # [b, comp]
+    k = vals[slots].float() * scales[slots][..., None]                        # [b, comp, D]
+    q = d["q"].float() * d["q_scale"][:, None, None]
+    s = torch.einsum("bhd,bld->bhl", q, k).relu_()
+    out.fill_(float("-inf"))
+    out[:, :comp] = (s * d["weights"][:, :, None]).sum(1)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--contexts", type=int, nargs="+", default=[8192, 65536, 262144])
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 8, 64])
+    ap.add_argument("--arch", default=None, help="schedule to run: native (default) or sm_120a (emulated)")
+    ap.add_argument("--out", default="bench_out/indexer.json")
+    args = ap.parse_args()
+
+    import dsv4_jit
+    from dsv4_jit.arch import detect_arch, get_profile
+    native = detect_arch()
+    arch = native if args.arch is None else (get_profile(args.arch) if get_profile(args.arch).family == native.family
+                                             else get_profile(args.arch).emulated(native))
+    try:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from peer_vllm_indexer import load_peer
+        peer, peer_reason = load_peer(), None
+    except Exception as e:  # missing .peers/ or an import problem: report it, keep the other columns
+        peer, peer_reason = None, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]
+
+    width = max(args.contexts) // RATIO + 64
+    g = torch.Generator(device="cuda").manual_seed(0)
+    bw = copy_bandwidth_gbs()
+    rows = []
+    hdr = (f"{'ctx':>7} {'B':>3} {'ours logits':>11} {'ours +topk':>10} {'GB/s':>7} {'%copy':>6} "
+           f"{'torch logits':>12} {'torch +topk':>11} {'vllm logits':>11} {'vllm +topk':>10}")
+    print(f"{torch.cuda.get_device_name()}; schedule {arch.schedule} on {arch.name}; copy bandwidth {bw:,.0f} GB/s")
+    print(hdr)
+    for ctx in args.contexts:
+        for b in args.batch:
+            d = make_inputs(b, ctx, width, g)
+            kw = dict(next_n=1, arch=arch)
+            lg = torch.empty(b, width, dtype=torch.float32, device="cuda")
+            info = torch.empty(b, 3, dtype=torch.int32, device="cuda")
+            idx = torch.empty(b, TOPK, dtype=torch.int32, device="cuda")
+            lens = torch.empty(b, dtype=torch.int32, device="cuda")
+            args_ = (d["q"], d["q_scale"], d["weights"], d["kv_cache"], d["seq_lens"], d["block_table"])
+            ours_l, r1 = graph_us_or_reason(lambda: dsv4_jit.indexer_decode_logits(*args_, out=lg, row_info=info, **kw))
+            ours_t, r2 = graph_us_or_reason(lambda: dsv4_jit.indexer_decode_topk(*args_, topk=TOPK, workspace=(lg, info),
+                                                                                out=(idx, lens), **kw))
+            tl = torch.empty_like(lg)
+            t_l = bench_us(lambda: torch_logits(d, tl))
+            t_t = bench_us(lambda: torch.topk(torch_logits(d, tl), TOPK, dim=1))
+            v_l = v_t = None
+            v_reason = peer_reason
+            if peer is not None:
+                try:
+                    cache = peer.cache_view(d["kv_cache"].view(-1, PAGE * (DIM + 4)), PAGE)
+                    clen = torch.full((b,), d["comp"], dtype=torch.int32, device="cuda")
+                    w = d["weights"] * d["q_scale"][:, None]
+                    v_l, v_reason = graph_us_or_reason(lambda: peer.logits(d["q"], w, cache, clen, d["block_table"], width))
+                    v_t = bench_us(lambda: peer.topk(peer.logits(d["q"], w, cache, clen, d["block_table"], width), clen))
+                except Exception as e:
+                    v_reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]
+            kbytes = b * d["comp"] * (DIM + 4)
+            gbs = kbytes / (ours_l * 1e-6) / 1e9 if ours_l else None
+            row = {"ctx": ctx, "compressed": d["comp"], "batch": b, "width": width, "index_k_bytes": kbytes,
+                   "ours_logits_us": ours_l, "ours_logits_topk_us": ours_t, "ours_gbs": gbs,
+                   "ours_pct_copy": (100 * gbs / bw) if gbs else None, "torch_logits_us": t_l, "torch_logits_topk_us": t_t,
+                   "vllm_logits_us": v_l, "vllm_logits_topk_us": v_t,
+                   "notes": [r for r in (r1, r2, v_reason) if r]}
+            rows.append(row)
+            f = lambda x, w_=10: f"{x:>{w_}.1f}" if isinstance(x, float) else f"{'-':>{w_}}"  # noqa: E731
+            print(f"{ctx:>7} {b:>3} {f(ours_l, 11)} {f(ours_t)} {f(gbs, 7)} {f(row['ours_pct_copy'], 6)} "
+                  f"{f(t_l, 12)} {f(t_t, 11)} {f(v_l, 11)} {f(v_t)}")
+            del d
+            torch.cuda.empty_cache()
+    if peer_reason:
+        print(f"\nvLLM peer unavailable: {peer_reason}")
+    print("\nGB/s, %copy: index-K bytes (batch x ctx/4 x 132 B) / ours logits time, vs the copy bandwidth above. "
+          "vLLM columns: its ROCm-path Triton logits + torch top-k, not its SM12x path (see peer_vllm_indexer.py).")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "schedule": arch.schedule, "arch": arch.name,
+                               "copy_gbs": bw, "rows": rows}, indent=1))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
