@@ -27,7 +27,7 @@ Shared memory, per CTA:  2*512*(HB + BI)  Q and KV tiles (bf16)
                        + 4*BI*(2 + 8)     page / offset per row and 8 scale slots per row (fp32)
                        + 8*threads        cross-warp row reductions
 SM12x: HB <= 32, BI = 32 -> 69,888 B at most (equal to the lowered figure) (H = 64 runs as 2 head blocks; the public one-CTA-per-64-heads
-tiling needs 141,312 B, which SM120 cannot launch). sm_90a / sm_100a: HB = 64, BI = 64, 256 threads -> 143,872 B.
+tiling needs 141,312 B, which SM120 cannot launch). sm_90a / sm_100a: HB = 64 (one CTA reads a candidate tile for all 64 heads), BI = 32 -> 106,880 B.
 """
 # No `from __future__ import annotations`: TileLang evaluates the T.Tensor annotations.
 import math
@@ -60,9 +60,13 @@ def schedule_name(arch: ArchProfile) -> str:
 
 def pass_configs_for(variant: Variant) -> dict[str, Any]:
     # 128-bit vectors only: TileLang emits 256-bit loads for sm_100+/sm_120 that an SM120 schedule proven
-    # on an sm_90a GPU would never exercise.
+    # on an sm_90a GPU would never exercise. mma.sync on every arch: with WGMMA allowed, the sm_90a variant
+    # of the register-prefetch pipeline gave wrong results on an H100 (per-token error 1.5; likely the KV
+    # tile stored by threads and read by WGMMA's async proxy), and the sparse gather, not the MMA, bounds
+    # this kernel.
     cfg = dict(get_profile(variant.schedule).pass_configs)
     cfg["tl.disable_vectorize_256"] = True
+    cfg["tl.disable_wgmma"] = True
     return cfg
 
 
@@ -94,7 +98,9 @@ def head_block(heads: int, arch: ArchProfile) -> int:
 
 
 def kv_tile(arch: ArchProfile) -> int:
-    return 32 if arch.family == "blackwell_consumer" else 64
+    """32 candidates per tile on every arch. 64 (tried for sm_90a, where it fits) gave wrong results on an
+    H100 in the register-prefetch pipeline at some points, and was not faster where it was right."""
+    return 32
 
 
 def num_splits(num_tokens: int, head_blocks: int, num_sms: int) -> int:
@@ -111,7 +117,7 @@ def num_splits(num_tokens: int, head_blocks: int, num_sms: int) -> int:
 
 def smem_bytes_for(hb: int, bi: int, threads: int) -> int:
     # + 8 B per thread: TileLang's cross-warp row reductions (reduce_max / reduce_sum) stage through shared
-    return 2 * D * (hb + bi) + 2 * hb * bi + 4 * bi * (2 + 8) + 8 * threads
+    return 2 * D * (hb + bi) + 2 * hb * bi + 4 * bi * (3 + 8) + 8 * threads
 
 
 def build_sparse_mla(heads: int, head_block: int, block_i: int, threads: int, kv_format: str, n_splits: int,
@@ -177,20 +183,33 @@ def build_sparse_mla(heads: int, head_block: int, block_i: int, threads: int, kv
             off_s[j] = T.if_then_else(ok, slot % T.max(bs, 1), 0)
 
     @T.macro
-    def gather_fp8(kvq, kvs, kvr, pg_s, off_s, sc_s, kv_s, bs):
-        for j, g in T.Parallel(BI, NG):
-            pg = pg_s[j]
-            byte = bs * TOKEN_BYTES + off_s[j] * SCALE_BYTES + g
-            e = kvs[T.max(pg, 0), byte // 16, byte % 16]
-            sc_s[j, g] = T.if_then_else(pg >= 0, T.exp2(T.Cast("float32", e) - T.float32(127)), T.float32(0))
+    def load_fp8(kvq, kvs, kvr, pg_s, off_s, nope_r, rope_r, e_r, bs):
+        # issue every load of the tile into registers (consumed one tile later, so the gather's latency
+        # overlaps the current tile's GEMMs); masked rows load zeros
         for j, c in T.Parallel(BI, NOPE):
-            pg = pg_s[j]
-            v = kvq[T.max(pg, 0), off_s[j] * (TOKEN_BYTES // 16) + c // 16, c % 16]
-            kv_s[j, c] = T.Cast("bfloat16", T.if_then_else(pg >= 0, T.Cast("float32", v), T.float32(0)) * sc_s[j, c // GROUP])
+            nope_r[j, c] = T.if_then_else(
+                pg_s[j] >= 0, kvq[T.max(pg_s[j], 0), off_s[j] * (TOKEN_BYTES // 16) + c // 16, c % 16],
+                T.Cast("float8_e4m3fn", 0))
         for j, c in T.Parallel(BI, ROPE):
-            pg = pg_s[j]
-            kv_s[j, NOPE + c] = T.if_then_else(
-                pg >= 0, kvr[T.max(pg, 0), off_s[j] * (TOKEN_BYTES // 16) + NOPE // 16 + c // 8, c % 8], T.bfloat16(0))
+            rope_r[j, c] = T.if_then_else(
+                pg_s[j] >= 0, kvr[T.max(pg_s[j], 0), off_s[j] * (TOKEN_BYTES // 16) + NOPE // 16 + c // 8, c % 8],
+                T.bfloat16(0))
+        for j, g in T.Parallel(BI, 8):
+            e_r[j, g] = T.if_then_else(
+                pg_s[j] >= 0 and g < NG,
+                kvs[T.max(pg_s[j], 0), (bs * TOKEN_BYTES + off_s[j] * SCALE_BYTES + g) // 16,
+                    (bs * TOKEN_BYTES + off_s[j] * SCALE_BYTES + g) % 16], T.uint8(0))
+
+    @T.macro
+    def convert_fp8(nope_r, rope_r, e_r, pg_s, valid_s, sc_s, kv_s):
+        for j, g in T.Parallel(BI, 8):
+            sc_s[j, g] = T.exp2(T.Cast("float32", e_r[j, g]) - T.float32(127))
+        for j in T.Parallel(BI):
+            valid_s[j] = pg_s[j]
+        for j, c in T.Parallel(BI, NOPE):
+            kv_s[j, c] = T.Cast("bfloat16", T.Cast("float32", nope_r[j, c]) * sc_s[j, c // GROUP])
+        for j, c in T.Parallel(BI, ROPE):
+            kv_s[j, NOPE + c] = rope_r[j, c]
 
     @T.macro
     def rows_bf16(idx, lens, nidx, nrows, t, tile, pg_s):
@@ -201,10 +220,16 @@ def build_sparse_mla(heads: int, head_block: int, block_i: int, threads: int, kv
             pg_s[j] = T.if_then_else((slot >= 0) and (slot < nrows), slot, -1)
 
     @T.macro
-    def gather_bf16(kv, pg_s, kv_s):
+    def load_bf16(kv, pg_s, raw_r):
         for j, c in T.Parallel(BI, D):
-            r = pg_s[j]
-            kv_s[j, c] = T.if_then_else(r >= 0, kv[T.max(r, 0), c], T.bfloat16(0))
+            raw_r[j, c] = T.if_then_else(pg_s[j] >= 0, kv[T.max(pg_s[j], 0), c], T.bfloat16(0))
+
+    @T.macro
+    def convert_bf16(raw_r, pg_s, valid_s, kv_s):
+        for j in T.Parallel(BI):
+            valid_s[j] = pg_s[j]
+        for j, c in T.Parallel(BI, D):
+            kv_s[j, c] = raw_r[j, c]
 
     @T.macro
     def tile_range(lens1, lens2, t, split, rng):
@@ -268,7 +293,11 @@ def build_sparse_mla(heads: int, head_block: int, block_i: int, threads: int, kv
                 p_s = T.alloc_shared([HB, BI], "bfloat16")
                 pg_s = T.alloc_shared([BI], "int32")
                 off_s = T.alloc_shared([BI], "int32")
+                valid_s = T.alloc_shared([BI], "int32")
                 sc_s = T.alloc_shared([BI, 8], "float32")
+                nope_r = T.alloc_fragment([BI, NOPE], "float8_e4m3fn")
+                rope_r = T.alloc_fragment([BI, ROPE], "bfloat16")
+                e_r = T.alloc_fragment([BI, 8], "uint8")
                 acc_s = T.alloc_fragment([HB, BI], "float32")
                 acc_o = T.alloc_fragment([HB, D], "float32")
                 m_i = T.alloc_fragment([HB], "float32")
@@ -285,17 +314,20 @@ def build_sparse_mla(heads: int, head_block: int, block_i: int, threads: int, kv
                 T.fill(m_i, neg_inf)
                 T.fill(m_safe, 0)
                 tile_range(lens1, lens2, t, split, rng)
-                for it in T.serial(T.max(T.min(rng[2], rng[0]) - rng[1], 0)):
-                    rows_fp8(idx1, lens1, n1, P1, R1, t, rng[1] + it, pg_s, off_s, block_size1)
-                    gather_fp8(kvq1, kvs1, kvr1, pg_s, off_s, sc_s, kv_s, block_size1)
-                    T.gemm(q_s, kv_s, acc_s, transpose_B=True, clear_accum=True)
-                    softmax_step(acc_s, acc_o, p_s, kv_s, m_i, m_prev, m_safe, alpha, l_i, row_sum, pg_s)
-                for it in T.serial(T.max(rng[2] - T.max(rng[1], rng[0]), 0)):
-                    rows_fp8(idx2, lens2, n2, P2, R2, t, T.max(rng[1], rng[0]) - rng[0] + it, pg_s, off_s,
-                             block_size2)
-                    gather_fp8(kvq2, kvs2, kvr2, pg_s, off_s, sc_s, kv_s, block_size2)
-                    T.gemm(q_s, kv_s, acc_s, transpose_B=True, clear_accum=True)
-                    softmax_step(acc_s, acc_o, p_s, kv_s, m_i, m_prev, m_safe, alpha, l_i, row_sum, pg_s)
+                # tiles rng[1] .. rng[2]-1 of [list 1 tiles | list 2 tiles]; tile k+1 loads during tile k's math
+                for it in T.serial(rng[2] - rng[1] + 1):
+                    if it > 0:
+                        convert_fp8(nope_r, rope_r, e_r, pg_s, valid_s, sc_s, kv_s)
+                    if rng[1] + it < rng[2]:
+                        if rng[1] + it < rng[0]:
+                            rows_fp8(idx1, lens1, n1, P1, R1, t, rng[1] + it, pg_s, off_s, block_size1)
+                            load_fp8(kvq1, kvs1, kvr1, pg_s, off_s, nope_r, rope_r, e_r, block_size1)
+                        else:
+                            rows_fp8(idx2, lens2, n2, P2, R2, t, rng[1] + it - rng[0], pg_s, off_s, block_size2)
+                            load_fp8(kvq2, kvs2, kvr2, pg_s, off_s, nope_r, rope_r, e_r, block_size2)
+                    if it > 0:
+                        T.gemm(q_s, kv_s, acc_s, transpose_B=True, clear_accum=True)
+                        softmax_step(acc_s, acc_o, p_s, kv_s, m_i, m_prev, m_safe, alpha, l_i, row_sum, valid_s)
                 finish(acc_o, l_i, m_i, m_safe, sink, out, o_part, lse_part, t, hb, split)
 
         return sparse_mla_fwd
@@ -319,6 +351,8 @@ def build_sparse_mla(heads: int, head_block: int, block_i: int, threads: int, kv
             kv_s = T.alloc_shared([BI, D], "bfloat16")
             p_s = T.alloc_shared([HB, BI], "bfloat16")
             pg_s = T.alloc_shared([BI], "int32")
+            valid_s = T.alloc_shared([BI], "int32")
+            raw_r = T.alloc_fragment([BI, D], "bfloat16")
             acc_s = T.alloc_fragment([HB, BI], "float32")
             acc_o = T.alloc_fragment([HB, D], "float32")
             m_i = T.alloc_fragment([HB], "float32")
@@ -335,16 +369,19 @@ def build_sparse_mla(heads: int, head_block: int, block_i: int, threads: int, kv
             T.fill(m_i, neg_inf)
             T.fill(m_safe, 0)
             tile_range(lens1, lens2, t, split, rng)
-            for it in T.serial(T.max(T.min(rng[2], rng[0]) - rng[1], 0)):
-                rows_bf16(idx1, lens1, n1, N1, t, rng[1] + it, pg_s)
-                gather_bf16(kv1, pg_s, kv_s)
-                T.gemm(q_s, kv_s, acc_s, transpose_B=True, clear_accum=True)
-                softmax_step(acc_s, acc_o, p_s, kv_s, m_i, m_prev, m_safe, alpha, l_i, row_sum, pg_s)
-            for it in T.serial(T.max(rng[2] - T.max(rng[1], rng[0]), 0)):
-                rows_bf16(idx2, lens2, n2, N2, t, T.max(rng[1], rng[0]) - rng[0] + it, pg_s)
-                gather_bf16(kv2, pg_s, kv_s)
-                T.gemm(q_s, kv_s, acc_s, transpose_B=True, clear_accum=True)
-                softmax_step(acc_s, acc_o, p_s, kv_s, m_i, m_prev, m_safe, alpha, l_i, row_sum, pg_s)
+            for it in T.serial(rng[2] - rng[1] + 1):
+                if it > 0:
+                    convert_bf16(raw_r, pg_s, valid_s, kv_s)
+                if rng[1] + it < rng[2]:
+                    if rng[1] + it < rng[0]:
+                        rows_bf16(idx1, lens1, n1, N1, t, rng[1] + it, pg_s)
+                        load_bf16(kv1, pg_s, raw_r)
+                    else:
+                        rows_bf16(idx2, lens2, n2, N2, t, rng[1] + it - rng[0], pg_s)
+                        load_bf16(kv2, pg_s, raw_r)
+                if it > 0:
+                    T.gemm(q_s, kv_s, acc_s, transpose_B=True, clear_accum=True)
+                    softmax_step(acc_s, acc_o, p_s, kv_s, m_i, m_prev, m_safe, alpha, l_i, row_sum, valid_s)
             finish(acc_o, l_i, m_i, m_safe, sink, out, o_part, lse_part, t, hb, split)
 
     return sparse_mla_fwd_bf16
@@ -431,7 +468,9 @@ class SparseMlaSpec(KernelSpec):
         heads, scale, fmt = _static_heads_scale(self.name, static)
         hb = head_block(heads, arch)
         nhb = math.ceil(heads / hb)
-        params = {"heads": heads, "head_block": hb, "block_i": kv_tile(arch), "threads": 128 if hb <= 32 else 256,
+        # 8 warps hide the gather's latency; a 16-row head block splits over 4 (mma.sync needs 16 rows x 8
+        # columns per warp, and the 32-wide score tile has only 4 such column blocks)
+        params = {"heads": heads, "head_block": hb, "block_i": kv_tile(arch), "threads": 128 if hb == 16 else 256,
                   "kv_format": fmt, "n_splits": num_splits(num_tokens, nhb, arch.num_sms_hint),
                   "softmax_scale": scale}
         return Variant.make(self.name, params, arch, schedule_name(arch))
