@@ -240,7 +240,8 @@ def _planned(family_name: str, model: str, schedule: str, max_tokens: int, tp_si
     from dsv4_jit.warmup.planner import build_plan
     fam = next(f for f in FAMILIES if f.name == family_name)
     m = load_model_config(model)
-    shapes = vllm_shapes(max_num_batched_tokens=max_tokens, tensor_parallel_size=tp_size)
+    # vLLM refuses max_num_batched_tokens below max_num_seqs; a larger plan still holds every smaller count
+    shapes = vllm_shapes(max_num_batched_tokens=max(max_tokens, 8192), tensor_parallel_size=tp_size)
     plan = build_plan(m, shapes, [schedule], uses=fam.uses(m, ParallelConfig(tp_size=tp_size)), key_fn=lambda s, v: v.name)
     return frozenset((v.variant.kernel, v.variant.params, v.variant.schedule) for v in plan.variants)
 

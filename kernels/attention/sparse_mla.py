@@ -318,6 +318,9 @@ def build_sparse_mla(heads: int, head_block: int, block_i: int, threads: int, kv
                 for it in T.serial(rng[2] - rng[1] + 1):
                     if it > 0:
                         convert_fp8(nope_r, rope_r, e_r, pg_s, valid_s, sc_s, kv_s)
+                    # explicit: TileLang 0.1.15 placed the only barrier between these kv_s stores and the
+                    # GEMM's ldmatrix inside the prefetch branch below, so the last tile raced (H100, measured)
+                    T.sync_threads()
                     if rng[1] + it < rng[2]:
                         if rng[1] + it < rng[0]:
                             rows_fp8(idx1, lens1, n1, P1, R1, t, rng[1] + it, pg_s, off_s, block_size1)
@@ -372,6 +375,7 @@ def build_sparse_mla(heads: int, head_block: int, block_i: int, threads: int, kv
             for it in T.serial(rng[2] - rng[1] + 1):
                 if it > 0:
                     convert_bf16(raw_r, pg_s, valid_s, kv_s)
+                T.sync_threads()  # see the fp8 kernel: the barrier must not sit inside the prefetch branch
                 if rng[1] + it < rng[2]:
                     if rng[1] + it < rng[0]:
                         rows_bf16(idx1, lens1, n1, N1, t, rng[1] + it, pg_s)
