@@ -24,10 +24,14 @@ kernel merges splits and applies the sink. With n_splits == 1 the kernel writes 
 
 Shared memory, per CTA:  2*512*(HB + BI)  Q and KV tiles (bf16)
                        + 2*HB*BI          P (bf16, the second GEMM's A operand)
-                       + 4*BI*(2 + 8)     page / offset per row and 8 scale slots per row (fp32)
+                       + 4*BI*(3 + 8)     page / offset / validity per row and 8 scales per row (fp32)
                        + 8*threads        cross-warp row reductions
-SM12x: HB <= 32, BI = 32 -> 69,888 B at most (equal to the lowered figure) (H = 64 runs as 2 head blocks; the public one-CTA-per-64-heads
-tiling needs 141,312 B, which SM120 cannot launch). sm_90a / sm_100a: HB = 64 (one CTA reads a candidate tile for all 64 heads), BI = 32 -> 106,880 B.
+SM12x: HB <= 32, BI = 32, 256 threads -> 71,040 B at most (the lowered figure; HB = 16 -> 52,608 B); H = 64
+runs as 2 head blocks (the public one-CTA-per-64-heads tiling needs 141,312 B, which SM120 cannot launch).
+sm_90a / sm_100a: HB = 64 (one CTA reads a candidate tile for all 64 heads), BI = 32 -> 105,856 B.
+
+The gather is software-pipelined through registers: tile k+1's bytes are loaded (every load issued before
+any is used) while tile k is dequantized into shared memory and multiplied.
 """
 # No `from __future__ import annotations`: TileLang evaluates the T.Tensor annotations.
 import math
