@@ -1,0 +1,146 @@
+"""Sparse MLA attention: the fp8_ds_mla codec, the float64 reference against a per-token loop, the
+schedule choices (SM12x budget at every head count, split counts), and op validation.
+
+GPU correctness lives in the family's GPU cases (tests/test_families.py -m gpu); the validation tests that
+need CUDA tensors are gpu-marked here."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from dsv4_jit.arch import PROFILES, get_profile
+from dsv4_jit.kernels.attention import ops, reference, sparse_mla
+from dsv4_jit.spec import get_spec
+
+FWD, COMBINE = get_spec("sparse_mla_fwd"), get_spec("sparse_mla_combine")
+SCALE = 512 ** -0.5
+
+
+def test_page_bytes_match_flashmla_padding():
+    # FlashMLA / vLLM pad a page of block_size x 584 B to a multiple of 576 B
+    assert reference.page_bytes_for(64) == 37_440
+    assert reference.page_bytes_for(256) == 149_760
+    assert all(reference.page_bytes_for(b) % 576 == 0 and reference.page_bytes_for(b) >= 584 * b for b in (1, 2, 16, 64))
+
+
+def test_codec_round_trip_is_the_ue8m0_quantization():
+    g = torch.Generator().manual_seed(0)
+    kv = torch.randn(40, 512, generator=g) * torch.exp(torch.randn(40, 1, generator=g))
+    slots = torch.randperm(3 * 16, generator=g)[:40]
+    cache = reference.pack_fp8_ds_mla(kv, slots, 3, 16, fill=torch.randint(0, 256, (3 * reference.page_bytes_for(16),),
+                                                                          generator=g, dtype=torch.uint8))
+    rows = reference.unpack_fp8_ds_mla(cache, 16)[slots]
+    nope, e, rope = reference.quantize_rows(kv)
+    want_nope = (nope.float().view(40, 7, 64) * torch.exp2(e.float() - 127)[..., None]).view(40, 448)
+    assert torch.equal(rows[:, :448], want_nope)
+    assert torch.equal(rows[:, 448:], rope.float())
+    # power-of-two scales never overflow e4m3 and lose at most e4m3's rounding
+    assert ((rows[:, :448] - kv[:, :448]).abs() <= kv[:, :448].abs().view(40, 7, 64).amax(-1).repeat_interleave(64, 1) / 8 + 1e-30).all()
+
+
+def _loop_reference(q, rows1, idx1, lens1, rows2, idx2, lens2, sink, scale):
+    t_all, h_all, _ = q.shape
+    out = torch.zeros(q.shape, dtype=torch.float64)
+    for t in range(t_all):
+        cand = [rows1[int(i)] for j, i in enumerate(idx1[t]) if j < lens1[t] and 0 <= i < rows1.shape[0]]
+        cand += [rows2[int(i)] for j, i in enumerate(idx2[t]) if j < lens2[t] and 0 <= i < rows2.shape[0]]
+        for h in range(h_all):
+            if not cand:
+                continue  # softmax over the sink alone: out = 0
+            kv = torch.stack(cand).double()
+            s = kv @ q[t, h].double() * scale
+            w = torch.exp(s - s.max())
+            out[t, h] = (w[:, None] * kv).sum(0) / (w.sum() + torch.exp(sink[h].double() - s.max()))
+    return out
+
+
+def test_reference_matches_a_per_token_loop():
+    g = torch.Generator().manual_seed(1)
+    t, h = 5, 3
+    rows1, rows2 = torch.randn(20, 512, generator=g), torch.randn(9, 512, generator=g)
+    idx1 = torch.randint(-1, 22, (t, 6), generator=g, dtype=torch.int32)   # holes and out-of-range entries
+    idx2 = torch.randint(-1, 9, (t, 4), generator=g, dtype=torch.int32)
+    lens1 = torch.tensor([6, 0, 3, 6, 1], dtype=torch.int32)
+    lens2 = torch.tensor([4, 0, 0, 2, 4], dtype=torch.int32)
+    q, sink = torch.randn(t, h, 512, generator=g), torch.randn(h, generator=g) * 2
+    got = reference.ref_sparse_mla(q, rows1, idx1, lens1, rows2, idx2, lens2, sink, SCALE, chunk=2)
+    want = _loop_reference(q, rows1, idx1, lens1, rows2, idx2, lens2, sink, SCALE)
+    assert torch.allclose(got, want, rtol=1e-10, atol=1e-12)
+    assert torch.equal(got[1], torch.zeros_like(got[1]))  # no candidate at all
+
+
+@pytest.mark.parametrize("arch", sorted(PROFILES))
+@pytest.mark.parametrize("heads", [8, 16, 32, 64, 128])
+def test_schedule_fits_and_splits_only_small_batches(arch, heads):
+    prof = get_profile(arch)
+    static = {"heads": heads, "softmax_scale": SCALE}
+    splits = []
+    for t in range(1, 513):
+        v = FWD.select(prof, static, t)
+        assert FWD.smem_bytes(v) <= prof.max_smem_per_block
+        assert v.p["n_splits"] in sparse_mla.SPLITS
+        nhb = math.ceil(heads / v.p["head_block"])
+        assert t * nhb * v.p["n_splits"] <= max(prof.num_sms_hint, t * nhb)  # never more CTAs than SMs
+        c = COMBINE.select(prof, static, t)
+        assert c.p["n_splits"] == max(2, v.p["n_splits"])
+        splits.append(v.p["n_splits"])
+    assert splits == sorted(splits, reverse=True) and splits[-1] == 1
+    if prof.family == "blackwell_consumer":
+        # the public one-CTA-per-64-heads tile (141,312 B) is never what SM12x gets
+        assert FWD.select(prof, static, 1).p["head_block"] <= 32
+
+
+def test_workspace_is_bounded_and_zero_without_splits():
+    prof = get_profile("sm_120a")
+    assert ops.sparse_mla_workspace_numel(prof, 64, 4096) == 0
+    most = ops.sparse_mla_workspace_max_numel(prof, 64, 256)
+    assert 0 < most <= prof.num_sms_hint * 32 * 513  # (tokens x head blocks x splits) <= SMs, HB = 32
+
+
+@pytest.mark.parametrize("bad, match", [
+    ({"heads": 0}, "heads"), ({"softmax_scale": 2.0}, "softmax_scale"), ({"kv_format": "fp16"}, "kv_format"),
+    ({"head_dim": 576}, "head_dim"),
+])
+def test_select_rejects_bad_statics(bad, match):
+    static = {"heads": 64, "softmax_scale": SCALE, **bad}
+    with pytest.raises(ValueError, match=match):
+        FWD.select(get_profile("sm_120a"), static, 1)
+
+
+def test_q_is_validated_before_anything_runs():
+    prof = get_profile("sm_120a")
+    with pytest.raises(ValueError, match="q"):
+        ops.sparse_mla_decode(torch.zeros(2, 512), None, None, None, None, block_size=64, arch=prof, get_kernel=None)
+    with pytest.raises(ValueError, match="q: expected dtype"):
+        ops.sparse_mla_decode(torch.zeros(2, 4, 512), None, None, None, None, block_size=64, arch=prof, get_kernel=None)
+
+
+def _cuda_args(t=3, h=16, n=8, pages=2, bs=64):
+    dev = "cuda"
+    return dict(q=torch.zeros(t, h, 512, dtype=torch.bfloat16, device=dev),
+                kv_cache=torch.zeros(pages, reference.page_bytes_for(bs), dtype=torch.uint8, device=dev),
+                indices=torch.zeros(t, n, dtype=torch.int32, device=dev),
+                lengths=torch.full((t,), n, dtype=torch.int32, device=dev),
+                attn_sink=torch.zeros(h, device=dev))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("change, match", [
+    (lambda a: a.update(indices=a["indices"].long()), "indices: expected dtype"),
+    (lambda a: a.update(lengths=a["lengths"][:2]), "lengths: expected shape"),
+    (lambda a: a.update(kv_cache=a["kv_cache"].float()), "kv_cache: expected dtype torch.uint8"),
+    (lambda a: a.update(kv_cache=a["kv_cache"][:, :1000].contiguous()), "kv_cache: a page of 64 tokens"),
+    (lambda a: a.update(attn_sink=a["attn_sink"][:3]), "attn_sink: expected shape"),
+    (lambda a: a["indices"].fill_(2 * 64), "indices: an entry inside its token's length is outside the cache"),
+    (lambda a: a["lengths"].fill_(9), "lengths: every length must lie in"),
+])
+def test_decode_rejects_bad_tensors_with_the_argument_named(change, match):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    a = _cuda_args()
+    change(a)
+    with pytest.raises(ValueError, match=match):
+        ops.sparse_mla_decode(a["q"], a["kv_cache"], a["indices"], a["lengths"], a["attn_sink"], block_size=64,
+                              arch=get_profile("sm_90a"), get_kernel=lambda *x: pytest.fail("launched"))
