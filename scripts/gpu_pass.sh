@@ -6,8 +6,9 @@
 # (the peer the benchmark compares against; bundle.sh's default still names 1.0.0) and
 # `bash scripts/fetch_peers.sh`; then carry .gpu and .peers.
 # 1. container-build case: import BUNDLE (compiled for sm_90a on a machine with no GPU), then run every
-#    planned kernel with compiles forbidden; 2. warm the store for both shipped models and both schedules
-#    in parallel (the GPU machine has 16 cores; 78 variants take ~70 s); 3. GPU tests, every family case's
+#    planned kernel with compiles forbidden; 2. warm the store for both shipped models, TP 1/2/4 and both
+#    schedules in parallel (16 cores: attention + indexer alone, 300 plan entries / ~140 distinct variants,
+#    take ~220 s); 3. GPU tests, every family case's
 #    worst per-token error into $OUT/gpu_cases.jsonl; 4. benchmarks (peers: bash scripts/fetch_peers.sh first,
 #    and carry .peers). Logs and JSON go to $OUT. Run the full compile tier on the CPU before this.
 set -uo pipefail
@@ -24,6 +25,10 @@ python3 scripts/build_gpu_bundle.py /tmp/dsv4-gpu-pass-bundle.tar.gz -j "$(nproc
 DSV4_JIT_GPU_REPORT="$OUT/gpu_cases.jsonl" python3 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 \
   | tee "$OUT/gpu_tests.log" || status=1
 python3 benchmarks/bench_mhc.py --out "$OUT/bench_mhc.json" 2>&1 | tee "$OUT/bench_mhc.log" || status=1
+python3 benchmarks/bench_attention.py --out "$OUT/bench_attention.json" 2>&1 | tee "$OUT/bench_attention.log" || status=1
+python3 benchmarks/bench_indexer.py --out "$OUT/bench_indexer.json" 2>&1 | tee "$OUT/bench_indexer.log" || status=1
+python3 benchmarks/bench_indexer.py --arch sm_120a --out "$OUT/bench_indexer_sm120.json" 2>&1 \
+  | tee "$OUT/bench_indexer_sm120.log" || status=1
 python3 benchmarks/bench_warm_load.py --repeat 5 --out "$OUT/warm_load.json" 2>&1 | tee "$OUT/warm_load.log" || status=1
 python3 benchmarks/bench_host_overhead.py --out "$OUT/host_overhead.json" 2>&1 | tee "$OUT/host_overhead.log" || status=1
 exit $status
