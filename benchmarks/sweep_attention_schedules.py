@@ -1,0 +1,115 @@
+"""Schedule sweep on the GPU for sparse MLA decode: candidate tiles of `sparse_mla_fwd` (heads per CTA,
+candidates per tile, threads, split count), each checked against the float64 reference and timed.
+
+Candidates are Variants built by hand (not through `select`), compiled for this GPU with the schedule
+family named by --schedule (sm_120a: the SM12x budget and pass configs, compiled for sm_90a), so the
+sweep can try what `select` does not pick yet. Candidates over the schedule's shared-memory budget are
+listed as skipped. Time = one CUDA-graph replay of the op (fwd + combine when split), L2 flushed before it.
+
+    python benchmarks/sweep_attention_schedules.py --schedule sm_120a --heads 64 --batch 1 8 64 \
+        --out bench_out/sweep_attention.json
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_attention import make_point  # noqa: E402
+from mhc_bench_common import graph_us_or_reason, write_rows  # noqa: E402
+
+from dsv4_jit import jit  # noqa: E402
+from dsv4_jit.arch import get_profile  # noqa: E402
+from dsv4_jit.kernels.attention import ops, reference  # noqa: E402
+from dsv4_jit.kernels.attention.sparse_mla import D  # noqa: E402
+from dsv4_jit.spec import Variant, get_spec  # noqa: E402
+
+FWD, COMBINE = get_spec("sparse_mla_fwd"), get_spec("sparse_mla_combine")
+
+
+def run_variant(prof, v: Variant, p: dict, scale: float, out: torch.Tensor):
+    """The op's launch sequence with a forced forward variant (and its matching combine)."""
+    (c1, i1, l1, bs1), (c2, i2, l2, bs2) = p["lists"]
+    t, h = p["q"].shape[:2]
+    s = v.p["n_splits"]
+    fwd = jit.load(FWD, v)
+    comb = None
+    if s > 1:
+        cv = Variant.make(COMBINE.name, {"heads": h, "n_splits": s, "head_block": 4, "threads": 128}, prof, v.schedule)
+        comb = jit.load(COMBINE, cv)
+    ws = torch.empty(max(1, s * t * h * (D + 1)), device="cuda")
+    o_part = ws[: s * t * h * D].view(s, t, h, D) if s > 1 else torch.empty(1, 1, h, D, device="cuda")
+    lse = ws[s * t * h * D: s * t * h * (D + 1)].view(s, t, h) if s > 1 else torch.empty(1, 1, h, device="cuda")
+    args = (p["q"], *ops._fp8_views(c1, c1.shape[0], c1.shape[1]), i1, l1,
+            *ops._fp8_views(c2, c2.shape[0], c2.shape[1]), i2, l2, bs1, bs2)
+
+    def f():
+        if s == 1:
+            fwd(*args, p["sink"], out, o_part, lse)
+        else:
+            fwd(*args, p["sink"], out[:1], o_part, lse)
+            comb(o_part, lse, p["sink"], out)
+    return f
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--schedule", default="sm_120a", help="sm_120a (SM12x budget, compiled for sm_90a) or sm_90a")
+    ap.add_argument("--heads", type=int, nargs="+", default=[64, 16])
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 8, 64])
+    ap.add_argument("--ratio", type=int, default=4)
+    ap.add_argument("--ctx", type=int, default=65536)
+    ap.add_argument("--head-blocks", type=int, nargs="+", default=[16, 32, 64])
+    ap.add_argument("--block-i", type=int, nargs="+", default=[32, 64])
+    ap.add_argument("--threads", type=int, nargs="+", default=[128, 256])
+    ap.add_argument("--splits", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    ap.add_argument("--out", default="bench_out/sweep_attention.json")
+    args = ap.parse_args()
+
+    hopper = get_profile("sm_90a")
+    prof = hopper if args.schedule == "sm_90a" else get_profile(args.schedule).emulated(hopper)
+    scale = D ** -0.5
+    g = torch.Generator(device="cuda").manual_seed(0)
+    rows = []
+    for heads, batch in itertools.product(args.heads, args.batch):
+        p = make_point(batch, heads, args.ctx, args.ratio, g)
+        (c1, i1, l1, bs1), (c2, i2, l2, bs2) = p["lists"]
+        ref = reference.ref_sparse_mla(p["q"], reference.unpack_fp8_ds_mla(c1, bs1), i1, l1,
+                                       reference.unpack_fp8_ds_mla(c2, bs2), i2, l2, p["sink"], scale)
+        picked = FWD.select(prof, ops._static(heads, scale, "fp8_ds_mla"), batch)
+        for hb, bi, thr, s in itertools.product(args.head_blocks, args.block_i, args.threads, args.splits):
+            params = {"heads": heads, "head_block": hb, "block_i": bi, "threads": thr, "kv_format": "fp8_ds_mla",
+                      "n_splits": s, "softmax_scale": scale}
+            v = Variant.make(FWD.name, params, prof, prof.schedule)
+            row = {"heads": heads, "batch": batch, "ratio": args.ratio, "ctx": args.ctx, "variant": v.name,
+                   "selected": v == picked}
+            if hb > 2 * heads and hb > 16 or FWD.smem_bytes(v) > prof.max_smem_per_block:
+                row["skipped"] = "over the budget or head block >> heads"
+                rows.append(row)
+                continue
+            out = torch.empty_like(p["q"])
+            try:
+                f = run_variant(prof, v, p, scale, out)
+                f()
+                torch.cuda.synchronize()
+            except Exception as e:  # a candidate that does not build (warp partition, registers): keep going
+                row["skipped"] = f"{type(e).__name__}: {str(e).splitlines()[0][:150] if str(e) else ''}"
+                rows.append(row)
+                print(f"{v.name}: {row['skipped']}", flush=True)
+                continue
+            err = float(((out.double() - ref).flatten(1).norm(dim=1) / ref.flatten(1).norm(dim=1)).max())
+            us, why = graph_us_or_reason(f, reps=1)
+            row.update(us=us, why=why, max_token_rel_err=err)
+            rows.append(row)
+            print(f"H={heads} B={batch} hb={hb} bi={bi} thr={thr} S={s}: {us if us is None else round(us, 1)} us "
+                  f"err {err:.1e}{'  <- select' if row['selected'] else ''}", flush=True)
+    write_rows(args.out, rows, schedule=prof.schedule, ratio=args.ratio, ctx=args.ctx)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
