@@ -25,6 +25,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--arch", default=None,
                    help="target archs, comma separated (sm_90a, sm_100a, sm_120a, sm_121a); default: "
                         "DSV4_JIT_ARCH, else the GPU, else sm_120a")
+    p.add_argument("--family", action="append", default=None, metavar="NAME",
+                   help="only these kernel families (repeatable or comma list, e.g. mhc,attention; "
+                        "default: all), for an engine that takes only some families from dsv4-jit")
     p.add_argument("--profile", default=None, help="TOML/JSON serving profile instead of engine flags")
     p.add_argument("--gpu-memory-gib", type=float, default=None,
                    help="serving GPU memory, for the engines' memory-based defaults (default: H100/H200 class)")
@@ -59,7 +62,7 @@ def add_plan_parsers(subparsers) -> None:
 
 # ---- argument plumbing -------------------------------------------------------------------------------
 
-_OWN_VALUE = {"--arch", "--profile", "--gpu-memory-gib", "-j", "--jobs", "--time-budget", "--export",
+_OWN_VALUE = {"--arch", "--family", "--profile", "--gpu-memory-gib", "-j", "--jobs", "--time-budget", "--export",
               "--bundle"}
 _OWN_BOOL = {"--json"}
 
@@ -158,8 +161,8 @@ def run_plan_command(args) -> int:
     if args.command == "warmup":
         from .runner import run_warmup_cli
         return run_warmup_cli(args, model, shapes, archs, reason, notes)
-    from .planner import build_plan, format_table
-    plan = build_plan(model, shapes, archs, arch_reason=reason)
+    from .planner import build_plan, format_table, select_families
+    plan = build_plan(model, shapes, archs, arch_reason=reason, families=select_families(args.family))
     plan.notes[:0] = notes
     jobs = jobs or default_jobs()
     if args.command == "plan":

@@ -91,6 +91,7 @@ class Plan:
     variants: list[PlannedVariant]
     rows: list[KernelRow]
     notes: list[str] = field(default_factory=list)
+    families: list[str] | None = None   # None: every registered family
 
     # ---- figures -------------------------------------------------------------------------------
     def keys(self) -> list[str]:
@@ -118,7 +119,7 @@ class Plan:
         return {"schema": PLAN_SCHEMA, "model": self.model, "engine": s.engine,
                 "formula_version": s.formula_version, "tp_size": s.tp_size, "archs": list(self.archs),
                 "token_range": [1, s.max_num_tokens], "capture_sizes": list(s.capture_sizes),
-                "spec_tokens": s.spec_tokens, "keys": self.keys()}
+                "spec_tokens": s.spec_tokens, "families": self.families or "all", "keys": self.keys()}
 
     def to_dict(self, jobs: int = 1) -> dict:
         return {
@@ -136,18 +137,37 @@ class Plan:
         return json.dumps(self.to_dict(jobs), indent=indent)
 
 
-def _default_uses(model, shapes: EngineShapes):
-    from dsv4_jit.kernels import model_kernel_uses
+def select_families(names: Iterable[str] | None) -> list[str] | None:
+    """`--family` values (repeatable, comma lists; 'all' = every family) -> sorted family names, or
+    None for every registered family. An unknown name is a ConfigError listing the known ones."""
+    from dsv4_jit.family import all_families
+    wanted = [n for item in (names or ()) for n in str(item).replace(",", " ").split()]
+    if not wanted or "all" in wanted:
+        return None
+    known = all_families()
+    unknown = sorted(set(wanted) - set(known))
+    if unknown:
+        raise ConfigError(f"--family {', '.join(unknown)}: unknown kernel family; known: "
+                          f"{', '.join(sorted(known))} (or all)")
+    return sorted(set(wanted))
+
+
+def _default_uses(model, shapes: EngineShapes, families: Sequence[str] | None = None):
+    from dsv4_jit.family import all_families, family_uses
     from dsv4_jit.model_config import ParallelConfig
-    return model_kernel_uses(model, ParallelConfig(tp_size=shapes.tp_size))
+    fams = all_families()
+    chosen = [fams[n] for n in families] if families else list(fams.values())
+    return family_uses(chosen, model, ParallelConfig(tp_size=shapes.tp_size))
 
 
 def build_plan(model, shapes: EngineShapes, archs: Sequence[Any], *, arch_reason: str = "",
-               uses: Sequence[Any] | None = None, key_fn=None) -> Plan:
+               uses: Sequence[Any] | None = None, key_fn=None,
+               families: Sequence[str] | None = None) -> Plan:
     """The plan for `model` (a ModelConfig, or a name/path) served with `shapes` on `archs`.
 
     `uses` (kernel uses with .spec/.static/.label) and `key_fn(spec, variant) -> str` default to the
-    package's own (`model_kernel_uses`, `jit.artifact_key`); tests inject fakes."""
+    package's own (`model_kernel_uses`, `jit.artifact_key`); tests inject fakes. `families` (names from
+    `select_families`) keeps only those kernel families' uses; None = all."""
     from dsv4_jit.arch import get_profile
     if isinstance(model, str):
         from dsv4_jit.model_config import load_model_config
@@ -156,7 +176,7 @@ def build_plan(model, shapes: EngineShapes, archs: Sequence[Any], *, arch_reason
     if not profiles:
         raise ConfigError("--arch: no target arch")
     if uses is None:
-        uses = _default_uses(model, shapes)
+        uses = _default_uses(model, shapes, families)
     if key_fn is None:
         from dsv4_jit.jit import artifact_key as key_fn
     counts = shapes.token_counts()
@@ -197,7 +217,10 @@ def build_plan(model, shapes: EngineShapes, archs: Sequence[Any], *, arch_reason
     notes = list(shapes.notes)
     if not capture:
         notes.append("no CUDA-graph capture sizes: the naive count (one compile per capture size) is 0")
-    return Plan(name, shapes, [p.name for p in profiles], arch_reason, ordered, rows, notes)
+    if families:
+        notes.append(f"only kernel families: {', '.join(families)} (--family)")
+    return Plan(name, shapes, [p.name for p in profiles], arch_reason, ordered, rows, notes,
+                families=list(families) if families else None)
 
 
 # ---- coverage checks -------------------------------------------------------------------------------

@@ -445,9 +445,10 @@ def export_plan_bundle(plan: Plan, dest: str, store, report: WarmupReport | None
 
 def run_warmup_cli(args, model, shapes, archs, reason: str, notes: list[str]) -> int:
     import json
-    from .planner import build_plan, format_table
+    from .planner import build_plan, format_table, select_families
     out = sys.stderr
-    plan = build_plan(model, shapes, [a.name for a in archs], arch_reason=reason)
+    plan = build_plan(model, shapes, [a.name for a in archs], arch_reason=reason,
+                      families=select_families(getattr(args, "family", None)))
     plan.notes[:0] = notes
     from dsv4_jit.jit import default_store
     store = default_store()
