@@ -29,6 +29,13 @@ class ModelConfig:
     index_topk: int = 512
     # Per layer (+ MTP) KV compression ratio: 0 = SWA only, 4 = indexer-selected, 128 = every block.
     compress_ratios: tuple = ()
+    # Linear / FFN shapes (optional; V4-Flash defaults): q LoRA rank, grouped output projection, shared expert.
+    q_lora_rank: int = 1024
+    o_groups: int = 8
+    o_lora_rank: int = 1024
+    moe_intermediate_size: int = 2048
+    n_shared_experts: int = 1
+    swiglu_limit: float = 10.0
 
     @property
     def layer_ratios(self) -> tuple:
@@ -73,7 +80,8 @@ _HF_FIELDS = {
 }
 
 _OPTIONAL_FIELDS = ("qk_rope_head_dim", "sliding_window", "index_n_heads", "index_head_dim", "index_topk",
-                   "compress_ratios")
+                   "compress_ratios", "q_lora_rank", "o_groups", "o_lora_rank", "moe_intermediate_size",
+                   "n_shared_experts", "swiglu_limit")
 
 _EMBEDDED_DIR = Path(__file__).parent / "model_configs"
 EMBEDDED = {"deepseek-v4-flash": "deepseek-v4-flash.json", "deepseek-v4-pro": "deepseek-v4-pro.json"}
@@ -86,7 +94,8 @@ def from_hf_dict(d: dict, name: str) -> ModelConfig:
     kw = {ours: d[theirs] for ours, theirs in _HF_FIELDS.items()}
     for k in _OPTIONAL_FIELDS:
         if d.get(k) is not None:
-            kw[k] = tuple(int(r) for r in d[k]) if k == "compress_ratios" else int(d[k])
+            kw[k] = (tuple(int(r) for r in d[k]) if k == "compress_ratios"
+                     else float(d[k]) if k == "swiglu_limit" else int(d[k]))
     cfg = ModelConfig(name=name, **kw)
     if cfg.hc_mult < 1 or cfg.hidden_size % 256:
         raise ConfigError(f"{name}: unsupported hidden_size={cfg.hidden_size} / hc_mult={cfg.hc_mult}")
