@@ -31,9 +31,182 @@ _GZ_MAGIC = b"\x1f\x8b"
 _XZ_MAGIC = b"\xfd7zXZ\x00"
 
 
-# ------------------------------------------------------------------------ export
+# ------------------------------------------------------------------------ remote bundles (fsspec)
+# Any fsspec URL works for export / import / `check --bundle` (s3://, gs://, az://, memory://, sftp://,
+# ...), given fsspec (`pip install 'dsv4-jit[remote]'`) and the scheme's implementation (s3fs, gcsfs,
+# adlfs, ...). file:// and plain paths never go through fsspec. http(s):// is read-only: through fsspec
+# when it and its HTTP implementation (aiohttp) are installed, else through the standard library.
+#
+# Write side, atomic either way: on an object store an upload becomes visible whole when it completes
+# (single PUT or multipart completion) and there is no rename (a "move" is copy + delete), so the bundle
+# is streamed straight to its final key and a failed export aborts the upload (nothing appears, an
+# existing object is left as it was). On every other fsspec filesystem it is streamed to a hidden temp
+# name beside the destination, then moved over it (a rename where the filesystem has one).
+OBJECT_STORE_SCHEMES = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oci", "oss"})
+HTTP_SCHEMES = frozenset({"http", "https"})
+REMOTE_HINT = "pip install 'dsv4-jit[remote]'"
+
+
 def _is_url(s: str) -> bool:
     return "://" in s and not s.startswith("file://")
+
+
+def _scheme(url: str) -> str:
+    return url.split("://", 1)[0].lower()
+
+
+def _url_fs(url: str, doing: str):
+    """(fsspec filesystem, path) for `url`; BundleError naming what to install when it cannot be had."""
+    scheme = _scheme(url)
+    try:
+        import fsspec
+    except ImportError:
+        raise BundleError(f"{doing} {url} needs fsspec: {REMOTE_HINT}"
+                          + ("" if scheme == "memory" else f" and the fsspec implementation for {scheme}://"
+                             " (e.g. s3fs for s3://, gcsfs for gs://)")) from None
+    try:
+        return fsspec.core.url_to_fs(url)
+    except ImportError as e:
+        raise BundleError(f"{doing} {url}: the fsspec implementation for {scheme}:// is not installed "
+                          f"({' '.join(str(e).split())})") from None
+    except ValueError as e:
+        raise BundleError(f"{doing} {url}: fsspec knows no filesystem for {scheme}:// ({e})") from None
+
+
+class _SafeReader(io.RawIOBase):
+    """A remote file as a plain stream: any transport error becomes an OSError naming the URL (the
+    import path turns OSError into a one-line BundleError, never a traceback)."""
+
+    def __init__(self, f, src: str) -> None:
+        self.f, self.src = f, src
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:  # type: ignore[override]
+        try:
+            data = self.f.read(len(b))
+        except (BundleError, OSError):
+            raise
+        except Exception as e:  # aiohttp / botocore / google errors are not OSErrors
+            raise OSError(f"reading {self.src} failed: {type(e).__name__}: {e}") from None
+        b[:len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        try:
+            self.f.close()
+        except Exception:
+            pass
+        super().close()
+
+
+def _open_http_stdlib(src: str) -> tuple[IO[bytes], int | None]:
+    import urllib.error
+    import urllib.request
+    try:
+        r = urllib.request.urlopen(urllib.request.Request(src, headers={"User-Agent": "dsv4-jit"}), timeout=60)
+    except urllib.error.HTTPError as e:
+        if e.code == 404:
+            raise BundleError(f"bundle not found: {src} (HTTP 404)") from None
+        raise BundleError(f"cannot open bundle {src}: HTTP {e.code} {e.reason}") from None
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        raise BundleError(f"cannot open bundle {src}: {getattr(e, 'reason', e)}") from None
+    length = r.headers.get("Content-Length")
+    return io.BufferedReader(_SafeReader(r, src), CHUNK), int(length) if length and length.isdigit() else None
+
+
+def _open_remote(src: str) -> tuple[IO[bytes], int | None]:
+    """Open a bundle URL for one sequential read (streamed: never the whole bundle in memory)."""
+    scheme = _scheme(src)
+    if scheme in HTTP_SCHEMES:
+        try:
+            import fsspec
+            fs, path = fsspec.core.url_to_fs(src)
+        except (ImportError, ValueError):   # no fsspec, or no aiohttp: the standard library reads it
+            return _open_http_stdlib(src)
+        kw = {"block_size": 0}              # a stream: no range requests, any static file server works
+    else:
+        fs, path = _url_fs(src, "importing from")
+        kw = {}
+    try:
+        f = fs.open(path, "rb", **kw)
+    except FileNotFoundError:
+        raise BundleError(f"bundle not found: {src}") from None
+    except BundleError:
+        raise
+    except Exception as e:
+        raise BundleError(f"cannot open bundle {src}: {type(e).__name__}: {' '.join(str(e).split())}") from None
+    size = getattr(f, "size", None)
+    return io.BufferedReader(_SafeReader(f, src), CHUNK), size if isinstance(size, int) else None
+
+
+class _CountingWriter:
+    def __init__(self, f) -> None:
+        self.f, self.n = f, 0
+
+    def write(self, b) -> int:
+        self.f.write(b)
+        self.n += len(b)
+        return len(b)
+
+    def flush(self) -> None:
+        flush = getattr(self.f, "flush", None)
+        if flush is not None:
+            flush()
+
+
+def _export_remote(dest: str, manifest_raw: bytes, blobs: dict[str, tuple[int, Path]], xz: bool) -> int:
+    """Stream the bundle to an fsspec URL, atomically (see above). Returns the bytes written."""
+    scheme = _scheme(dest)
+    if scheme in HTTP_SCHEMES:
+        raise BundleError(f"cannot export to {dest}: http(s) URLs are read-only here; export to a file or an "
+                          "object store (s3://, gs://) and serve that")
+    fs, path = _url_fs(dest, "exporting to")
+    direct = scheme in OBJECT_STORE_SCHEMES
+    parent, _, name = path.rstrip("/").rpartition("/")
+    target = path if direct else f"{parent}/.{name}.{uuid.uuid4().hex[:8]}.tmp" if parent else \
+        f".{name}.{uuid.uuid4().hex[:8]}.tmp"
+    try:
+        if parent and not direct:
+            fs.makedirs(parent, exist_ok=True)
+        f = fs.open(target, "wb")
+    except BundleError:
+        raise
+    except Exception as e:
+        raise BundleError(f"cannot write {dest}: {type(e).__name__}: {' '.join(str(e).split())}") from None
+    out = _CountingWriter(f)
+    try:
+        _write_tar(out, manifest_raw, blobs, xz)
+    except BaseException:
+        discard = getattr(f, "discard", None)
+        try:
+            if discard is not None:
+                discard()                 # object stores: abort the upload, nothing becomes visible
+            f.closed = True               # and never close(): close() would commit the upload
+        except Exception:
+            pass
+        if not direct:
+            try:
+                fs.rm(target)
+            except Exception:
+                pass
+        raise
+    try:
+        f.close()                          # object stores: the upload completes here, whole
+        if not direct:
+            fs.mv(target, path)
+    except Exception as e:
+        if not direct:
+            try:
+                fs.rm(target)
+            except Exception:
+                pass
+        raise BundleError(f"writing {dest} failed: {type(e).__name__}: {' '.join(str(e).split())}") from None
+    return out.n
+
+
+# ------------------------------------------------------------------------ export
 
 
 def _local(s: str) -> Path:
@@ -87,20 +260,7 @@ def export_bundle(store: Store, dest: str | os.PathLike, fingerprint: dict, *,
     xz = dest.endswith((".xz", ".txz"))
 
     if _is_url(dest):
-        import tempfile
-        fd, tmp = tempfile.mkstemp(suffix=".tar.xz" if xz else ".tar.gz")
-        os.close(fd)
-        try:
-            _write_tar(Path(tmp), raw, blobs, xz)
-            size = os.path.getsize(tmp)
-            try:
-                import fsspec
-            except ImportError:
-                raise BundleError(f"exporting to {dest} needs fsspec (pip install fsspec)") from None
-            fs, path = fsspec.core.url_to_fs(dest)
-            fs.put_file(tmp, path)
-        finally:
-            os.unlink(tmp)
+        size = _export_remote(dest, raw, blobs, xz)
     else:
         out = _local(dest)
         if out.is_dir():
@@ -109,7 +269,10 @@ def export_bundle(store: Store, dest: str | os.PathLike, fingerprint: dict, *,
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_name(f".{out.name}.{uuid.uuid4().hex[:8]}.tmp")
         try:
-            _write_tar(tmp, raw, blobs, xz)
+            with open(tmp, "wb") as raw_f:
+                _write_tar(raw_f, raw, blobs, xz)
+                raw_f.flush()
+                os.fsync(raw_f.fileno())
             os.replace(tmp, out)
             fsync_dir(out.parent)
         except BaseException:
@@ -125,22 +288,20 @@ def export_bundle(store: Store, dest: str | os.PathLike, fingerprint: dict, *,
             "seconds": round(secs, 4)}
 
 
-def _write_tar(path: Path, manifest_raw: bytes, blobs: dict[str, tuple[int, Path]], xz: bool) -> None:
-    with open(path, "wb") as raw_f:
-        # mtime=0 and fixed member metadata: the same entries give the same bundle bytes.
-        comp: IO[bytes] = (lzma.open(raw_f, "wb", preset=6) if xz
-                           else gzip.GzipFile(fileobj=raw_f, mode="wb", compresslevel=6, mtime=0))
-        with comp, tarfile.open(fileobj=comp, mode="w|", format=tarfile.PAX_FORMAT) as tar:
-            tar.addfile(_info(MANIFEST_NAME, len(manifest_raw)), io.BytesIO(manifest_raw))
-            for sha, (size, src) in sorted(blobs.items()):
-                with open(src, "rb") as f:
-                    hf = _HashingReader(f)
-                    tar.addfile(_info(f"blobs/{sha}", size), hf)
-                if hf.hexdigest() != sha or hf.n != size:
-                    raise CacheError(f"blob {src} changed while exporting (sha256/size mismatch); "
-                                     "run `dsv4-jit cache verify` and retry")
-        raw_f.flush()
-        os.fsync(raw_f.fileno())
+def _write_tar(raw_f, manifest_raw: bytes, blobs: dict[str, tuple[int, Path]], xz: bool) -> None:
+    """Stream the compressed tar into the writable file object `raw_f` (left open), one blob at a time."""
+    # mtime=0 and fixed member metadata: the same entries give the same bundle bytes.
+    comp: IO[bytes] = (lzma.open(raw_f, "wb", preset=6) if xz
+                       else gzip.GzipFile(fileobj=raw_f, mode="wb", compresslevel=6, mtime=0))
+    with comp, tarfile.open(fileobj=comp, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+        tar.addfile(_info(MANIFEST_NAME, len(manifest_raw)), io.BytesIO(manifest_raw))
+        for sha, (size, src) in sorted(blobs.items()):
+            with open(src, "rb") as f:
+                hf = _HashingReader(f)
+                tar.addfile(_info(f"blobs/{sha}", size), hf)
+            if hf.hexdigest() != sha or hf.n != size:
+                raise CacheError(f"blob {src} changed while exporting (sha256/size mismatch); "
+                                 "run `dsv4-jit cache verify` and retry")
 
 
 def _info(name: str, size: int) -> tarfile.TarInfo:
@@ -189,15 +350,7 @@ class _Budget(io.RawIOBase):
 
 def _open_src(src: str) -> tuple[IO[bytes], int | None]:
     if _is_url(src):
-        try:
-            import fsspec
-        except ImportError:
-            raise BundleError(f"importing from {src} needs fsspec (pip install fsspec)") from None
-        try:
-            f = fsspec.open(src, "rb").open()
-        except (OSError, ValueError) as e:
-            raise BundleError(f"cannot open bundle {src}: {e}") from None
-        return f, getattr(f, "size", None)
+        return _open_remote(src)
     p = _local(src)
     try:
         return open(p, "rb"), p.stat().st_size
@@ -340,19 +493,7 @@ def _stream_and_check(f: IO[bytes], spool: Path, expected: dict, force: bool,
     budget = _Budget(_decompressor(f), MAX_MANIFEST_BYTES + (1 << 20))
     try:
         with tarfile.open(fileobj=io.BufferedReader(budget, CHUNK), mode="r|") as tar:  # type: ignore[arg-type]
-            first = tar.next()
-            if first is None or first.name != MANIFEST_NAME:
-                raise BundleError(f"{src}: first member must be {MANIFEST_NAME}, found "
-                                  f"{first.name if first else 'an empty archive'!r}")
-            why = _member_problem(first)
-            if why or first.size > MAX_MANIFEST_BYTES:
-                raise BundleError(f"{src}: {MANIFEST_NAME} {why or 'is too large'}")
-            try:
-                m = _validate_manifest(json.loads(tar.extractfile(first).read()))  # type: ignore[union-attr]
-            except ValueError as e:
-                if isinstance(e, BundleError):
-                    raise
-                raise BundleError(f"{src}: manifest.json is not valid JSON ({e})") from None
+            m = _read_manifest_member(tar, src)
             diff = fingerprint_diff(m["producer"], expected)
             if diff and not force:
                 raise BundleError(f"{src} was built with a different toolchain: {'; '.join(diff)}. Its keys "
@@ -391,6 +532,40 @@ def _stream_and_check(f: IO[bytes], spool: Path, expected: dict, force: bool,
     except (tarfile.TarError, EOFError, OSError, lzma.LZMAError, ValueError) as e:
         raise BundleError(f"{src}: corrupt or truncated bundle ({type(e).__name__}: {e})") from None
     return m, diff
+
+
+def _read_manifest_member(tar: tarfile.TarFile, src: str) -> dict:
+    first = tar.next()
+    if first is None or first.name != MANIFEST_NAME:
+        raise BundleError(f"{src}: first member must be {MANIFEST_NAME}, found "
+                          f"{first.name if first else 'an empty archive'!r}")
+    why = _member_problem(first)
+    if why or first.size > MAX_MANIFEST_BYTES:
+        raise BundleError(f"{src}: {MANIFEST_NAME} {why or 'is too large'}")
+    try:
+        return _validate_manifest(json.loads(tar.extractfile(first).read()))  # type: ignore[union-attr]
+    except ValueError as e:
+        if isinstance(e, BundleError):
+            raise
+        raise BundleError(f"{src}: manifest.json is not valid JSON ({e})") from None
+
+
+def read_manifest(src: str | os.PathLike) -> dict:
+    """A bundle's validated manifest (entries, producer, archs, coverage), from a path or URL. Reads
+    only the head of the archive (the manifest is its first member), so checking a remote bundle's
+    coverage does not download it. Blobs are not checked here; import checks everything."""
+    src = os.fspath(src)
+    f, _ = _open_src(src)
+    try:
+        budget = _Budget(_decompressor(f), MAX_MANIFEST_BYTES + (1 << 20))
+        with tarfile.open(fileobj=io.BufferedReader(budget, CHUNK), mode="r|") as tar:  # type: ignore[arg-type]
+            return _read_manifest_member(tar, src)
+    except BundleError:
+        raise
+    except (tarfile.TarError, EOFError, OSError, lzma.LZMAError, ValueError) as e:
+        raise BundleError(f"{src}: corrupt or truncated bundle ({type(e).__name__}: {e})") from None
+    finally:
+        f.close()
 
 
 def _spool(tar: tarfile.TarFile, ti: tarfile.TarInfo, dst: Path, sha: str, src: str) -> None:

@@ -190,29 +190,15 @@ def _print_plan(plan, args, jobs: int) -> int:
 
 
 def _bundle_keys(path: str) -> set[str]:
-    """Entry keys listed in a bundle's manifest (read via cache_tools.bundle when it offers a reader)."""
-    p = Path(path)
+    """Entry keys listed in a bundle's manifest: a path, file:// or an fsspec URL (s3://, gs://, https://);
+    only the head of the archive is read."""
+    from dsv4_jit.cache_tools import bundle as _b
+    if _b._is_url(path):
+        return _keys_of_manifest(_b.read_manifest(path))
+    p = _b._local(path)
     if not p.is_file():
         raise ConfigError(f"--bundle: no such file {path!r}")
-    try:
-        from dsv4_jit.cache_tools import bundle as _b
-    except ImportError:
-        _b = None
-    for fn in ("read_manifest", "bundle_manifest", "load_manifest"):
-        f = getattr(_b, fn, None) if _b else None
-        if f is not None:
-            return _keys_of_manifest(f(p))
-    import tarfile
-    try:
-        with tarfile.open(p) as tf:
-            for m in tf.getmembers():
-                if m.name.rsplit("/", 1)[-1] == "manifest.json":
-                    fh = tf.extractfile(m)
-                    if fh is not None:
-                        return _keys_of_manifest(json.loads(fh.read()))
-    except (tarfile.TarError, OSError, json.JSONDecodeError) as e:
-        raise ConfigError(f"--bundle {path}: cannot read its manifest ({e})") from None
-    raise ConfigError(f"--bundle {path}: no manifest.json inside")
+    return _keys_of_manifest(_b.read_manifest(p))
 
 
 def _keys_of_manifest(m: Any) -> set[str]:
