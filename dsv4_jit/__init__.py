@@ -103,6 +103,36 @@ def indexer_swa_indices(positions, req_idx, block_table, *, arch=None, **kw):
     return _i.indexer_swa_indices(positions, req_idx, block_table, **_arch_kw(arch), **kw)
 
 
+def act_quant_fp8(x, *, arch=None, **kw):
+    """Per-token 1x128 e4m3 quantization, UE8M0 (power-of-two) fp32 scales. Returns (y fp8 [M, N], scales [M, N/128])."""
+    from .kernels.quant import ops as _q
+    return _q.act_quant_fp8(x, **_arch_kw(arch), **kw)
+
+
+def act_quant_fp8_inplace(x, *, arch=None, **kw):
+    """KV NoPE QAT simulation: the first n (448) columns of each row quant-dequantized (1x64 e4m3) in place."""
+    from .kernels.quant import ops as _q
+    return _q.act_quant_fp8_inplace(x, **_arch_kw(arch), **kw)
+
+
+def act_quant_fp4(x, *, arch=None, **kw):
+    """Per-token 1x32 e2m1 quantization (indexer). Returns (packed uint8 [M, N/2], UE8M0 exponents uint8 [M, N/32])."""
+    from .kernels.quant import ops as _q
+    return _q.act_quant_fp4(x, **_arch_kw(arch), **kw)
+
+
+def swiglu_quant_fp8(gate_up, *, limit, arch=None, **kw):
+    """SwiGLU (clamped at `limit` when > 0) + 1x128 e4m3 quantization. Returns (y fp8 [M, I], scales [M, I/128])."""
+    from .kernels.quant import ops as _q
+    return _q.swiglu_quant_fp8(gate_up, limit=limit, **_arch_kw(arch), **kw)
+
+
+def fp8_gemm(a, a_scales, b, b_scales, *, arch=None, **kw):
+    """FP8 block-scaled GEMM: C [M, N] bf16 = A (1x128 scales) . B^T (128x128 block scales). Returns C."""
+    from .kernels.gemm import ops as _g
+    return _g.fp8_gemm(a, a_scales, b, b_scales, **_arch_kw(arch), **kw)
+
+
 def warmup(plan, *, rank: int = 0, world_size: int = 1, seal_mode: str = "warn", **kw):
     """Inside an engine: compile this rank's share of `plan`, wait for the others, load everything, seal."""
     from .warmup.runner import warmup_in_engine
@@ -116,4 +146,5 @@ __all__ = [
     "ModelConfig", "ParallelConfig", "load_model_config",
     "mhc_pre", "mhc_sinkhorn", "mhc_post", "mhc_post_pre_fused", "hc_head", "sparse_mla_decode", "sparse_mla_prefill", "warmup",
     "indexer_decode_logits", "indexer_prefill_logits", "indexer_topk", "indexer_decode_topk", "indexer_swa_indices",
+    "act_quant_fp8", "act_quant_fp8_inplace", "act_quant_fp4", "swiglu_quant_fp8", "fp8_gemm",
 ]

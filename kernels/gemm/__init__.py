@@ -1,0 +1,1 @@
+from .family import FAMILY  # noqa: F401

@@ -1,0 +1,267 @@
+"""FP8 block-scaled GEMM (ref `fp8_gemm`, dsv4_kernels.md 3.10), the kernel of every FP8 linear of DeepSeek V4:
+
+    C[M, N] bf16 = sum over 128-wide K blocks kb of  sa[m, kb] * sb[n // 128, kb] * (A[m, kb] . B[n, kb])
+
+A fp8 e4m3 [M, K] with per-token 1x128 scales sa fp32 [M, K / 128] (kernels/quant act_quant_fp8 writes
+them: UE8M0 powers of two), B fp8 e4m3 [N, K] (the weight, row-major as stored) with 128x128 block scales
+sb fp32 [ceil(N / 128), K / 128] (the checkpoint's float8_e8m0fnu `scale`, converted to fp32 once at load).
+Each K block's A.B partial is accumulated in fp32 by the tensor cores (mma.sync m16n8k32 e4m3 on every arch:
+WGMMA is off, see pass_configs) and then added, times its two scales, into a second fp32 accumulator
+(DeepSeek's two-accumulator scheme). N and K are compile-time; M (tokens) is `T.dynamic`.
+
+Grouped form (`groups` G > 1, the grouped output projection wo_a): C [M, G*N], A [M, G*K], B [G*N, K] (G weights
+stacked), sa [M, G*K/128], sb [G*ceil(N/128), K/128]; C[:, g*N:(g+1)*N] = A[:, g*K:(g+1)*K] . B_g^T, one launch
+(grid z = groups x splits).
+
+Schedules (per arch family; `select` picks one of three by the token count):
+  * decode, M <= 16 / M <= 64: one M tile (16 / 64 rows), N tiles of 128 columns, or 64 when 128-column tiles
+    alone would leave SMs idle, and split-K over a divisor of the K blocks until (N tiles x splits) reaches
+    the SM count, so small-M GEMMs stream the weight with the whole GPU. Split > 1 writes fp32 partials
+    [split, M, N] to a workspace and `fp8_gemm_reduce` sums them into bf16 C.
+  * large M: 128 x 128 tiles (K block 128), no split; 3 cp.async stages on SM12x (99,840 B of the 101,376),
+    4 elsewhere.
+
+Rows past M read the last row (clamped index) and are never stored.
+
+Kernel-defining code only (no host code: the artifact key hashes this module).
+"""
+# No `from __future__ import annotations`: TileLang evaluates the T.Tensor annotations.
+from typing import Any, Mapping
+
+from dsv4_jit.arch import PROFILES, ArchProfile, get_profile
+from dsv4_jit.spec import KernelSpec, Variant, register
+
+FP8 = "float8_e4m3"
+QBLOCK = 128          # quantization block (activations 1x128, weights 128x128)
+BLOCK_K = 128
+DECODE_MAX_M = 64
+
+_FAMILY_SCHEDULE = {"hopper": "sm_90a", "blackwell_dc": "sm_100a", "blackwell_consumer": "sm_120a"}
+
+# Pipeline-stage budget per schedule family (bytes of shared memory the stages may take) and the most stages.
+_STAGE_BUDGET = {"blackwell_consumer": (100_000, 4), "hopper": (200_000, 6), "blackwell_dc": (200_000, 6)}
+# Large-M tile per family: (block_m, block_n, threads)
+_LARGE_TILE = {"blackwell_consumer": (128, 128, 256), "hopper": (128, 128, 256), "blackwell_dc": (128, 128, 256)}
+
+
+def schedule_name(arch: ArchProfile) -> str:
+    canon = PROFILES.get(arch.name)
+    if canon is not None and canon.family == arch.family:
+        return arch.name
+    return _FAMILY_SCHEDULE[arch.family]
+
+
+def check_arch(name: str, arch: ArchProfile) -> None:
+    if not isinstance(arch, ArchProfile):
+        raise ValueError(f"{name}: arch must be an ArchProfile (dsv4_jit.arch.get_profile), got {arch!r}")
+    if arch.family not in _FAMILY_SCHEDULE:
+        raise ValueError(f"{name}: unknown arch family {arch.family!r}")
+
+
+def stage_bytes(block_m: int, block_n: int) -> int:
+    """Shared memory of one pipeline stage: the A and B fp8 tiles and the block_m fp32 combined scales (which
+    TileLang may multi-buffer with the copies)."""
+    return block_m * BLOCK_K + block_n * BLOCK_K + block_m * 4
+
+
+def gemm_smem_bytes(p: Mapping[str, Any]) -> int:
+    """Pre-nvcc shared memory: `stages` copies of a stage (see stage_bytes); the accumulators live in registers
+    and C is stored from them."""
+    return p["stages"] * stage_bytes(p["block_m"], p["block_n"])
+
+
+def _stages(family: str, block_m: int, block_n: int, k_iters: int) -> int:
+    budget, most = _STAGE_BUDGET[family]
+    s = max(1, min(most, budget // stage_bytes(block_m, block_n)))
+    return max(1, min(s, k_iters))
+
+
+def decode_split(n_tiles: int, k_blocks: int, num_sms: int) -> int:
+    """Smallest divisor d of k_blocks with n_tiles * d >= num_sms (every SM streams weight), else k_blocks."""
+    for d in range(1, k_blocks + 1):
+        if k_blocks % d == 0 and n_tiles * d >= num_sms:
+            return d
+    return k_blocks
+
+
+def gemm_params(arch: ArchProfile, n: int, k: int, num_tokens: int, groups: int = 1) -> dict:
+    """The schedule: pure in (arch, n, k, groups, num_tokens)."""
+    kb = k // BLOCK_K
+    if num_tokens <= DECODE_MAX_M:
+        block_m = 16 if num_tokens <= 16 else DECODE_MAX_M
+        block_n = 128 if n % 128 == 0 and groups * n // 128 >= arch.num_sms_hint else 64
+        split = decode_split(groups * n // block_n, kb, arch.num_sms_hint)
+        threads = 128
+    else:
+        block_m, block_n, threads = _LARGE_TILE[arch.family]
+        if n % block_n:
+            block_n = 64
+        split = 1
+    return {"n": n, "k": k, "groups": groups, "block_m": block_m, "block_n": block_n, "split": split, "threads": threads,
+            "stages": _stages(arch.family, block_m, block_n, kb // split)}
+
+
+def build_fp8_gemm(*, n: int, k: int, block_m: int, block_n: int, split: int, stages: int, threads: int,
+                   groups: int = 1):
+    import tilelang.language as T
+
+    BM, BN, BK = block_m, block_n, BLOCK_K
+    KB = k // BK
+    KPS = KB // split
+    NQ = (n + QBLOCK - 1) // QBLOCK
+    G = groups
+    f32 = "float32"
+    M = T.dynamic("num_tokens")
+    policy = T.GemmWarpPolicy.FullCol if BM <= 64 else T.GemmWarpPolicy.Square
+
+    @T.macro
+    def mainloop(a, sa, b, sb, acc, bx, by, g, sp):
+        a_s = T.alloc_shared((BM, BK), FP8)
+        b_s = T.alloc_shared((BN, BK), FP8)
+        sc_s = T.alloc_shared((BM,), f32)
+        part = T.alloc_fragment((BM, BN), f32)
+        T.clear(acc)
+        for kk in T.Pipelined(KPS, num_stages=stages):
+            for i, j in T.Parallel(BM, BK):
+                a_s[i, j] = a[T.min(by * BM + i, M - 1), g * k + (sp * KPS + kk) * BK + j]
+            T.copy(b[g * n + bx * BN, (sp * KPS + kk) * BK], b_s)
+            for i in T.Parallel(BM):
+                sc_s[i] = (sa[T.min(by * BM + i, M - 1), g * KB + sp * KPS + kk]
+                           * sb[g * NQ + (bx * BN) // QBLOCK, sp * KPS + kk])
+            T.gemm(a_s, b_s, part, transpose_B=True, clear_accum=True, policy=policy)
+            for i, j in T.Parallel(BM, BN):
+                acc[i, j] += part[i, j] * sc_s[i]
+
+    if split == 1:
+        @T.prim_func
+        def fp8_gemm(
+            a: T.Tensor[(M, G * k), FP8],
+            sa: T.Tensor[(M, G * KB), f32],
+            b: T.Tensor[(G * n, k), FP8],
+            sb: T.Tensor[(G * NQ, KB), f32],
+            c: T.Tensor[(M, G * n), "bfloat16"],
+        ):
+            with T.Kernel(n // BN, T.ceildiv(M, BM), G, threads=threads) as (bx, by, g):
+                acc = T.alloc_fragment((BM, BN), f32)
+                mainloop(a, sa, b, sb, acc, bx, by, g, 0)
+                for i, j in T.Parallel(BM, BN):
+                    if by * BM + i < M:
+                        c[by * BM + i, g * n + bx * BN + j] = T.Cast("bfloat16", acc[i, j])
+
+        return fp8_gemm
+
+    @T.prim_func
+    def fp8_gemm_splitk(
+        a: T.Tensor[(M, G * k), FP8],
+        sa: T.Tensor[(M, G * KB), f32],
+        b: T.Tensor[(G * n, k), FP8],
+        sb: T.Tensor[(G * NQ, KB), f32],
+        partial: T.Tensor[(split, M, G * n), f32],
+    ):
+        with T.Kernel(n // BN, T.ceildiv(M, BM), G * split, threads=threads) as (bx, by, bz):
+            acc = T.alloc_fragment((BM, BN), f32)
+            mainloop(a, sa, b, sb, acc, bx, by, bz // split, bz % split)
+            for i, j in T.Parallel(BM, BN):
+                if by * BM + i < M:
+                    partial[bz % split, by * BM + i, (bz // split) * n + bx * BN + j] = acc[i, j]
+
+    return fp8_gemm_splitk
+
+
+REDUCE_COLS = 1024
+REDUCE_THREADS = 128
+
+
+def build_gemm_reduce(*, cols: int = REDUCE_COLS, threads: int = REDUCE_THREADS):
+    """c[m, n] = bf16(sum_s partial[s, m, n]); split, M and N all dynamic (one variant for every GEMM)."""
+    import tilelang.language as T
+
+    M = T.dynamic("num_tokens")
+    N = T.dynamic("n")
+    S = T.dynamic("split")
+
+    @T.prim_func
+    def fp8_gemm_reduce(
+        partial: T.Tensor[(S, M, N), "float32"],
+        c: T.Tensor[(M, N), "bfloat16"],
+    ):
+        with T.Kernel(T.ceildiv(N, cols), M, threads=threads) as (bx, m):
+            acc = T.alloc_fragment((cols,), "float32")
+            T.clear(acc)
+            for s in T.serial(S):
+                for j in T.Parallel(cols):
+                    acc[j] += T.if_then_else(bx * cols + j < N, partial[s, m, T.min(bx * cols + j, N - 1)], 0.0)
+            for j in T.Parallel(cols):
+                if bx * cols + j < N:
+                    c[m, bx * cols + j] = T.Cast("bfloat16", acc[j])
+
+    return fp8_gemm_reduce
+
+
+def _int(name: str, static: Mapping[str, Any], key: str, multiple: int) -> int:
+    if not isinstance(static, Mapping) or key not in static:
+        raise ValueError(f"{name}: static params lack {key!r}")
+    v = static[key]
+    if isinstance(v, bool) or not isinstance(v, int) or v < multiple or v % multiple:
+        raise ValueError(f"{name}: {key} must be a positive multiple of {multiple}, got {v!r}")
+    return v
+
+
+class _GemmSpecBase(KernelSpec):
+    def pass_configs(self, variant: Variant) -> dict[str, Any]:
+        cfg = dict(get_profile(variant.schedule).pass_configs)
+        # mma.sync (fp8 m16n8k32) on every arch: the WGMMA variants of our kernels gave wrong results on H100
+        cfg["tl.disable_wgmma"] = True
+        cfg["tl.disable_vectorize_256"] = True  # 16-byte vectors only: the SM12x schedule proven on sm_90a
+        return cfg
+
+
+@register
+class Fp8GemmSpec(_GemmSpecBase):
+    """C = A . B^T with per-token 1x128 (A) and 128x128 block (B) scales. Statics: n, k (multiples of 64 /
+    128), groups (optional, default 1: the grouped form, see the module doc). Split-K variants (split > 1) write fp32 partials instead of C (see fp8_gemm_reduce)."""
+    name = "fp8_gemm"
+    arg_names = ("a", "sa", "b", "sb", "c")   # "c" is partial [split, M, N] fp32 when split > 1
+
+    def static_params(self, model, parallel) -> dict[str, Any]:
+        # one static per weight shape: family.uses lists them (derived from the model config)
+        return {"n": int(model.hidden_size), "k": int(model.hidden_size)}
+
+    def select(self, arch: ArchProfile, static: Mapping[str, Any], num_tokens: int) -> Variant:
+        check_arch(self.name, arch)
+        self.check_tokens(num_tokens)
+        n = _int(self.name, static, "n", 64)
+        k = _int(self.name, static, "k", BLOCK_K)
+        groups = _int(self.name, static, "groups", 1) if "groups" in static else 1
+        return Variant.make(self.name, gemm_params(arch, n, k, num_tokens, groups), arch, schedule_name(arch))
+
+    def smem_bytes(self, variant: Variant) -> int:
+        return gemm_smem_bytes(variant.p)
+
+    def build(self, variant: Variant):
+        p = variant.p
+        return build_fp8_gemm(n=p["n"], k=p["k"], block_m=p["block_m"], block_n=p["block_n"], split=p["split"],
+                              stages=p["stages"], threads=p["threads"], groups=p["groups"])
+
+
+@register
+class Fp8GemmReduceSpec(_GemmSpecBase):
+    """Sums split-K partials [split, M, N] fp32 into C [M, N] bf16. No statics: one variant per arch."""
+    name = "fp8_gemm_reduce"
+    arg_names = ("partial", "c")
+
+    def static_params(self, model, parallel) -> dict[str, Any]:
+        return {}
+
+    def select(self, arch: ArchProfile, static: Mapping[str, Any], num_tokens: int) -> Variant:
+        check_arch(self.name, arch)
+        self.check_tokens(num_tokens)
+        if not isinstance(static, Mapping):
+            raise ValueError(f"{self.name}: static params must be a mapping, got {static!r}")
+        return Variant.make(self.name, {"cols": REDUCE_COLS, "threads": REDUCE_THREADS}, arch, schedule_name(arch))
+
+    def smem_bytes(self, variant: Variant) -> int:
+        return 0
+
+    def build(self, variant: Variant):
+        return build_gemm_reduce(cols=variant.p["cols"], threads=variant.p["threads"])

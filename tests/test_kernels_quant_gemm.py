@@ -1,0 +1,362 @@
+"""Quantization and FP8 GEMM families on the CPU: the torch references against literal per-element
+transcriptions of the math, the validation of every op (ValueError naming the argument before any kernel is
+selected), the GEMM shape list derived from the model config at TP 1/2/4/8, and the schedules' shared memory."""
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from dsv4_jit.arch import PROFILES, get_profile
+from dsv4_jit.kernels.gemm import fp8_gemm as gemm_kernel
+from dsv4_jit.kernels.gemm import ops as gops
+from dsv4_jit.kernels.gemm import reference as gref
+from dsv4_jit.kernels.gemm.family import gemm_shapes
+from dsv4_jit.kernels.quant import act_quant as quant_kernel
+from dsv4_jit.kernels.quant import ops as qops
+from dsv4_jit.kernels.quant import reference as qref
+from dsv4_jit.kernels.quant.family import quant_statics
+from dsv4_jit.model_config import EMBEDDED, ParallelConfig, load_model_config
+from dsv4_jit.spec import get_spec
+
+SM120 = get_profile("sm_120a")
+
+
+# ------------------------------------------------------------------------------------ literal math
+def _lit_pow2_scale(amax: float, qmax: float, floor: float) -> float:
+    v = float(torch.tensor(max(amax, floor), dtype=torch.float32) * torch.tensor(1.0 / qmax, dtype=torch.float32))
+    m, e = math.frexp(v)            # v = m * 2^e, m in [0.5, 1)
+    return v if m == 0.5 else 2.0 ** e
+
+
+_E4M3 = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn).float()
+_E4M3_FINITE = sorted({float(v) for v in _E4M3 if math.isfinite(float(v))})
+
+
+def _lit_e4m3(v: float) -> float:
+    """Nearest e4m3 value, ties to the even code (|v| <= 448)."""
+    best = min(_E4M3_FINITE, key=lambda q: abs(q - v))
+    ties = [q for q in _E4M3_FINITE if abs(q - v) == abs(best - v)]
+    if len(ties) > 1:
+        codes = {q: int(torch.tensor([q]).to(torch.float8_e4m3fn).view(torch.uint8)) for q in ties}
+        best = [q for q in ties if codes[q] % 2 == 0][0]
+    return best
+
+
+def _lit_e2m1(v: float) -> int:
+    table = qref.E2M1_VALUES
+    a = abs(v)
+    d = [abs(a - t) for t in table]
+    best = min(d)
+    idx = [i for i, x in enumerate(d) if x == best]
+    i = idx[0] if len(idx) == 1 else [j for j in idx if j % 2 == 0][0]
+    return i + (8 if v < 0 else 0)
+
+
+def _rows(m: int, n: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, n, generator=g) * torch.exp(torch.rand(m, 1, generator=g) * 6 - 3)
+    x[0, : n // 2] = 0                         # a zero group: the amax floor
+    x[-1, 0] = 1000.0                          # an outlier
+    return x.to(torch.bfloat16)
+
+
+def test_ue8m0_scale_matches_literal():
+    vals = [0.0, 1e-9, 1e-4, 0.5, 1.0, 447.9, 448.0, 448.1, 896.0, 3.0e5] + [2.0 ** e * 448 for e in range(-10, 10)]
+    for qmax, floor in ((448.0, 1e-4), (6.0, 6.0 * 2.0 ** -126)):
+        got = qref.ue8m0_scale(torch.tensor(vals), qmax, floor)
+        want = [_lit_pow2_scale(v, qmax, floor) for v in vals]
+        assert got.tolist() == want
+
+
+def test_act_quant_fp8_matches_literal():
+    x = _rows(5, 256, 0)
+    y, s = qref.ref_act_quant_fp8(x)
+    assert y.dtype == torch.float8_e4m3fn and s.shape == (5, 2) and s.dtype == torch.float32
+    for r, gi in itertools.product(range(5), range(2)):
+        grp = [float(v) for v in x[r, gi * 128:(gi + 1) * 128].float()]
+        sc = _lit_pow2_scale(max(abs(v) for v in grp), 448.0, 1e-4)
+        assert float(s[r, gi]) == sc
+        for j, v in enumerate(grp):
+            assert float(y[r, gi * 128 + j].float()) == _lit_e4m3(max(-448.0, min(448.0, v / sc)))
+    # every scale is a UE8M0 number: casting to float8_e8m0fnu and back is lossless
+    assert torch.equal(s.to(torch.float8_e8m0fnu).float(), s)
+
+
+def test_act_quant_fp8_inplace_matches_literal():
+    x = _rows(3, 512, 1)
+    out = qref.ref_act_quant_fp8_inplace(x, 448, 64)
+    assert torch.equal(out[:, 448:], x[:, 448:])
+    for r, gi in itertools.product(range(3), range(7)):
+        grp = [float(v) for v in x[r, gi * 64:(gi + 1) * 64].float()]
+        sc = _lit_pow2_scale(max(abs(v) for v in grp), 448.0, 1e-4)
+        for j, v in enumerate(grp):
+            want = float(torch.tensor(_lit_e4m3(max(-448.0, min(448.0, v / sc))) * sc).to(torch.bfloat16))
+            assert float(out[r, gi * 64 + j]) == want
+
+
+def test_act_quant_fp4_matches_literal_and_roundtrips():
+    x = _rows(4, 128, 2)
+    y, s = qref.ref_act_quant_fp4(x)
+    assert y.shape == (4, 64) and y.dtype == torch.uint8 and s.shape == (4, 4) and s.dtype == torch.uint8
+    deq = qref.dequant_fp4(y, s)
+    for r, gi in itertools.product(range(4), range(4)):
+        grp = [float(v) for v in x[r, gi * 32:(gi + 1) * 32].float()]
+        sc = _lit_pow2_scale(max(abs(v) for v in grp), 6.0, 6.0 * 2.0 ** -126)
+        assert int(s[r, gi]) == math.frexp(sc)[1] - 1 + 127
+        for j, v in enumerate(grp):
+            c = _lit_e2m1(max(-6.0, min(6.0, v / sc)))
+            col = gi * 32 + j
+            assert (int(y[r, col // 2]) >> (4 * (col % 2))) & 0xF == c
+            assert float(deq[r, col]) == qref.E2M1_VALUES[c & 7] * (-1 if c & 8 else 1) * sc
+    # torch's own e8m0 reading of the exponent bytes agrees
+    assert torch.equal(s.view(torch.float8_e8m0fnu).float(), qref.ue8m0_scale(
+        x.float().reshape(4, 4, 32).abs().amax(-1), 6.0, 6.0 * 2.0 ** -126))
+
+
+@pytest.mark.parametrize("limit", [10.0, 0.0])
+def test_swiglu_matches_literal(limit):
+    gu = _rows(3, 256, 3) * 4
+    h = qref.ref_swiglu(gu, limit, torch.float64)
+    for r, j in itertools.product(range(3), range(128)):
+        g, u = float(gu[r, j]), float(gu[r, 128 + j])
+        if limit > 0:
+            g, u = min(g, limit), max(-limit, min(limit, u))
+        assert h[r, j].item() == pytest.approx(g / (1 + math.exp(-g)) * u, rel=1e-12, abs=1e-300)
+    y, s = qref.ref_swiglu_quant_fp8(gu, limit)
+    y2, s2 = qref.ref_act_quant_fp8(qref.ref_swiglu(gu, limit).to(torch.bfloat16))
+    assert torch.equal(y.view(torch.uint8), y2.view(torch.uint8)) and torch.equal(s, s2)
+    if limit:
+        assert float(h.abs().max()) <= limit * limit          # |silu(g<=L)| <= L and |u| <= L
+
+
+@pytest.mark.parametrize("groups,n", [(1, 192), (2, 128), (1, 64)])
+def test_fp8_gemm_reference_matches_literal(groups, n):
+    g = torch.Generator().manual_seed(4)
+    m, k = 3, 256
+    a, sa = qref.ref_act_quant_fp8((torch.randn(m, groups * k, generator=g) * 3).to(torch.bfloat16))
+    b, sb = gref.quantize_weight_blocks(torch.randn(groups * n, k, generator=g))
+    if groups > 1:   # per-group block scales, stacked
+        parts = [gref.quantize_weight_blocks(torch.randn(n, k, generator=g)) for _ in range(groups)]
+        b, sb = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+    c = gref.ref_fp8_gemm(a, sa, b, sb, groups)
+    nq = -(-n // 128)
+    for i, gg, j in itertools.product(range(m), range(groups), range(0, n, 37)):
+        acc = 0.0
+        for kb in range(k // 128):
+            part = sum(float(a[i, gg * k + kk].float()) * float(b[gg * n + j, kk].float())
+                       for kk in range(kb * 128, (kb + 1) * 128))
+            acc += part * float(sa[i, gg * (k // 128) + kb]) * float(sb[gg * nq + j // 128, kb])
+        assert c[i, gg * n + j].item() == pytest.approx(acc, rel=1e-9, abs=1e-9)
+
+
+def test_weight_block_quantization_is_ue8m0_and_close():
+    w = torch.randn(200, 384) * torch.exp(torch.randn(200, 1))
+    q, s = gref.quantize_weight_blocks(w)
+    assert q.shape == (200, 384) and s.shape == (2, 3)
+    assert torch.equal(s.to(torch.float8_e8m0fnu).float(), s)
+    deq = q.double() * gref.expand_weight_scales(s, 200, 384)
+    assert float((deq - w.double()).norm() / w.double().norm()) < 0.05
+
+
+# ------------------------------------------------------------------------------------ config shapes
+# Expected per-rank (n, k, groups), written from dsv4_kernels.md's table (TP 1) and the TP rules.
+def _expected(h, q_lora, heads, hd, og, o_lora, idx, inter, tp):
+    return [(q_lora + hd, h, 1), (heads // tp * hd, q_lora, 1), (o_lora, heads // og * hd, og // tp),
+            (h, og // tp * o_lora, 1), (idx, q_lora, 1), (2 * inter // tp, h, 1), (h, inter // tp, 1)]
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4, 8])
+@pytest.mark.parametrize("model", sorted(EMBEDDED))
+def test_gemm_shapes_derived_from_config(model, tp):
+    m = load_model_config(model)
+    got = [(s["n"], s["k"], s["groups"]) for s in gemm_shapes(m, tp)]
+    if model == "deepseek-v4-flash":
+        want = _expected(4096, 1024, 64, 512, 8, 1024, 8192, 2048, tp)
+    else:
+        want = _expected(7168, 1536, 128, 512, 16, 1024, 8192, 3072, tp)
+    dedup = list(dict.fromkeys(want))
+    assert got == dedup
+    if model == "deepseek-v4-flash" and tp == 1:   # the reference doc's TP-1 table, literally
+        assert got == [(1536, 4096, 1), (32768, 1024, 1), (1024, 4096, 8), (4096, 8192, 1), (8192, 1024, 1),
+                       (4096, 4096, 1), (4096, 2048, 1)]
+    for n, k, g in got:
+        assert n % 64 == 0 and k % 128 == 0 and g >= 1
+
+
+def test_gemm_shapes_reject_indivisible_tp():
+    with pytest.raises(ValueError, match="tensor-parallel"):
+        gemm_shapes(load_model_config("deepseek-v4-flash"), 16)
+
+
+def test_quant_statics_cover_every_gemm_input():
+    for model in EMBEDDED:
+        m = load_model_config(model)
+        for tp in (1, 2, 4, 8):
+            ns = {st["n"] for name, st, _ in quant_statics(m, tp) if name == "act_quant_fp8"}
+            ks = {s["groups"] * s["k"] for s in gemm_shapes(m, tp)}
+            sw = {st["n"] for name, st, _ in quant_statics(m, tp) if name == "swiglu_quant_fp8"}
+            assert ks <= ns | sw, (model, tp, ks - ns - sw)
+
+
+# ------------------------------------------------------------------------------------ schedules
+def test_gemm_select_ladder_and_split():
+    spec = get_spec("fp8_gemm")
+    for arch in PROFILES.values():
+        for model in EMBEDDED:
+            for tp in (1, 8):
+                for s in gemm_shapes(load_model_config(model), tp):
+                    st = gops.gemm_static(s["n"], s["k"], s["groups"])
+                    seen = {spec.select(arch, st, t) for t in range(1, 16385)}
+                    assert len(seen) == 3, [v.name for v in seen]
+                    for t in (1, 16, 17, 64):
+                        p = spec.select(arch, st, t).p
+                        kb = s["k"] // 128
+                        assert kb % p["split"] == 0 and s["n"] % p["block_n"] == 0
+                        assert s["groups"] * s["n"] // p["block_n"] * p["split"] >= arch.num_sms_hint or p["split"] == kb
+                    assert spec.select(arch, st, 65).p["split"] == 1
+
+
+def test_sm120_shared_memory_figures():
+    """The pre-nvcc formulas of the SM12x schedules (lowered figures measured: README)."""
+    spec = get_spec("fp8_gemm")
+    st = gops.gemm_static(4096, 8192)
+    assert spec.smem_bytes(spec.select(SM120, st, 1)) == 4 * (16 * 128 + 64 * 128 + 64)
+    assert spec.smem_bytes(spec.select(SM120, st, 64)) == 4 * (64 * 128 + 64 * 128 + 256)
+    assert spec.smem_bytes(spec.select(SM120, st, 2049)) == 3 * (128 * 128 + 128 * 128 + 512) == 99_840
+    q = get_spec("act_quant_fp8")
+    assert q.smem_bytes(q.select(SM120, {"n": 4096}, 7)) == 32 * 128 * 2 + 32 * 4 + 128 * 4
+
+
+def test_pass_configs_disable_wgmma_everywhere():
+    for name in ("fp8_gemm", "fp8_gemm_reduce", "act_quant_fp8", "act_quant_fp8_inplace", "act_quant_fp4",
+                 "swiglu_quant_fp8"):
+        spec = get_spec(name)
+        for arch in PROFILES.values():
+            static = {"fp8_gemm": {"n": 1536, "k": 4096, "groups": 1}, "act_quant_fp8_inplace": {"n": 448, "stride": 512},
+                      "swiglu_quant_fp8": {"n": 2048, "limit": 10.0}}.get(name, {"n": 128} if "quant" in name else {})
+            assert spec.pass_configs(spec.select(arch, static, 5))["tl.disable_wgmma"] is True
+
+
+@pytest.mark.parametrize("name,static,match", [
+    ("fp8_gemm", {"n": 100, "k": 4096}, "n must"), ("fp8_gemm", {"n": 128, "k": 100}, "k must"),
+    ("fp8_gemm", {"k": 128}, "lack 'n'"), ("fp8_gemm", {"n": 128, "k": 128, "groups": 0}, "groups"),
+    ("act_quant_fp8", {"n": 100}, "multiple of 128"), ("act_quant_fp4", {"n": 48}, "multiple of 32"),
+    ("act_quant_fp8_inplace", {"n": 448, "stride": 256}, "stride"),
+    ("swiglu_quant_fp8", {"n": 2048, "limit": -1.0}, "limit"), ("swiglu_quant_fp8", {"n": 2048}, "limit"),
+])
+def test_select_rejects_bad_statics(name, static, match):
+    with pytest.raises(ValueError, match=match):
+        get_spec(name).select(SM120, static, 3)
+    with pytest.raises(ValueError, match="num_tokens"):
+        get_spec(name).select(SM120, {"n": 128, "k": 128, "stride": 512, "limit": 0.0}, 0)
+
+
+# ------------------------------------------------------------------------------------ op validation
+@pytest.fixture
+def cpu_tensors_ok(monkeypatch):
+    """check_tensor minus its CUDA-device rule, so every other rule is testable on this GPU-less machine."""
+    import dsv4_jit.validate as val
+    orig = val.check_tensor
+
+    def check(t, name, shape, dtype, device=None, *, contiguous=True):
+        if isinstance(t, torch.Tensor) and t.device.type == "cpu":
+            t = t.to("meta")
+            device = None if device is None else torch.device("meta")
+            if not isinstance(t, torch.Tensor):
+                raise ValueError(name)
+            try:
+                return orig(t, name, shape, dtype, device, contiguous=contiguous)
+            except ValueError as e:
+                if "CUDA" in str(e):
+                    return None
+                raise
+        return orig(t, name, shape, dtype, device, contiguous=contiguous)
+    monkeypatch.setattr(val, "check_tensor", check)
+
+
+def _no_kernel(*a, **k):
+    raise AssertionError("a kernel was requested before validation finished")
+
+
+def _gemm_args(m=5, n=256, k=512, groups=1):
+    a = torch.zeros(m, groups * k, dtype=torch.float8_e4m3fn)
+    return {"a": a, "a_scales": torch.ones(m, groups * k // 128), "b": torch.zeros(groups * n, k, dtype=torch.float8_e4m3fn),
+            "b_scales": torch.ones(groups * (-(-n // 128)), k // 128)}
+
+
+@pytest.mark.parametrize("bad,name", [
+    ({"a": torch.zeros(5, 512, dtype=torch.bfloat16)}, "a"),
+    ({"a": torch.zeros(5, 500, dtype=torch.float8_e4m3fn)}, "a"),
+    ({"a_scales": torch.ones(5, 3)}, "a_scales"),
+    ({"a_scales": torch.ones(5, 4, dtype=torch.float64)}, "a_scales"),
+    ({"b": torch.zeros(256, 256, dtype=torch.float8_e4m3fn)}, "b"),
+    ({"b": torch.zeros(100, 512, dtype=torch.float8_e4m3fn)}, "b"),
+    ({"b_scales": torch.ones(1, 4)}, "b_scales"),
+    ({"out": torch.empty(5, 256, dtype=torch.float32)}, "out"),
+    ({"out": torch.empty(4, 256, dtype=torch.bfloat16)}, "out"),
+])
+def test_fp8_gemm_validation_names_the_argument(cpu_tensors_ok, bad, name):
+    args = {**_gemm_args(), **bad}
+    out = args.pop("out", None)
+    with pytest.raises(ValueError, match=rf"^{name}\b"):
+        gops.fp8_gemm(args["a"], args["a_scales"], args["b"], args["b_scales"], arch=SM120, get_kernel=_no_kernel,
+                      out=out)
+
+
+def test_fp8_gemm_validation_groups_workspace_arch(cpu_tensors_ok):
+    args = _gemm_args(m=1, n=1536, k=4096)
+    with pytest.raises(ValueError, match="^workspace"):    # decode M=1 splits K: needs the partials
+        gops.fp8_gemm(*args.values(), arch=SM120, get_kernel=_no_kernel, workspace=torch.empty(10))
+    with pytest.raises(ValueError, match="^workspace"):
+        gops.fp8_gemm(*args.values(), arch=SM120, get_kernel=_no_kernel, workspace=torch.empty(10, dtype=torch.float64))
+    with pytest.raises(ValueError, match="^groups"):
+        gops.fp8_gemm(*args.values(), arch=SM120, get_kernel=_no_kernel, groups=0)
+    with pytest.raises(ValueError, match="arch"):
+        gops.fp8_gemm(*args.values(), arch="sm_120a", get_kernel=_no_kernel)
+    ga = _gemm_args(m=3, n=1024, k=4096, groups=8)
+    with pytest.raises(ValueError, match="^b_scales"):
+        gops.fp8_gemm(ga["a"], ga["a_scales"], ga["b"], torch.ones(8, 32), arch=SM120, get_kernel=_no_kernel, groups=8)
+    assert gops.fp8_gemm_workspace_numel(1536, 4096, 1, arch=SM120) == \
+        get_spec("fp8_gemm").select(SM120, gops.gemm_static(1536, 4096), 1).p["split"] * 1536
+    assert gops.fp8_gemm_workspace_numel(1536, 4096, 300, arch=SM120) == 0
+
+
+def test_quant_validation_names_the_argument(cpu_tensors_ok):
+    x = torch.zeros(3, 256, dtype=torch.bfloat16)
+    kw = {"arch": SM120, "get_kernel": _no_kernel}
+    cases = [
+        (lambda: qops.act_quant_fp8(x.float(), **kw), "x"),
+        (lambda: qops.act_quant_fp8(torch.zeros(3, 200, dtype=torch.bfloat16), **kw), "x"),
+        (lambda: qops.act_quant_fp8(x, out=torch.empty(3, 256, dtype=torch.bfloat16), **kw), "out"),
+        (lambda: qops.act_quant_fp8(x, scales=torch.empty(3, 3), **kw), "scales"),
+        (lambda: qops.act_quant_fp4(torch.zeros(3, 48, dtype=torch.bfloat16), **kw), "x"),
+        (lambda: qops.act_quant_fp4(x, out=torch.empty(3, 256, dtype=torch.uint8), **kw), "out"),
+        (lambda: qops.act_quant_fp4(x, scales=torch.empty(3, 8), **kw), "scales"),
+        (lambda: qops.act_quant_fp8_inplace(torch.zeros(3, 512), **kw), "x"),
+        (lambda: qops.act_quant_fp8_inplace(torch.zeros(3, 512, dtype=torch.bfloat16), n=100, **kw), "n"),
+        (lambda: qops.act_quant_fp8_inplace(torch.zeros(3, 256, dtype=torch.bfloat16), n=448, **kw), "n"),
+        (lambda: qops.swiglu_quant_fp8(torch.zeros(3, 384, dtype=torch.bfloat16), limit=10.0, **kw), "gate_up"),
+        (lambda: qops.swiglu_quant_fp8(x, limit=-1.0, **kw), "limit"),
+        (lambda: qops.swiglu_quant_fp8(x, limit=float("inf"), **kw), "limit"),
+        (lambda: qops.swiglu_quant_fp8(x, limit=10.0, out=torch.empty(3, 256, dtype=torch.float8_e4m3fn), **kw), "out"),
+    ]
+    for fn, name in cases:
+        with pytest.raises(ValueError, match=rf"^{name}\b"):
+            fn()
+    with pytest.raises(ValueError, match="arch"):
+        qops.act_quant_fp8(x, arch=None, get_kernel=_no_kernel)
+
+
+def test_families_registered_with_their_ops():
+    from dsv4_jit.family import all_families
+    fams = all_families()
+    assert set(fams["gemm"].ops) == {"fp8_gemm"} and "swiglu_quant_fp8" in fams["quant"].ops
+    uses = fams["gemm"].uses(load_model_config("deepseek-v4-pro"), ParallelConfig(tp_size=8))
+    assert {u.spec.name for u in uses} == {"fp8_gemm", "fp8_gemm_reduce"}
+    import dsv4_jit
+    for op in ("act_quant_fp8", "act_quant_fp8_inplace", "act_quant_fp4", "swiglu_quant_fp8", "fp8_gemm"):
+        assert callable(getattr(dsv4_jit, op)) and op in dsv4_jit.__all__
+    assert gemm_kernel.BLOCK_K == 128 and quant_kernel.BLK_M == 32
