@@ -22,8 +22,11 @@ from . import act_quant  # noqa: F401  (registers the specs)
 
 GPU_TOKENS = (1, 7, 64, 300, 2049)
 EXACT_TOL = 1e-3     # vs the torch transcription of the same rounding (bit-exact expected)
-FP8_TOL = 5e-2       # e4m3 rounding vs the float64 input: ~3% per token
-FP4_TOL = 0.3        # e2m1 rounding vs the float64 input: ~15% per token
+# vs the float64 input (the rounding itself), measured with the references on these inputs at 7 / 300 / 2049
+# tokens: e4m3 worst token 3.2e-2 (act_quant), 4.2e-2 (in-place KV rows), 4.8e-2 (SwiGLU: many near-zero
+# values in low binades); e2m1 worst token 0.25 (outlier channels leave the rest of their group near zero)
+FP8_TOL = 8e-2
+FP4_TOL = 0.4
 SWIGLU_TOL = 2e-2    # vs the torch transcription: fp32 exp on the GPU may round a few bf16 values differently
 
 
