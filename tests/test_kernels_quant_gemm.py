@@ -210,13 +210,17 @@ def test_gemm_select_ladder_and_split():
                 for s in gemm_shapes(load_model_config(model), tp):
                     st = gops.gemm_static(s["n"], s["k"], s["groups"])
                     seen = {spec.select(arch, st, t) for t in range(1, 16385)}
-                    assert len(seen) == 3, [v.name for v in seen]
+                    assert 3 <= len(seen) <= 4, [v.name for v in seen]
+                    kb = s["k"] // 128
                     for t in (1, 16, 17, 64):
                         p = spec.select(arch, st, t).p
-                        kb = s["k"] // 128
                         assert kb % p["split"] == 0 and s["n"] % p["block_n"] == 0
                         assert s["groups"] * s["n"] // p["block_n"] * p["split"] >= arch.num_sms_hint or p["split"] == kb
-                    assert spec.select(arch, st, 65).p["split"] == 1
+                    for t in (65, 256):
+                        p = spec.select(arch, st, t).p
+                        assert p["block_m"] == 64 and kb % p["split"] == 0
+                        assert p["split"] == 1 or p["split"] * 256 * 4 <= s["k"]     # partials <= weight bytes
+                    assert spec.select(arch, st, 257).p["split"] == 1 and spec.select(arch, st, 257).p["block_m"] == 128
 
 
 def test_sm120_shared_memory_figures():

@@ -13,12 +13,15 @@ Grouped form (`groups` G > 1, the grouped output projection wo_a): C [M, G*N], A
 stacked), sa [M, G*K/128], sb [G*ceil(N/128), K/128]; C[:, g*N:(g+1)*N] = A[:, g*K:(g+1)*K] . B_g^T, one launch
 (grid z = groups x splits).
 
-Schedules (per arch family; `select` picks one of three by the token count):
+Schedules (per arch family; `select` picks one of four by the token count):
   * decode, M <= 16 / M <= 64: one M tile (16 / 64 rows), N tiles of 128 columns, or 64 when 128-column tiles
     alone would leave SMs idle, and split-K over a divisor of the K blocks until (N tiles x splits) reaches
     the SM count, so small-M GEMMs stream the weight with the whole GPU. Split > 1 writes fp32 partials
     [split, M, N] to a workspace and `fp8_gemm_reduce` sums them into bf16 C.
-  * large M: 128 x 128 tiles (K block 128), no split; 3 cp.async stages on SM12x (99,840 B of the 101,376),
+  * batched decode, 64 < M <= 256: the same 64-row tiles (2..4 M tiles), split-K counted for 2 M tiles and
+    capped so the partials (split x 256 x N fp32) never outweigh the weight (N x K fp8): a 128 x 128 tile
+    would give e.g. the fused wq_a+wkv (N = 1,536) only 12..24 CTAs.
+  * large M (> 256): 128 x 128 tiles (K block 128), no split; 3 cp.async stages on SM12x (99,840 B of the 101,376),
     4 elsewhere.
 
 Rows past M read the last row (clamped index) and are never stored.
@@ -35,6 +38,7 @@ FP8 = "float8_e4m3"
 QBLOCK = 128          # quantization block (activations 1x128, weights 128x128)
 BLOCK_K = 128
 DECODE_MAX_M = 64
+SPLIT_MAX_M = 256
 
 _FAMILY_SCHEDULE = {"hopper": "sm_90a", "blackwell_dc": "sm_100a", "blackwell_consumer": "sm_120a"}
 
@@ -76,21 +80,28 @@ def _stages(family: str, block_m: int, block_n: int, k_iters: int) -> int:
     return max(1, min(s, k_iters))
 
 
-def decode_split(n_tiles: int, k_blocks: int, num_sms: int) -> int:
-    """Smallest divisor d of k_blocks with n_tiles * d >= num_sms (every SM streams weight), else k_blocks."""
-    for d in range(1, k_blocks + 1):
-        if k_blocks % d == 0 and n_tiles * d >= num_sms:
+def decode_split(n_tiles: int, k_blocks: int, num_sms: int, most: int | None = None) -> int:
+    """Smallest divisor d of k_blocks with n_tiles * d >= num_sms (every SM streams weight), else the largest
+    divisor; never above `most` (when given)."""
+    divs = [d for d in range(1, k_blocks + 1) if k_blocks % d == 0 and (most is None or d <= max(1, most))]
+    for d in divs:
+        if n_tiles * d >= num_sms:
             return d
-    return k_blocks
+    return divs[-1]
 
 
 def gemm_params(arch: ArchProfile, n: int, k: int, num_tokens: int, groups: int = 1) -> dict:
     """The schedule: pure in (arch, n, k, groups, num_tokens)."""
     kb = k // BLOCK_K
-    if num_tokens <= DECODE_MAX_M:
+    if num_tokens <= SPLIT_MAX_M:
         block_m = 16 if num_tokens <= 16 else DECODE_MAX_M
-        block_n = 128 if n % 128 == 0 and groups * n // 128 >= arch.num_sms_hint else 64
-        split = decode_split(groups * n // block_n, kb, arch.num_sms_hint)
+        m_tiles = 1 if num_tokens <= DECODE_MAX_M else 2
+        block_n = 128 if n % 128 == 0 and m_tiles * groups * n // 128 >= arch.num_sms_hint else 64
+        tiles = m_tiles * groups * n // block_n
+        if num_tokens <= DECODE_MAX_M:
+            split = decode_split(tiles, kb, arch.num_sms_hint)
+        else:   # partial bytes split * SPLIT_MAX_M * N * 4 <= weight bytes N * K
+            split = decode_split(tiles, kb, arch.num_sms_hint, k // (4 * SPLIT_MAX_M))
         threads = 128
     else:
         block_m, block_n, threads = _LARGE_TILE[arch.family]

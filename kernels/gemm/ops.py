@@ -9,7 +9,7 @@ launch the variant `select` picked, then (split-K variants) the reduction.
             converted once at load: `scale.float()`)
   out       bf16 [M, G*N]
   workspace fp32, 1-D, >= fp8_gemm_workspace_numel(...) elements (split-K partials; only read when the
-            variant splits, i.e. M <= 64 and the weight alone would not fill the GPU)
+            variant splits, i.e. M <= 256 and the weight alone would not fill the GPU)
 """
 from __future__ import annotations
 
