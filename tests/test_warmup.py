@@ -194,7 +194,7 @@ def test_cli_engine_args_forms():
 def fake_planner(monkeypatch):
     from dsv4_jit import jit
     from dsv4_jit.warmup import planner
-    monkeypatch.setattr(planner, "_default_uses", lambda model, shapes: USES)
+    monkeypatch.setattr(planner, "_default_uses", lambda model, shapes, families=None: USES)
     monkeypatch.setattr(jit, "artifact_key", fake_key)
 
 
@@ -210,13 +210,23 @@ def test_cli_plan_json(fake_planner, capsys):
     assert rc == 0 and "distinct compiles: 7" in out and "from --arch" in out
 
 
-def test_cli_check_bundle(fake_planner, tmp_path, capsys):
+def test_cli_check_bundle(fake_planner, tmp_path, capsys, monkeypatch):
+    import hashlib
+    from dsv4_jit import jit
     from dsv4_jit.cli import main
+    # bundle manifests hold sha256 keys: hash the readable fake keys the same way on both sides
+    hexed = lambda k: hashlib.sha256(k.encode()).hexdigest()  # noqa: E731
+    monkeypatch.setattr(jit, "artifact_key", lambda spec, v: hexed(fake_key(spec, v)))
     plan = small_plan(archs=("sm_90a",))
     bundle = tmp_path / "b.tar.gz"
 
     def write(keys):
-        raw = json.dumps({"entries": [{"key": k} for k in keys]}).encode()
+        keys = [hexed(k) for k in keys]
+        from dsv4_jit.cache_tools.bundle import BUNDLE_KIND, FORMAT_VERSION
+        blob = "0" * 64  # a well-formed manifest; check reads only the manifest, never the blobs
+        raw = json.dumps({"format_version": FORMAT_VERSION, "kind": BUNDLE_KIND, "producer": {}, "blobs": {blob: 1},
+                          "entries": [{"key": k, "fields": {}, "files": {"kernel.so": {"sha256": blob, "size": 1}}}
+                                      for k in keys]}).encode()
         with tarfile.open(bundle, "w:gz") as tf:
             ti = tarfile.TarInfo("manifest.json")
             ti.size = len(raw)
