@@ -1,7 +1,8 @@
 """FP8 block-scaled GEMM benchmark: every FP8 weight shape of a model at one TP (derived from its config by
 kernels/gemm/family.py: gemm_shapes), at decode sizes (M = 1, 8, 32, 64) and prefill sizes (M = 2048, 8192).
 
-Columns (us: CUDA-graph replay of 20 calls, median of triton's do_bench, L2 flushed):
+Columns (us: one call per CUDA-graph replay, median of triton's do_bench, L2 flushed before each replay, so
+a weight is read from DRAM every call, as in a forward pass where 43+ layers' weights pass through L2):
   ours            dsv4_jit.fp8_gemm (TileLang; split-K + reduce where the variant splits), with the variant name
   GB/s, %copy     decode rows: weight bytes (fp8 N x K + fp32 block scales) / time, and that against a measured
                   device-to-device copy (256 MiB, read + write): how close the GEMM streams the weight to bandwidth
@@ -165,13 +166,13 @@ def main() -> None:
                              dtype=torch.float32, device=dev)
             fn = lambda: dsv4_jit.fp8_gemm(a, sa, b, sb, arch=arch, groups=groups, out=c, workspace=ws)  # noqa: E731
             fn()
-            us, why = graph_us_or_reason(fn)
+            us, why = graph_us_or_reason(fn, reps=1)
             variant = get_spec("fp8_gemm").select(arch, gops.gemm_static(n, k, groups), m).name
             t_us, t_note = None, support.get("blockwise") if mode is None else mode
             if mode is not None:
                 try:
                     t_fn = torch_scaled_mm(a, sa, b, sb, groups, mode)
-                    t_us, t_why = graph_us_or_reason(t_fn)
+                    t_us, t_why = graph_us_or_reason(t_fn, reps=1)
                     if t_us is None:
                         t_note = t_why
                     elif mode == "rowwise" and m % 16:

@@ -18,17 +18,28 @@ bundle=${1:-}
 status=0
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nvcc --version | tail -1;
   python3 -c "import sys, torch; print(sys.version.split()[0], torch.__version__)"; } 2>&1 | tee "$OUT/env.log"
-if [ -n "$bundle" ]; then
-  python3 scripts/container_case.py "$bundle" 2>&1 | tee "$OUT/container_case.log" || status=1
+# STEPS picks parts (one device call runs at most 10 minutes; the whole pass takes longer), e.g.
+#   STEPS="warm tests" bash scripts/gpu_pass.sh     then     STEPS="bench_attention bench_indexer" ...
+STEPS=${STEPS:-"container warm tests bench_mhc bench_attention bench_indexer bench_gemm plugin warm_load host"}
+step() { case " $STEPS " in *" $1 "*) return 0;; *) return 1;; esac; }
+run() { local log=$1; shift; "$@" 2>&1 | tee "$OUT/$log.log"; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1; }
+if step container && [ -n "$bundle" ]; then run container_case python3 scripts/container_case.py "$bundle"; fi
+step warm && run warm python3 scripts/build_gpu_bundle.py /tmp/dsv4-gpu-pass-bundle.tar.gz -j "$(nproc)"
+if step tests; then
+  export DSV4_JIT_GPU_REPORT="$OUT/gpu_cases.jsonl"
+  run gpu_tests python3 -m pytest -q -m gpu -p no:cacheprovider tests
 fi
-python3 scripts/build_gpu_bundle.py /tmp/dsv4-gpu-pass-bundle.tar.gz -j "$(nproc)" 2>&1 | tee "$OUT/warm.log" || status=1
-DSV4_JIT_GPU_REPORT="$OUT/gpu_cases.jsonl" python3 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 \
-  | tee "$OUT/gpu_tests.log" || status=1
-python3 benchmarks/bench_mhc.py --out "$OUT/bench_mhc.json" 2>&1 | tee "$OUT/bench_mhc.log" || status=1
-python3 benchmarks/bench_attention.py --out "$OUT/bench_attention.json" 2>&1 | tee "$OUT/bench_attention.log" || status=1
-python3 benchmarks/bench_indexer.py --out "$OUT/bench_indexer.json" 2>&1 | tee "$OUT/bench_indexer.log" || status=1
-python3 benchmarks/bench_indexer.py --arch sm_120a --out "$OUT/bench_indexer_sm120.json" 2>&1 \
-  | tee "$OUT/bench_indexer_sm120.log" || status=1
-python3 benchmarks/bench_warm_load.py --repeat 5 --out "$OUT/warm_load.json" 2>&1 | tee "$OUT/warm_load.log" || status=1
-python3 benchmarks/bench_host_overhead.py --out "$OUT/host_overhead.json" 2>&1 | tee "$OUT/host_overhead.log" || status=1
+step bench_mhc && run bench_mhc python3 benchmarks/bench_mhc.py --out "$OUT/bench_mhc.json"
+step bench_attention && run bench_attention python3 benchmarks/bench_attention.py --out "$OUT/bench_attention.json"
+if step bench_indexer; then
+  run bench_indexer python3 benchmarks/bench_indexer.py --out "$OUT/bench_indexer.json"
+  run bench_indexer_sm120 python3 benchmarks/bench_indexer.py --arch sm_120a --out "$OUT/bench_indexer_sm120.json"
+fi
+if step bench_gemm; then
+  run bench_gemm python3 benchmarks/bench_gemm.py --out "$OUT/bench_gemm.json"
+  run bench_gemm_sm120 python3 benchmarks/bench_gemm.py --arch sm_120a --out "$OUT/bench_gemm_sm120.json"
+fi
+step plugin && run plugin_check python3 scripts/gpu_engine_plugin_check.py --model deepseek-v4-flash
+step warm_load && run warm_load python3 benchmarks/bench_warm_load.py --repeat 5 --out "$OUT/warm_load.json"
+step host && run host_overhead python3 benchmarks/bench_host_overhead.py --out "$OUT/host_overhead.json"
 exit $status
