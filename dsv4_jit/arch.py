@@ -65,6 +65,29 @@ PROFILES: dict[str, ArchProfile] = {
                            dict(_SM12X_PASSES), "DGX Spark (GB10)"),
 }
 
+# The canonical schedule of each GPU family: what a variant records when an emulated profile (an SM120
+# schedule compiled for sm_90a to prove it on a Hopper GPU) selects it.
+FAMILY_SCHEDULE = {"hopper": "sm_90a", "blackwell_dc": "sm_100a", "blackwell_consumer": "sm_120a"}
+
+
+def schedule_name(arch: ArchProfile) -> str:
+    """The schedule an (possibly emulated) profile stands for: an SM120 profile retargeted to sm_90a keeps its
+    family, so its variants record schedule=sm_120a and get the SM12x pass configs."""
+    canon = PROFILES.get(arch.name)
+    if canon is not None and canon.family == arch.family:
+        return arch.name
+    return FAMILY_SCHEDULE[arch.family]
+
+
+def check_arch(kernel: str, arch: object) -> ArchProfile:
+    """`select`'s arch argument: an ArchProfile of a known family, else a ValueError naming the kernel."""
+    if not isinstance(arch, ArchProfile):
+        raise ValueError(f"{kernel}: arch must be an ArchProfile (dsv4_jit.arch.get_profile), got {arch!r}")
+    if arch.family not in FAMILY_SCHEDULE:
+        raise ValueError(f"{kernel}: no schedule for GPU family {arch.family!r}")
+    return arch
+
+
 _ALIASES = {
     "sm90": "sm_90a", "sm_90": "sm_90a", "90": "sm_90a", "90a": "sm_90a", "hopper": "sm_90a", "h100": "sm_90a", "h200": "sm_90a",
     "sm100": "sm_100a", "sm_100": "sm_100a", "100": "sm_100a", "100a": "sm_100a", "b200": "sm_100a",

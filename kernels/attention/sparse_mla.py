@@ -37,7 +37,7 @@ any is used) while tile k is dequantized into shared memory and multiplied.
 import math
 from typing import Any, Mapping
 
-from dsv4_jit.arch import PROFILES, ArchProfile, get_profile
+from dsv4_jit.arch import ArchProfile, check_arch, get_profile, schedule_name
 from dsv4_jit.spec import KernelSpec, Variant, register
 
 D = 512            # q / kv head dim (latent)
@@ -50,17 +50,6 @@ KV_FORMATS = ("fp8_ds_mla", "bf16")
 SPLITS = (1, 2, 4, 8, 16)
 LOG2E = 1.4426950408889634
 
-_FAMILY_SCHEDULE = {"hopper": "sm_90a", "blackwell_dc": "sm_100a", "blackwell_consumer": "sm_120a"}
-
-
-def schedule_name(arch: ArchProfile) -> str:
-    """The schedule a (possibly emulated) profile stands for: an SM120 profile retargeted to sm_90a keeps
-    its family, so the variant records schedule=sm_120a and gets SM12x pass configs."""
-    canon = PROFILES.get(arch.name)
-    if canon is not None and canon.family == arch.family:
-        return arch.name
-    return _FAMILY_SCHEDULE[arch.family]
-
 
 def pass_configs_for(variant: Variant) -> dict[str, Any]:
     # 128-bit vectors only: TileLang emits 256-bit loads for sm_100+/sm_120 that an SM120 schedule proven
@@ -72,14 +61,6 @@ def pass_configs_for(variant: Variant) -> dict[str, Any]:
     cfg["tl.disable_vectorize_256"] = True
     cfg["tl.disable_wgmma"] = True
     return cfg
-
-
-def _check_arch(name: str, arch: Any) -> ArchProfile:
-    if not isinstance(arch, ArchProfile):
-        raise ValueError(f"{name}: arch must be an ArchProfile, got {arch!r}")
-    if arch.family not in _FAMILY_SCHEDULE:
-        raise ValueError(f"{name}: no schedule for GPU family {arch.family!r}")
-    return arch
 
 
 def _int_static(name: str, static: Mapping[str, Any], key: str, lo: int, hi: int) -> int:
@@ -471,7 +452,7 @@ class SparseMlaSpec(KernelSpec):
         return attention_statics(model, parallel, "fp8_ds_mla")
 
     def select(self, arch: ArchProfile, static: Mapping[str, Any], num_tokens: int) -> Variant:
-        _check_arch(self.name, arch)
+        check_arch(self.name, arch)
         self.check_tokens(num_tokens)
         heads, scale, fmt = _static_heads_scale(self.name, static)
         hb = head_block(heads, arch)

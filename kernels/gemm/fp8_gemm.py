@@ -31,7 +31,7 @@ Kernel-defining code only (no host code: the artifact key hashes this module).
 # No `from __future__ import annotations`: TileLang evaluates the T.Tensor annotations.
 from typing import Any, Mapping
 
-from dsv4_jit.arch import PROFILES, ArchProfile, get_profile
+from dsv4_jit.arch import ArchProfile, check_arch, get_profile, schedule_name
 from dsv4_jit.spec import KernelSpec, Variant, register
 
 FP8 = "float8_e4m3"
@@ -40,26 +40,11 @@ BLOCK_K = 128
 DECODE_MAX_M = 64
 SPLIT_MAX_M = 256
 
-_FAMILY_SCHEDULE = {"hopper": "sm_90a", "blackwell_dc": "sm_100a", "blackwell_consumer": "sm_120a"}
 
 # Pipeline-stage budget per schedule family (bytes of shared memory the stages may take) and the most stages.
 _STAGE_BUDGET = {"blackwell_consumer": (100_000, 4), "hopper": (200_000, 6), "blackwell_dc": (200_000, 6)}
 # Large-M tile per family: (block_m, block_n, threads)
 _LARGE_TILE = {"blackwell_consumer": (128, 128, 256), "hopper": (128, 128, 256), "blackwell_dc": (128, 128, 256)}
-
-
-def schedule_name(arch: ArchProfile) -> str:
-    canon = PROFILES.get(arch.name)
-    if canon is not None and canon.family == arch.family:
-        return arch.name
-    return _FAMILY_SCHEDULE[arch.family]
-
-
-def check_arch(name: str, arch: ArchProfile) -> None:
-    if not isinstance(arch, ArchProfile):
-        raise ValueError(f"{name}: arch must be an ArchProfile (dsv4_jit.arch.get_profile), got {arch!r}")
-    if arch.family not in _FAMILY_SCHEDULE:
-        raise ValueError(f"{name}: unknown arch family {arch.family!r}")
 
 
 def stage_bytes(block_m: int, block_n: int) -> int:

@@ -39,13 +39,12 @@ Kernel-defining code only (no host code: the artifact key hashes this module).
 # No `from __future__ import annotations`: TileLang evaluates the T.Tensor annotations.
 from typing import Any, Mapping
 
-from dsv4_jit.arch import PROFILES, ArchProfile, get_profile
+from dsv4_jit.arch import ArchProfile, check_arch, get_profile, schedule_name
 from dsv4_jit.spec import KernelSpec, Variant, register
 
 FP8 = "float8_e4m3"
 SCALE_BYTES = 4
 
-_FAMILY_SCHEDULE = {"hopper": "sm_90a", "blackwell_dc": "sm_100a", "blackwell_consumer": "sm_120a"}
 
 # Per schedule family: (block_n, num_stages, threads).
 #  * SM12x: 128-column tiles x 2 stages (the public bN256 x 3 = 116,736 B does not fit 101,376 B; bN128 x 2
@@ -57,21 +56,6 @@ SCHEDULES = {
     "hopper": (256, 3, 512),
     "blackwell_dc": (256, 3, 512),
 }
-
-
-def schedule_name(arch: ArchProfile) -> str:
-    """The schedule an (possibly emulated) profile stands for (see kernels/mhc/post.py)."""
-    canon = PROFILES.get(arch.name)
-    if canon is not None and canon.family == arch.family:
-        return arch.name
-    return _FAMILY_SCHEDULE[arch.family]
-
-
-def check_arch(name: str, arch: ArchProfile) -> None:
-    if not isinstance(arch, ArchProfile):
-        raise ValueError(f"{name}: arch must be an ArchProfile (dsv4_jit.arch.get_profile), got {arch!r}")
-    if arch.family not in _FAMILY_SCHEDULE:
-        raise ValueError(f"{name}: unknown arch family {arch.family!r}")
 
 
 def int_param(name: str, static: Mapping[str, Any], key: str, allowed=None, lo: int = 1) -> int:

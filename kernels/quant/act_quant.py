@@ -31,7 +31,7 @@ Kernel-defining code only (no host code: the artifact key hashes this module).
 # No `from __future__ import annotations`: TileLang evaluates the T.Tensor annotations.
 from typing import Any, Mapping
 
-from dsv4_jit.arch import PROFILES, ArchProfile, get_profile
+from dsv4_jit.arch import ArchProfile, check_arch, get_profile, schedule_name
 from dsv4_jit.spec import KernelSpec, Variant, register
 
 FP8 = "float8_e4m3"
@@ -42,24 +42,9 @@ FP4_AMAX_FLOOR = 6.0 * 2.0 ** -126    # ref fp4_quant: amax = max(amax, 6 * 2^-1
 BLK_M = 32
 THREADS = 128
 
-_FAMILY_SCHEDULE = {"hopper": "sm_90a", "blackwell_dc": "sm_100a", "blackwell_consumer": "sm_120a"}
 
 # mode -> (group, input width given n and stride)
 MODES = ("fp8", "fp8_inplace", "fp4", "swiglu")
-
-
-def schedule_name(arch: ArchProfile) -> str:
-    canon = PROFILES.get(arch.name)
-    if canon is not None and canon.family == arch.family:
-        return arch.name
-    return _FAMILY_SCHEDULE[arch.family]
-
-
-def check_arch(name: str, arch: ArchProfile) -> None:
-    if not isinstance(arch, ArchProfile):
-        raise ValueError(f"{name}: arch must be an ArchProfile (dsv4_jit.arch.get_profile), got {arch!r}")
-    if arch.family not in _FAMILY_SCHEDULE:
-        raise ValueError(f"{name}: unknown arch family {arch.family!r}")
 
 
 def int_param(name: str, static: Mapping[str, Any], key: str, lo: int = 1, multiple: int = 1) -> int:
