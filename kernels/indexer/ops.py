@@ -88,6 +88,30 @@ def _out_2d(t, name: str, shape: tuple, dtype, dev):
     return t
 
 
+def _check_block_table(block_table, dev) -> None:
+    """A page table [batch, max_pages] int32 with at least one row and one column (top-k, SWA prep)."""
+    import torch
+    from dsv4_jit.validate import check_tensor
+    if not isinstance(block_table, torch.Tensor) or block_table.dim() != 2:
+        raise ValueError("block_table: expected an int32 [batch, max_pages] tensor")
+    check_tensor(block_table, "block_table", [None, None], torch.int32, dev)
+    if block_table.shape[0] < 1 or block_table.shape[1] < 1:
+        raise ValueError(f"block_table: needs at least one row and one column, got {list(block_table.shape)}")
+
+
+def _index_outputs(out, names: tuple[str, str], tokens: int, width: int, dev):
+    """(indices [T, width], lengths [T]) int32: the caller's `out` pair checked, or allocated."""
+    import torch
+    from dsv4_jit.validate import check_tensor
+    indices, lengths = (None, None) if out is None else out
+    indices = _out_2d(indices, f"out[0] ({names[0]})", (tokens, width), torch.int32, dev)
+    if lengths is None:
+        lengths = torch.empty(tokens, dtype=torch.int32, device=dev)
+    else:
+        check_tensor(lengths, f"out[1] ({names[1]})", [tokens], torch.int32, dev)
+    return indices, lengths
+
+
 # =============================================================================================
 # logits
 # =============================================================================================
@@ -186,17 +210,8 @@ def indexer_topk(logits, row_info, block_table, *, topk: int, page_size: int, ar
     check_tensor(logits, "logits", [None, None], torch.float32)
     tokens, dev = logits.shape[0], logits.device
     check_tensor(row_info, "row_info", [tokens, 3], torch.int32, dev)
-    if not isinstance(block_table, torch.Tensor) or block_table.dim() != 2:
-        raise ValueError("block_table: expected an int32 [batch, max_pages] tensor")
-    check_tensor(block_table, "block_table", [None, None], torch.int32, dev)
-    if block_table.shape[0] < 1 or block_table.shape[1] < 1:
-        raise ValueError(f"block_table: needs at least one row and one column, got {list(block_table.shape)}")
-    indices, lengths = (None, None) if out is None else out
-    indices = _out_2d(indices, "out[0] (indices)", (tokens, topk), torch.int32, dev)
-    if lengths is None:
-        lengths = torch.empty(tokens, dtype=torch.int32, device=dev)
-    else:
-        check_tensor(lengths, "out[1] (lengths)", [tokens], torch.int32, dev)
+    _check_block_table(block_table, dev)
+    indices, lengths = _index_outputs(out, ("indices", "lengths"), tokens, topk, dev)
     if tokens == 0:
         return indices, lengths
     kernel = get_kernel(get_spec("indexer_topk"), {"topk": topk, "page_size": page_size}, tokens)
@@ -239,17 +254,8 @@ def indexer_swa_indices(positions, req_idx, block_table, *, window: int, page_si
     check_tensor(positions, "positions", [None], torch.int32)
     tokens, dev = positions.shape[0], positions.device
     check_tensor(req_idx, "req_idx", [tokens], torch.int32, dev)
-    if not isinstance(block_table, torch.Tensor) or block_table.dim() != 2:
-        raise ValueError("block_table: expected an int32 [batch, max_pages] tensor")
-    check_tensor(block_table, "block_table", [None, None], torch.int32, dev)
-    if block_table.shape[0] < 1 or block_table.shape[1] < 1:
-        raise ValueError(f"block_table: needs at least one row and one column, got {list(block_table.shape)}")
-    indices, lengths = (None, None) if out is None else out
-    indices = _out_2d(indices, "out[0] (swa_indices)", (tokens, window), torch.int32, dev)
-    if lengths is None:
-        lengths = torch.empty(tokens, dtype=torch.int32, device=dev)
-    else:
-        check_tensor(lengths, "out[1] (swa_lengths)", [tokens], torch.int32, dev)
+    _check_block_table(block_table, dev)
+    indices, lengths = _index_outputs(out, ("swa_indices", "swa_lengths"), tokens, window, dev)
     if tokens == 0:
         return indices, lengths
     kernel = get_kernel(get_spec("indexer_swa_indices"), {"window": window, "page_size": page_size}, tokens)
