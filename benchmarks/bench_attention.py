@@ -19,26 +19,19 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from mhc_bench_common import bench_us, graph_us_or_reason, write_rows  # noqa: E402
+from mhc_bench_common import copy_bandwidth_gbs, graph_us_or_reason, write_rows  # noqa: E402
 
 from dsv4_jit.kernels.attention import ops, reference  # noqa: E402
-from dsv4_jit.kernels.attention.sparse_mla import D, NOPE, ROPE  # noqa: E402
+from dsv4_jit.kernels.attention.sparse_mla import D, NOPE  # noqa: E402
 
 SWA_W, SWA_BS, COMP_BS, TOPK = 128, 64, 64, 512
 BYTES_PER_TOKEN = 584
 
-
-def copy_bandwidth_gbs() -> float:
-    n = 256 * 1024 * 1024
-    a = torch.empty(n, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    return 2 * n / (bench_us(lambda: b.copy_(a)) * 1e-6) / 1e9
 
 
 def make_point(batch: int, heads: int, ctx: int, ratio: int, g: torch.Generator) -> dict:
@@ -119,7 +112,6 @@ def main() -> int:
     ap.add_argument("--out", default="bench_out/attention.json")
     args = ap.parse_args()
 
-    from dsv4_jit import jit
     from dsv4_jit.arch import get_profile
     hopper = get_profile("sm_90a")
     scheds = {"ours_sm90": hopper, "ours_sm120": get_profile("sm_120a").emulated(hopper)}
@@ -182,7 +174,7 @@ def main() -> int:
                                      "why": why or why1}
                         cells.append(f"{us:9.1f} {pct:5.1f}% {'!' if err > 1e-2 else ' '}" if us is not None
                                      else f"{'fail':>18}")
-                    del pts, fns
+                    pts = fns = None  # free this point's inputs before the next is made
                     rows.append(row)
                     print(f"{heads:>3} {ratio:>5} {ctx // 1024:>5}K {batch:>3} {p['candidates']:>5} "
                           f"{nbytes / 1e6:7.2f} | " + " | ".join(f"{c:>18}" for c in cells), flush=True)

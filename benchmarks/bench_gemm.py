@@ -28,14 +28,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from mhc_bench_common import bench_us, graph_us_or_reason  # noqa: E402
+from mhc_bench_common import copy_bandwidth_gbs, graph_us_or_reason  # noqa: E402
 
-
-def copy_bandwidth_gbs() -> float:
-    n = 256 << 20
-    a = torch.empty(n, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    return 2 * n / (bench_us(lambda: b.copy_(a)) * 1e-6) / 1e9
 
 
 def _reason(e: Exception) -> str:

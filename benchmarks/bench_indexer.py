@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from mhc_bench_common import bench_us, graph_us_or_reason  # noqa: E402
+from mhc_bench_common import bench_us, copy_bandwidth_gbs, graph_us_or_reason  # noqa: E402
 
 
 def cold_us(fn):
@@ -38,12 +38,6 @@ def cold_us(fn):
 
 HEADS, DIM, PAGE, TOPK, RATIO = 64, 128, 64, 512, 4
 
-
-def copy_bandwidth_gbs() -> float:
-    n = 256 << 20
-    a = torch.empty(n, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    return 2 * n / (bench_us(lambda: b.copy_(a)) * 1e-6) / 1e9
 
 
 def make_inputs(batch: int, ctx: int, width: int, g: torch.Generator) -> dict:

@@ -35,20 +35,14 @@ from typing import Any, Callable
 
 import torch
 
-from mhc_bench_common import (EPS, HC, ITERS, MODELS, POST_MULT, activations, bench_us, graph_us_or_reason,
-                              head_weights, pre_weights, rel_err, write_rows)
+from mhc_bench_common import (EPS, HC, ITERS, MODELS, POST_MULT, activations, bench_us, copy_bandwidth_gbs,
+                              graph_us_or_reason, head_weights, pre_weights, rel_err, write_rows)
 
 TK_VERSION = "2.1.0"
 OPS = ("pre", "post", "head")
 PEERS = ("tk", "vllm")
 ERR_WARN = 1e-2  # bf16 outputs differ by <= 1 ulp (2^-8 relative) where the math is the same
 
-
-def copy_bandwidth_gbs() -> float:
-    n = 256 * 1024 * 1024
-    a = torch.empty(n, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    return 2 * n / (bench_us(lambda: b.copy_(a)) * 1e-6) / 1e9
 
 
 def import_reference() -> Any:

@@ -1,4 +1,5 @@
-"""What the mHC GPU benchmarks share: V4 shapes, their inputs, the two timers, the error metric, the JSON writer.
+"""What the GPU benchmarks share: the mHC benchmarks' V4 shapes and inputs, and for every family's benchmark
+the copy bandwidth, the two timers, the error metric and the JSON writer.
 
 Imported by the scripts beside it (run as `python benchmarks/<script>.py`, so this directory is on
 sys.path). torch and triton are imported by the callers' GPU paths only.
@@ -19,6 +20,15 @@ def bench_us(fn) -> float:
     """Median of triton's do_bench (warmup 25 ms, rep 200 ms; L2 flushed before each call), in us."""
     from triton.testing import do_bench
     return do_bench(fn, warmup=25, rep=200, return_mode="median") * 1e3
+
+
+def copy_bandwidth_gbs() -> float:
+    """Device-to-device copy of 256 MiB (read + write bytes / time): the bandwidth every benchmark's %copy
+    column is measured against."""
+    n = 256 * 1024 * 1024
+    a = torch.empty(n, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    return 2 * n / (bench_us(lambda: b.copy_(a)) * 1e-6) / 1e9
 
 
 def graph_us(fn, reps: int = 20) -> float:
