@@ -60,7 +60,7 @@ def _check_list(name: str, idx, lens, t: int, dev) -> None:
     if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or idx.shape[1] < 1:
         raise ValueError(f"{name}: expected a [T, N] int32 CUDA tensor with N >= 1 (-1 marks a hole)")
     _check(idx, name, [t, None], torch.int32, dev)
-    lname = "lengths" if name == "indices" else name.replace("indices", "lengths")
+    lname = name.replace("indices", "lengths")
     _check(lens, lname, [t], torch.int32, dev)
 
 
@@ -86,7 +86,7 @@ def _check_ranges(name: str, idx, lens, rows: int) -> None:
     """One device reduction + sync: every candidate inside its token's length must be -1 or a row/slot
     of the cache. (The kernel masks bad entries anyway; this turns them into an error.)"""
     n = idx.shape[1]
-    lname = "lengths" if name == "indices" else name.replace("indices", "lengths")
+    lname = name.replace("indices", "lengths")
     bad_len = ((lens < 0) | (lens > n)).any()
     pos = torch.arange(n, device=idx.device)[None, :]
     live = pos < lens[:, None]
