@@ -27,7 +27,10 @@ if step container && [ -n "$bundle" ]; then run container_case python3 scripts/c
 step warm && run warm python3 scripts/build_gpu_bundle.py /tmp/dsv4-gpu-pass-bundle.tar.gz -j "$(nproc)"
 if step tests; then
   export DSV4_JIT_GPU_REPORT="$OUT/gpu_cases.jsonl"
-  run gpu_tests python3 -m pytest -q -m gpu -p no:cacheprovider tests
+  # pytest-xdist (on the GPU image) runs cases in parallel: each worker compiles what its cases select into
+  # the shared store (per-key locks), so a cold pass needs no separate warm step
+  xdist=(); python3 -c "import xdist" 2>/dev/null && xdist=(-n "${XDIST:-$(nproc)}")
+  run gpu_tests python3 -m pytest -q -m gpu -p no:cacheprovider "${xdist[@]}" --durations=10 tests
 fi
 step bench_mhc && run bench_mhc python3 benchmarks/bench_mhc.py --out "$OUT/bench_mhc.json"
 step bench_attention && run bench_attention python3 benchmarks/bench_attention.py --out "$OUT/bench_attention.json"
@@ -39,7 +42,11 @@ if step bench_gemm; then
   run bench_gemm python3 benchmarks/bench_gemm.py --out "$OUT/bench_gemm.json"
   run bench_gemm_sm120 python3 benchmarks/bench_gemm.py --arch sm_120a --out "$OUT/bench_gemm_sm120.json"
 fi
-step plugin && run plugin_check python3 scripts/gpu_engine_plugin_check.py --model deepseek-v4-flash
+if step plugin; then
+  for model in deepseek-v4-flash deepseek-v4-pro; do
+    run "plugin_check_$model" python3 scripts/gpu_engine_plugin_check.py --model "$model"
+  done
+fi
 step warm_load && run warm_load python3 benchmarks/bench_warm_load.py --repeat 5 --out "$OUT/warm_load.json"
 step host && run host_overhead python3 benchmarks/bench_host_overhead.py --out "$OUT/host_overhead.json"
 exit $status
