@@ -133,8 +133,11 @@ def fp8_gemm(a, a_scales, b, b_scales, *, arch=None, **kw):
     return _g.fp8_gemm(a, a_scales, b, b_scales, **_arch_kw(arch), **kw)
 
 
-def warmup(plan, *, rank: int = 0, world_size: int = 1, seal_mode: str = "warn", **kw):
-    """Inside an engine: compile this rank's share of `plan`, wait for the others, load everything, seal."""
+def warm(plan, *, rank: int = 0, world_size: int = 1, seal_mode: str = "warn", **kw):
+    """Inside an engine: compile this rank's share of `plan`, wait for the others, load everything, seal.
+
+    Not named `warmup`: importing the `dsv4_jit.warmup` subpackage (the planner, which every engine hook
+    imports) rebinds the package attribute `dsv4_jit.warmup` to that module."""
     from .warmup.runner import warmup_in_engine
     return warmup_in_engine(plan, rank=rank, world_size=world_size, seal_mode=seal_mode, **kw)
 
@@ -144,7 +147,7 @@ __all__ = [
     "Dsv4JitError", "UnsupportedArchError", "SharedMemoryBudgetError", "SealedCompileError", "ConfigError",
     "seal", "sealed", "counters", "reset_counters", "get_kernel", "kernel_getter", "load", "compile_variant",
     "ModelConfig", "ParallelConfig", "load_model_config",
-    "mhc_pre", "mhc_sinkhorn", "mhc_post", "mhc_post_pre_fused", "hc_head", "sparse_mla_decode", "sparse_mla_prefill", "warmup",
+    "mhc_pre", "mhc_sinkhorn", "mhc_post", "mhc_post_pre_fused", "hc_head", "sparse_mla_decode", "sparse_mla_prefill", "warm",
     "indexer_decode_logits", "indexer_prefill_logits", "indexer_topk", "indexer_decode_topk", "indexer_swa_indices",
     "act_quant_fp8", "act_quant_fp8_inplace", "act_quant_fp4", "swiglu_quant_fp8", "fp8_gemm",
 ]

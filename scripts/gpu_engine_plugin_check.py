@@ -55,7 +55,7 @@ def main() -> int:
                                            hf_config=types.SimpleNamespace(to_dict=lambda: dict(hf),
                                                                            architectures=["DeepseekV4ForCausalLM"])))
     plan = P.plan_from_vllm_config(cfg)
-    rep = dsv4_jit.warmup(plan, seal_mode=None)
+    rep = dsv4_jit.warm(plan, seal_mode=None)
     print(f"warmup: {plan.compiles} variants, {rep['compiled']} compiled, failures {rep['failures']}")
     dsv4_jit.seal("error")
     before = dsv4_jit.counters()["compiles"]

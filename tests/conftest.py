@@ -35,3 +35,40 @@ def compile_tier(config) -> str:
     if tier not in COMPILE_TIERS:
         raise pytest.UsageError(f"DSV4_JIT_COMPILE_TIER={tier!r}: expected one of {', '.join(COMPILE_TIERS)}")
     return tier
+
+
+# ---- GPU tests in parallel (pytest-xdist on the GPU machine) ------------------------------------------
+# Workers take turns on the GPU (one test's tensors at a time, the caching allocator emptied after each)
+# but let go of the turn while TileLang + nvcc compile a missing variant, so a cold pass compiles on every
+# core at once instead of running out of GPU memory with every worker's tensors resident.
+@pytest.fixture(autouse=True)
+def _gpu_turn(request, monkeypatch, tmp_path_factory):
+    import os
+    if request.node.get_closest_marker("gpu") is None or not os.environ.get("PYTEST_XDIST_WORKER"):
+        yield
+        return
+    import gc
+    from filelock import FileLock
+    from dsv4_jit import jit
+    lock = FileLock(str(tmp_path_factory.getbasetemp().parent / "gpu_turn.lock"))
+    compile_to_dir = jit.compile_to_dir
+
+    def compile_without_the_turn(*args, **kwargs):
+        lock.release()
+        try:
+            return compile_to_dir(*args, **kwargs)
+        finally:
+            lock.acquire()
+    monkeypatch.setattr(jit, "compile_to_dir", compile_without_the_turn)
+    lock.acquire()
+    try:
+        yield
+    finally:
+        try:
+            import torch
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+                torch.cuda.empty_cache()
+        finally:
+            lock.release()

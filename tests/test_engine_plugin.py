@@ -271,7 +271,7 @@ def test_sglang_warmup_from_server_args_shards_and_seals(monkeypatch):
     def fake_warmup(plan, **kw):
         seen.update(kw, n=plan.compiles)
         return {"compiled": 0, "failures": [], "loaded": plan.compiles}
-    monkeypatch.setattr(dsv4_jit, "warmup", fake_warmup)
+    monkeypatch.setattr(dsv4_jit, "warm", fake_warmup)
     monkeypatch.setenv("DSV4_JIT_SEAL", "error")
     sa = types.SimpleNamespace(model_path="deepseek-v4-flash", tp_size=2, cuda_graph_max_bs=16)
     rep = sglang_hook.warmup_from_server_args(sa, 1, arch="sm_120a")
@@ -517,3 +517,20 @@ def test_capture_sizes_match_vllm():
                                                 cudagraph_capture_sizes=sizes, max_cudagraph_capture_size=max_cg,
                                                 performance_mode=perf)
         assert (ours, our_max) == (v_sizes, v_max), (seqs, mnbt, k, sizes, max_cg, perf)
+
+
+def test_engine_warm_entry_survives_the_warmup_subpackage_import():
+    """The engine hooks import dsv4_jit.warmup.* (the planner) and then call dsv4_jit.warm; Python rebinds
+    the package attribute `warmup` to the subpackage on that import, so the entry point must not be named so."""
+    import inspect
+    import dsv4_jit
+    import dsv4_jit.warmup.planner  # noqa: F401
+    from dsv4_jit.warmup.runner import warmup_in_engine
+    assert inspect.isfunction(dsv4_jit.warm) and "warm" in dsv4_jit.__all__ and "warmup" not in dsv4_jit.__all__
+    assert set(inspect.signature(dsv4_jit.warm).parameters) >= {"plan", "rank", "world_size", "seal_mode"}
+    import ast, pathlib
+    for mod in ("vllm_plugin", "sglang_hook"):
+        src = (pathlib.Path(dsv4_jit.__file__).parent / "engines" / f"{mod}.py").read_text()
+        calls = {ast.unparse(n.func) for n in ast.walk(ast.parse(src)) if isinstance(n, ast.Call)}
+        assert "dsv4_jit.warm" in calls and "dsv4_jit.warmup" not in calls, mod
+    assert warmup_in_engine is not None

@@ -71,8 +71,8 @@ def warmup_from_server_args(server_args: Any, tp_rank: int = 0, *, world_size: i
         use_dist = dist.is_available() and dist.is_initialized() and dist.get_world_size() == world
     except Exception:                     # noqa: BLE001
         pass
-    rep = dsv4_jit.warmup(plan, rank=int(tp_rank), world_size=world, seal_mode=None if mode == "off" else mode,
-                          use_dist=use_dist)
+    rep = dsv4_jit.warm(plan, rank=int(tp_rank), world_size=world, seal_mode=None if mode == "off" else mode,
+                        use_dist=use_dist)
     rep["variants"] = plan.compiles
     log.info("dsv4-jit: SGLang tp rank %d/%d warmed %d variants (%d compiled here), sealed %s", tp_rank, world,
              plan.compiles, rep["compiled"], mode)

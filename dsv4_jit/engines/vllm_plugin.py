@@ -255,7 +255,7 @@ def warm_worker(worker) -> dict | None:
     t0 = time.monotonic()
     plan = plan_from_vllm_config(cfg)
     rank, world = _rank_world()
-    rep = dsv4_jit.warmup(plan, rank=rank, world_size=world, seal_mode=None)
+    rep = dsv4_jit.warm(plan, rank=rank, world_size=world, seal_mode=None)
     rep["variants"] = plan.compiles
     STATE["warmup"] = rep
     log.info("%s", routed_line(rep, rank, world, time.monotonic() - t0))
