@@ -61,11 +61,11 @@ def torch_logits(d: dict, out: torch.Tensor) -> torch.Tensor:
     b, comp = d["q"].shape[0], d["comp"]
     flat = d["kv_cache"]
     pages = flat.shape[0]
-    vals = flat[:, : PAGE * DIM].view(torch.float8_e4m3fn).view(pages * PAGE, DIM)
-    scales = flat[:, PAGE * DIM:].contiguous().view(torch.float32).view(pages * PAGE)
-    pos = torch.arange(comp, device="cuda")
-    slots = d["block_table"][:, pos // PAGE].long() * PAGE + pos % PAGE        # [b, comp]
-    k = vals[slots].float() * scales[slots][..., None]                        # [b, comp, D]
+    vals = flat[:, : PAGE * DIM].view(torch.float8_e4m3fn).view(pages, PAGE, DIM)   # a strided view, no copy
+    scales = flat[:, PAGE * DIM:].contiguous().view(torch.float32).view(pages, PAGE)
+    pos = torch.arange(comp, device=flat.device)
+    page = d["block_table"][:, pos // PAGE].long()                              # [b, comp]
+    k = vals[page, pos % PAGE].float() * scales[page, pos % PAGE][..., None]    # [b, comp, D]
     q = d["q"].float() * d["q_scale"][:, None, None]
     s = torch.einsum("bhd,bld->bhl", q, k).relu_()
     out.fill_(float("-inf"))

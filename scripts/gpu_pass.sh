@@ -30,7 +30,7 @@ if step tests; then
   # pytest-xdist (on the GPU image) runs cases in parallel: each worker compiles what its cases select into
   # the shared store (per-key locks), so a cold pass needs no separate warm step
   xdist=(); python3 -c "import xdist" 2>/dev/null && xdist=(-n "${XDIST:-$(nproc)}")
-  run gpu_tests timeout "${TESTS_TIMEOUT:-3600}" python3 -m pytest -q -m gpu -p no:cacheprovider "${xdist[@]}" --durations=10 tests
+  run gpu_tests timeout "${TESTS_TIMEOUT:-3600}" python3 -m pytest -q -m gpu -p no:cacheprovider "${xdist[@]}" --durations=10 ${GPU_TESTS_K:+-k "$GPU_TESTS_K"} tests
 fi
 step bench_mhc && run bench_mhc python3 benchmarks/bench_mhc.py --out "$OUT/bench_mhc.json"
 step bench_attention && run bench_attention python3 benchmarks/bench_attention.py --out "$OUT/bench_attention.json"

@@ -39,8 +39,10 @@ def compile_tier(config) -> str:
 
 # ---- GPU tests in parallel (pytest-xdist on the GPU machine) ------------------------------------------
 # Workers take turns on the GPU (one test's tensors at a time, the caching allocator emptied after each)
-# but let go of the turn while TileLang + nvcc compile a missing variant, so a cold pass compiles on every
-# core at once instead of running out of GPU memory with every worker's tensors resident.
+# but let go of the turn around every compile-or-fetch of a variant, so a cold pass compiles on every core
+# at once instead of running out of GPU memory with every worker's tensors resident. The turn is released
+# around the store's whole get-or-build, not only nvcc: a worker waiting on another's per-key build lock
+# must not hold the turn that the builder needs back (that deadlocked the first version).
 @pytest.fixture(autouse=True)
 def _gpu_turn(request, monkeypatch, tmp_path_factory):
     import os
@@ -51,15 +53,15 @@ def _gpu_turn(request, monkeypatch, tmp_path_factory):
     from filelock import FileLock
     from dsv4_jit import jit
     lock = FileLock(str(tmp_path_factory.getbasetemp().parent / "gpu_turn.lock"))
-    compile_to_dir = jit.compile_to_dir
+    compile_variant = jit.compile_variant
 
-    def compile_without_the_turn(*args, **kwargs):
+    def compile_variant_without_the_turn(*args, **kwargs):
         lock.release()
         try:
-            return compile_to_dir(*args, **kwargs)
+            return compile_variant(*args, **kwargs)
         finally:
             lock.acquire()
-    monkeypatch.setattr(jit, "compile_to_dir", compile_without_the_turn)
+    monkeypatch.setattr(jit, "compile_variant", compile_variant_without_the_turn)
     lock.acquire()
     try:
         yield
