@@ -46,7 +46,8 @@ def compile_tier(config) -> str:
 @pytest.fixture(autouse=True)
 def _gpu_turn(request, monkeypatch, tmp_path_factory):
     import os
-    if request.node.get_closest_marker("gpu") is None or not os.environ.get("PYTEST_XDIST_WORKER"):
+    if (request.node.get_closest_marker("gpu") is None or not os.environ.get("PYTEST_XDIST_WORKER")
+            or os.environ.get("DSV4_JIT_GPU_TURN", "1") == "0"):   # 0: no turns (small cases, few workers)
         yield
         return
     import gc
