@@ -38,40 +38,78 @@ def compile_tier(config) -> str:
 
 
 # ---- GPU tests in parallel (pytest-xdist on the GPU machine) ------------------------------------------
-# Workers take turns on the GPU (one test's tensors at a time, the caching allocator emptied after each)
-# but let go of the turn around every compile-or-fetch of a variant, so a cold pass compiles on every core
-# at once instead of running out of GPU memory with every worker's tensors resident. The turn is released
-# around the store's whole get-or-build, not only nvcc: a worker waiting on another's per-key build lock
-# must not hold the turn that the builder needs back (that deadlocked the first version).
-@pytest.fixture(autouse=True)
-def _gpu_turn(request, monkeypatch, tmp_path_factory):
-    import os
-    if (request.node.get_closest_marker("gpu") is None or not os.environ.get("PYTEST_XDIST_WORKER")
-            or os.environ.get("DSV4_JIT_GPU_TURN", "1") == "0"):   # 0: no turns (small cases, few workers)
-        yield
-        return
-    import gc
-    from filelock import FileLock
-    from dsv4_jit import jit
-    lock = FileLock(str(tmp_path_factory.getbasetemp().parent / "gpu_turn.lock"))
-    compile_variant = jit.compile_variant
+# Under xdist, workers take turns on the GPU: the launches and the float64 references of one test at a time,
+# the caching allocator emptied before the turn passes on. CPU work (inputs, plans) stays outside the turn,
+# and a compile-or-fetch of a variant lets go of it, so a cold pass compiles on every core at once instead
+# of running out of GPU memory with every worker's tensors resident (what 16 unturned workers did).
+# The turn is released around the store's whole get-or-build, not only nvcc: a worker waiting on another's
+# per-key build lock must not hold the turn that the builder needs back (a first version deadlocked so).
+# DSV4_JIT_GPU_TURN=0: no turns (small cases, few workers).
+class GpuTurn:
+    def __init__(self, path=None):
+        from filelock import FileLock
+        self._lock = FileLock(str(path)) if path else None
+        self.held = False
 
-    def compile_variant_without_the_turn(*args, **kwargs):
-        lock.release()
+    def acquire(self) -> None:
+        if self._lock is not None and not self.held:
+            self._lock.acquire()
+            self.held = True
+
+    def release(self) -> None:
+        if self._lock is None or not self.held:
+            return
         try:
-            return compile_variant(*args, **kwargs)
-        finally:
-            lock.acquire()
-    monkeypatch.setattr(jit, "compile_variant", compile_variant_without_the_turn)
-    lock.acquire()
-    try:
-        yield
-    finally:
-        try:
+            import gc
             import torch
             gc.collect()
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
                 torch.cuda.empty_cache()
         finally:
-            lock.release()
+            self.held = False
+            self._lock.release()
+
+    def __enter__(self):
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+
+@pytest.fixture
+def gpu_turn(request, monkeypatch, tmp_path_factory):
+    """A GpuTurn for this test (inert outside xdist or with DSV4_JIT_GPU_TURN=0); use `with gpu_turn:` around
+    the GPU work. Tests marked gpu that do not ask for it hold the turn throughout (see _gpu_turn_whole_test)."""
+    import os
+    if not os.environ.get("PYTEST_XDIST_WORKER") or os.environ.get("DSV4_JIT_GPU_TURN", "1") == "0":
+        yield GpuTurn()
+        return
+    from dsv4_jit import jit
+    turn = GpuTurn(tmp_path_factory.getbasetemp().parent / "gpu_turn.lock")
+    compile_variant = jit.compile_variant
+
+    def compile_variant_without_the_turn(*args, **kwargs):
+        had = turn.held
+        turn.release()
+        try:
+            return compile_variant(*args, **kwargs)
+        finally:
+            if had:
+                turn.acquire()
+    monkeypatch.setattr(jit, "compile_variant", compile_variant_without_the_turn)
+    try:
+        yield turn
+    finally:
+        turn.release()
+
+
+@pytest.fixture(autouse=True)
+def _gpu_turn_whole_test(request):
+    if request.node.get_closest_marker("gpu") is None or "gpu_turn" in request.fixturenames:
+        yield
+        return
+    turn = request.getfixturevalue("gpu_turn")
+    with turn:
+        yield

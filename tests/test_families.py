@@ -259,12 +259,14 @@ def per_token_rel_err(got: torch.Tensor, want: torch.Tensor, token_dim: int = 0)
 @pytest.mark.gpu
 @pytest.mark.parametrize("schedule", _schedules())
 @pytest.mark.parametrize("family,model,case_index", _gpu_cases())
-def test_gpu_case(family, model, case_index, schedule, gpu_store):
+def test_gpu_case(family, model, case_index, schedule, gpu_store, gpu_turn):
     if schedule is None:
         pytest.skip("needs a CUDA GPU")
     from dsv4_jit import jit
     case = family.gpu_cases(load_model_config(model))[case_index]
     asked: set = set()
+    # CPU work outside the GPU turn (conftest.gpu_turn): the plan, and each token count's inputs
+    planned = _planned(family.name, model, schedule.schedule, max(case.tokens), case.tp_size) if case.planned else None
 
     def get_kernel(spec, static, num_tokens):
         # the serving path: select with this profile, then load (compiling only on a miss)
@@ -277,21 +279,24 @@ def test_gpu_case(family, model, case_index, schedule, gpu_store):
     for i, t in enumerate(case.tokens):
         g = torch.Generator().manual_seed(10_000 * case_index + i)
         inputs = case.make_inputs(t, dev, g)
-        outputs = case.make_outputs(inputs, schedule)
-        for o in outputs.values():
-            o.fill_(float("nan"))
-        case.launch(inputs, outputs, schedule, get_kernel)
-        torch.cuda.synchronize()
-        want = case.reference(inputs, outputs)
-        assert set(want) == set(outputs) == set(case.tolerance), (set(want), set(outputs))
-        for name, got in outputs.items():
-            assert not got.isnan().any(), f"T={t}: {name} not fully written (NaN left from the poison)"
-            err, tok = per_token_rel_err(got, want[name], case.token_dims.get(name, 0))
-            if err > worst.get(name, (-1.0, 0))[0]:
-                worst[name] = (err, t)
-            assert err <= case.tolerance[name], f"T={t}: {name} token {tok} relative error {err:.3e}"
+        with gpu_turn:
+            outputs = case.make_outputs(inputs, schedule)
+            for o in outputs.values():
+                o.fill_(float("nan"))
+            case.launch(inputs, outputs, schedule, get_kernel)
+            torch.cuda.synchronize()
+            want = case.reference(inputs, outputs)
+            assert set(want) == set(outputs) == set(case.tolerance), (set(want), set(outputs))
+            for name, got in outputs.items():
+                assert not got.isnan().any(), f"T={t}: {name} not fully written (NaN left from the poison)"
+                err, tok = per_token_rel_err(got, want[name], case.token_dims.get(name, 0))
+                if err > worst.get(name, (-1.0, 0))[0]:
+                    worst[name] = (err, t)
+                assert err <= case.tolerance[name], f"T={t}: {name} token {tok} relative error {err:.3e}"
+            del outputs, want, got
+        del inputs
     if case.planned:
-        missing = asked - _planned(family.name, model, schedule.schedule, max(case.tokens), case.tp_size)
+        missing = asked - planned
         assert not missing, f"variants the op launched that the plan does not hold: {sorted(missing)}"
     line = {"family": family.name, "model": model, "case": case.name, "tp": case.tp_size, "schedule": f"{schedule.schedule} on {schedule.name}",
             "worst_per_token_rel_err": {k: [float(f"{e:.3e}"), t] for k, (e, t) in worst.items()},
