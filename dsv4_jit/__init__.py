@@ -133,6 +133,25 @@ def fp8_gemm(a, a_scales, b, b_scales, *, arch=None, **kw):
     return _g.fp8_gemm(a, a_scales, b, b_scales, **_arch_kw(arch), **kw)
 
 
+def fp4_moe_gemm(a, a_scales, w, w_scales, block_expert, *, num_tokens: int, arch=None, **kw):
+    """MXFP4 grouped expert GEMM over routed rows in moe_align's layout: C [M, N] bf16. Returns C."""
+    from .kernels.moe import ops as _moe
+    return _moe.fp4_moe_gemm(a, a_scales, w, w_scales, block_expert, num_tokens=num_tokens, **_arch_kw(arch), **kw)
+
+
+def moe_align(topk_ids, num_experts: int, block_m: int):
+    """Routed rows sorted by expert in blocks of block_m (fixed capacity, graph-capturable):
+    (sorted_rows int32, block_expert int32). block_m: fp4_moe_block_m(n, k, num_tokens)."""
+    from .kernels.moe import ops as _moe
+    return _moe.moe_align(topk_ids, num_experts, block_m)
+
+
+def fp4_moe_block_m(n: int, k: int, num_tokens: int, *, arch=None) -> int:
+    """Rows per block the fp4_moe_gemm variant for this engine token count expects."""
+    from .kernels.moe import ops as _moe
+    return _moe.fp4_moe_block_m(n, k, num_tokens, arch=_arch_kw(arch)["arch"])
+
+
 def warm(plan, *, rank: int = 0, world_size: int = 1, seal_mode: str = "warn", **kw):
     """Inside an engine: compile this rank's share of `plan`, wait for the others, load everything, seal.
 
@@ -150,4 +169,5 @@ __all__ = [
     "mhc_pre", "mhc_sinkhorn", "mhc_post", "mhc_post_pre_fused", "hc_head", "sparse_mla_decode", "sparse_mla_prefill", "warm",
     "indexer_decode_logits", "indexer_prefill_logits", "indexer_topk", "indexer_decode_topk", "indexer_swa_indices",
     "act_quant_fp8", "act_quant_fp8_inplace", "act_quant_fp4", "swiglu_quant_fp8", "fp8_gemm",
+    "fp4_moe_gemm", "moe_align", "fp4_moe_block_m",
 ]

@@ -36,6 +36,9 @@ class ModelConfig:
     moe_intermediate_size: int = 2048
     n_shared_experts: int = 1
     swiglu_limit: float = 10.0
+    # Routed experts (optional; V4-Flash's 6 of 256). The MoE kernels take the expert count at run time.
+    n_routed_experts: int = 256
+    num_experts_per_tok: int = 6
 
     @property
     def layer_ratios(self) -> tuple:
@@ -81,7 +84,7 @@ _HF_FIELDS = {
 
 _OPTIONAL_FIELDS = ("qk_rope_head_dim", "sliding_window", "index_n_heads", "index_head_dim", "index_topk",
                    "compress_ratios", "q_lora_rank", "o_groups", "o_lora_rank", "moe_intermediate_size",
-                   "n_shared_experts", "swiglu_limit")
+                   "n_routed_experts", "num_experts_per_tok", "n_shared_experts", "swiglu_limit")
 
 _EMBEDDED_DIR = Path(__file__).parent / "model_configs"
 EMBEDDED = {"deepseek-v4-flash": "deepseek-v4-flash.json", "deepseek-v4-pro": "deepseek-v4-pro.json"}

@@ -13,6 +13,7 @@ from . import mhc  # noqa: F401  (registration; add new families here)
 from . import attention  # noqa: F401
 from . import indexer  # noqa: F401
 from . import quant, gemm  # noqa: F401
+from . import moe  # noqa: F401
 
 __all__ = ["KernelUse", "model_kernel_uses", "op_variants"]
 

@@ -1,0 +1,105 @@
+"""The routed-expert (MoE) family: the MXFP4 grouped expert GEMM (fp4_moe_gemm.py) over the routed-row layout
+built by ops.moe_align. Host ops: ops.py. Reference: reference.py.
+
+Call sites per forward pass (shapes derived from the model config, assumptions stated):
+  * every MoE layer runs two grouped GEMMs over its routed rows: w1 and w3 fused (K = hidden -> N = 2 x
+    moe_intermediate / TP) and w2 (K = moe_intermediate / TP -> N = hidden), between them swiglu_quant_fp8 (the
+    quant family). TP shards each expert's intermediate dimension (vLLM's default without expert parallelism);
+    with expert parallelism every rank holds whole experts, the TP 1 shapes, which a plan for TP 1 covers.
+  * The activations enter as act_quant_fp8 rows (quant family) gathered into the layout; the gate, the
+    hash-routed first layers and the weighted combine are not in this family yet.
+"""
+from __future__ import annotations
+
+from dsv4_jit.family import GpuCase, KernelFamily, KernelUse, register_family
+from dsv4_jit.spec import get_spec
+
+from . import fp4_moe_gemm  # noqa: F401  (registers the specs)
+
+# bf16 output of fp32 sums of exact fp8 x e2m1 products: ~2e-3 per row expected, as fp8_gemm.
+TOLERANCE = 1e-2
+GPU_TOKENS = (1, 7, 64, 513, 2049)      # both sides of the 512 / 2048 block_m boundaries
+GPU_EXPERTS = 8                         # the expert count is runtime: 8 keep inputs and the float64 reference small
+
+
+def _div(what: str, a: int, b: int) -> int:
+    if b < 1 or a % b:
+        raise ValueError(f"{what}={a} is not divisible by tensor-parallel size {b}")
+    return a // b
+
+
+def moe_shapes(model, tp: int = 1) -> list[dict]:
+    """The routed experts' GEMM shapes per rank at this TP: dicts with label, n, k."""
+    h = int(model.hidden_size)
+    inter = _div("moe_intermediate_size", int(model.moe_intermediate_size), tp)
+    return [{"label": "routed experts w1+w3 (fused)", "n": 2 * inter, "k": h},
+            {"label": "routed experts w2", "n": h, "k": inter}]
+
+
+def _uses(model, parallel) -> list[KernelUse]:
+    from .ops import moe_static
+    spec = get_spec("fp4_moe_gemm")
+    return [KernelUse(spec, moe_static(s["n"], s["k"]), f"MXFP4 grouped GEMM {s['label']}: K {s['k']} -> N {s['n']}")
+            for s in moe_shapes(model, parallel.tp_size)]
+
+
+def _case(m, shape: dict, tp: int) -> GpuCase:
+    import torch
+    from dsv4_jit.kernels.gemm.family import _cuda_gen, make_activations
+    from . import ops, reference
+    n, k = shape["n"], shape["k"]
+    topk = min(int(m.num_experts_per_tok), GPU_EXPERTS)
+
+    def make_inputs(t, device, g):
+        cg = _cuda_gen(g, device)
+        # distinct experts per token; the last expert gets no rows
+        ids = torch.rand(t, GPU_EXPERTS - 1, generator=cg, device=device).argsort(dim=1)[:, :topk].int()
+        x, sx = make_activations(t, k, cg, device)
+        wf = torch.randn(GPU_EXPERTS, n, k, generator=cg, device=device) * 0.02
+        wf *= torch.exp(torch.rand(GPU_EXPERTS, n, k // 32, generator=cg, device=device) * 4 - 2).repeat_interleave(32, 2)
+        w, sw = reference.quantize_expert_weights(wf)
+        return {"x": x, "sx": sx, "ids": ids, "w": w, "sw": sw, "t": t}
+
+    def layout(inp, arch):
+        bm = ops.fp4_moe_block_m(n, k, inp["t"], arch=arch)
+        rows, blocks = ops.moe_align(inp["ids"], GPU_EXPERTS, bm)
+        src = (rows.clamp(min=0) // topk).long()
+        return bm, inp["x"][src].contiguous(), inp["sx"][src].contiguous(), blocks
+
+    def make_outputs(inp, arch):
+        bm, a, _, _ = layout(inp, arch)
+        return {"c": torch.empty(a.shape[0], n, dtype=torch.float64, device=a.device)}
+
+    def launch(inp, out, arch, get_kernel):
+        _, a, sa, blocks = layout(inp, arch)
+        c = torch.full((a.shape[0], n), float("nan"), dtype=torch.bfloat16, device=a.device)
+        ops.fp4_moe_gemm(a, sa, inp["w"], inp["sw"], blocks, num_tokens=inp["t"], arch=arch, get_kernel=get_kernel,
+                         out=c)
+        out["c"].copy_(c.double())
+        inp["_layout"] = (a, sa, blocks, ops.fp4_moe_block_m(n, k, inp["t"], arch=arch))
+
+    def ref(inp, out):
+        a, sa, blocks, bm = inp["_layout"]
+        return {"c": reference.ref_fp4_moe_gemm(a, sa, inp["w"], inp["sw"], blocks, bm)}
+
+    name = f"fp4_moe_gemm[{shape['label']}, TP{tp}: K {k} -> N {n}]"
+    return GpuCase(name, make_inputs, make_outputs, launch, ref, {"c": TOLERANCE}, tokens=GPU_TOKENS, tp_size=tp)
+
+
+def _gpu_cases(m) -> list[GpuCase]:
+    """w1+w3 and w2 at TP 1 (K = hidden / full intermediate), and w2 at TP 8 (K = 256 / 384: 2-3 K blocks)."""
+    cases = [_case(m, s, 1) for s in moe_shapes(m, 1)]
+    cases.append(_case(m, moe_shapes(m, 8)[1], 8))
+    return cases
+
+
+FAMILY = register_family(KernelFamily(
+    name="moe",
+    specs=(get_spec("fp4_moe_gemm"),),
+    uses=_uses,
+    gpu_cases=_gpu_cases,
+    ops={"fp4_moe_gemm": ("fp4_moe_gemm",)},
+    doc="MXFP4 grouped expert GEMM (FP8 activations x e2m1 weights, 1x32 UE8M0 scales), routed-row layout",
+))
+
+__all__ = ["FAMILY", "moe_shapes"]

@@ -1,0 +1,173 @@
+"""MXFP4 grouped expert GEMM (DeepSeek V4's routed experts, dsv4_kernels.md 1 and 3.11): FP8 activations x FP4
+e2m1 weights, the tokens of every expert in one launch.
+
+    C[r, :] bf16 = sum over 32-wide K slices s of  sa[r, s // 4] * 2^(sb[e, n, s] - 127) * (A[r, s] . W_e[n, s])
+
+  A   fp8 e4m3 [M, K]: the routed rows (token copies) sorted by expert, each expert's rows padded up to a
+      multiple of block_m (ops.moe_align builds that layout); sa fp32 [M, K / 128] their 1x128 UE8M0 scales
+      (act_quant_fp8 writes them).
+  W   uint8 [E, N, K / 2]: e2m1 pairs as vLLM stores the checkpoint's float4_e2m1fn_x2 (element 2j in bits 0-3,
+      element 2j + 1 in bits 4-7; bit 3 of a nibble is the sign); sb uint8 [E, N, K / 32]: UE8M0 exponents of
+      the 1x32 weight scales (2^(sb - 127)).
+  block_expert int32 [M / block_m]: the expert of each block of block_m rows, -1 for a padding block (its rows
+      are written 0 and nothing is read for it: a CUDA-graph-sized M costs only its real blocks).
+
+Every e2m1 value (0, 0.5 .. 6) is exact in e4m3, so each 32-wide slice runs as one fp8 mma.sync m16n8k32 over
+exact operands with fp32 accumulation, and the two scales (per row, per weight row and slice) are applied to the
+slice's partial in fp32: the same math as the reference's fp4_gemm (block_K 32), with no rounding but the
+tensor cores' fp32 sums and the bf16 store. Dequantization happens in shared memory (packed tile -> fp8 tile);
+the native block-scaled FP4 MMA of sm_120a is not used (not provable on the GPUs this project can run).
+
+Grid (N / block_n, M / block_m); N and K are compile-time, M and E dynamic. `select` depends on the token count
+only (never on routing): block_m 16 while the average expert sees <= 12 rows at V4's 6-of-256 routing, then 32,
+then 64, so the planner enumerates every variant an engine asks for.
+
+Kernel-defining code only (no host code: the artifact key hashes this module).
+"""
+# No `from __future__ import annotations`: TileLang evaluates the T.Tensor annotations.
+from typing import Any, Mapping
+
+from dsv4_jit.arch import ArchProfile, check_arch, get_profile, schedule_name
+from dsv4_jit.spec import KernelSpec, Variant, multiple_param, register
+
+FP8 = "float8_e4m3"
+SLICE = 32            # weight scale group along K (MXFP4), and the K of one fp8 mma.sync
+ACT_BLOCK = 128       # activation scale group along K
+BLOCK_N = 128
+THREADS = 128
+# Token-count thresholds of the three row-block sizes (see the module doc).
+BLOCK_M_BY_TOKENS = ((512, 16), (2048, 32))
+BLOCK_M_LARGE = 64
+# cp.async stages per family (a stage streams block_n x 64 B of packed weight).
+STAGES = {"blackwell_consumer": 4, "hopper": 4, "blackwell_dc": 4}
+
+
+def e2m1_e4m3_byte(nib: int) -> int:
+    """The e4m3 byte of an e2m1 nibble, in plain Python: the formula the kernel's e2m1_to_e4m3 evaluates in TIR
+    (tests check it against torch's float8_e4m3fn for all 16 nibbles)."""
+    m = nib & 7
+    bits = m * 48 if m < 2 else (m >> 1) * 8 + 48 + (m & 1) * 4
+    return bits | ((nib & 8) << 4)
+
+
+def moe_block_m(num_tokens: int) -> int:
+    for limit, bm in BLOCK_M_BY_TOKENS:
+        if num_tokens <= limit:
+            return bm
+    return BLOCK_M_LARGE
+
+
+def stage_bytes(block_m: int, block_n: int) -> int:
+    """One pipeline stage (a 128-wide K block): the A fp8 tile, the packed weight tile, its 4 exponents per
+    weight row and the rows' activation scales."""
+    return block_m * ACT_BLOCK + block_n * ACT_BLOCK // 2 + block_n * (ACT_BLOCK // SLICE) + block_m * 4
+
+
+def moe_smem_bytes(p: Mapping[str, Any]) -> int:
+    """Pre-nvcc shared memory: `stages` stages plus the single dequantized fp8 weight tile (block_n x 128)."""
+    return p["stages"] * stage_bytes(p["block_m"], p["block_n"]) + p["block_n"] * ACT_BLOCK
+
+
+def moe_params(arch: ArchProfile, n: int, k: int, num_tokens: int) -> dict:
+    return {"n": n, "k": k, "block_m": moe_block_m(num_tokens), "block_n": BLOCK_N, "threads": THREADS,
+            "stages": STAGES[arch.family]}
+
+
+def build_fp4_moe_gemm(*, n: int, k: int, block_m: int, block_n: int, stages: int, threads: int):
+    import tilelang.language as T
+
+    BM, BN = block_m, block_n
+    KS = k // SLICE                    # weight-scale slices along K
+    BK = ACT_BLOCK                     # one pipeline stage: a 128-wide K block (one activation scale) ...
+    SPB = BK // SLICE                  # ... of 4 slices, each its own fp8 mma over exact operands
+    KB = k // BK
+    f32 = "float32"
+    M = T.dynamic("num_rows")
+    E = T.dynamic("num_experts")
+    NB = T.dynamic("num_blocks")
+
+    def e2m1_to_e4m3(nib):
+        """e2m1 nibble (sign, 2-bit exponent, 1-bit mantissa) -> the e4m3 value with the same float value, as an
+        fp8 scalar: magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 are bytes 0x00, 0x30, 0x38, 0x3C, 0x40, 0x44, 0x48, 0x4C
+        (integer ops only: no float conversion per weight element; e2m1_e4m3_byte is the same in Python)."""
+        m = T.Cast("int32", nib & T.Cast("uint8", 7))
+        bits = T.if_then_else(m < 2, m * 48, (m >> 1) * 8 + 48 + (m & 1) * 4) | (T.Cast("int32", nib & T.Cast("uint8", 8)) << 4)
+        return T.reinterpret(T.Cast("uint8", bits), FP8)
+
+    @T.prim_func
+    def fp4_moe_gemm(
+        a: T.Tensor[(M, k), FP8],
+        sa: T.Tensor[(M, k // ACT_BLOCK), f32],
+        w: T.Tensor[(E, n, k // 2), "uint8"],
+        sw: T.Tensor[(E, n, KS), "uint8"],
+        block_expert: T.Tensor[(NB,), "int32"],
+        c: T.Tensor[(M, n), "bfloat16"],
+    ):
+        with T.Kernel(n // BN, NB, threads=threads) as (bx, by):
+            a_s = T.alloc_shared((BM, BK), FP8)
+            wp_s = T.alloc_shared((BN, BK // 2), "uint8")
+            ws_s = T.alloc_shared((BN, SPB), "uint8")
+            sa_s = T.alloc_shared((BM,), f32)
+            w_s = T.alloc_shared((BN, BK), FP8)
+            part = T.alloc_fragment((BM, BN), f32)
+            acc = T.alloc_fragment((BM, BN), f32)
+            ex = T.alloc_var("int32")
+            ex = block_expert[by]
+            if ex < 0:
+                # padding block (M sized for capture): zeros, nothing read
+                for i, j in T.Parallel(BM, BN):
+                    if by * BM + i < M:
+                        c[by * BM + i, bx * BN + j] = T.Cast("bfloat16", 0.0)
+            else:
+                T.clear(acc)
+                for kb in T.Pipelined(KB, num_stages=stages):
+                    for i, j in T.Parallel(BM, BK):
+                        a_s[i, j] = a[T.min(by * BM + i, M - 1), kb * BK + j]
+                    T.copy(w[T.min(ex, E - 1), bx * BN, kb * (BK // 2)], wp_s)
+                    T.copy(sw[T.min(ex, E - 1), bx * BN, kb * SPB], ws_s)
+                    for i in T.Parallel(BM):
+                        sa_s[i] = sa[T.min(by * BM + i, M - 1), kb]
+                    for j, q in T.Parallel(BN, BK):
+                        w_s[j, q] = e2m1_to_e4m3((wp_s[j, q // 2] >> T.Cast("uint8", (q % 2) * 4)) & T.Cast("uint8", 15))
+                    # explicit: TileLang 0.1.15 may place its only barrier inside a branch (docs/adding_a_kernel.md)
+                    T.sync_threads()
+                    for sl in T.unroll(SPB):
+                        T.gemm(a_s[:, sl * SLICE:(sl + 1) * SLICE], w_s[:, sl * SLICE:(sl + 1) * SLICE], part,
+                               transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullCol)
+                        for i, j in T.Parallel(BM, BN):
+                            acc[i, j] += part[i, j] * sa_s[i] * T.exp2(T.Cast(f32, ws_s[j, sl]) - 127.0)
+                for i, j in T.Parallel(BM, BN):
+                    if by * BM + i < M:
+                        c[by * BM + i, bx * BN + j] = T.Cast("bfloat16", acc[i, j])
+
+    return fp4_moe_gemm
+
+
+@register
+class Fp4MoeGemmSpec(KernelSpec):
+    """Grouped MXFP4 expert GEMM. Statics: n (multiple of 128), k (multiple of 128): one per expert weight shape
+    (w1+w3 fused, w2) at the rank's TP; the expert count and the routed rows are runtime."""
+    name = "fp4_moe_gemm"
+    arg_names = ("a", "sa", "w", "sw", "block_expert", "c")
+
+    def static_params(self, model, parallel) -> dict[str, Any]:
+        return {"n": 2 * int(model.moe_intermediate_size), "k": int(model.hidden_size)}
+
+    def select(self, arch: ArchProfile, static: Mapping[str, Any], num_tokens: int) -> Variant:
+        check_arch(self.name, arch)
+        self.check_tokens(num_tokens)
+        n = multiple_param(self.name, static, "n", BLOCK_N)
+        k = multiple_param(self.name, static, "k", ACT_BLOCK)
+        return Variant.make(self.name, moe_params(arch, n, k, num_tokens), arch, schedule_name(arch))
+
+    def smem_bytes(self, variant: Variant) -> int:
+        return moe_smem_bytes(variant.p)
+
+    def build(self, variant: Variant):
+        return build_fp4_moe_gemm(**variant.p)
+
+    def pass_configs(self, variant: Variant) -> dict[str, Any]:
+        cfg = dict(get_profile(variant.schedule).pass_configs)
+        cfg["tl.disable_wgmma"] = True            # mma.sync on every arch, as fp8_gemm (kernels/gemm)
+        cfg["tl.disable_vectorize_256"] = True
+        return cfg

@@ -1,0 +1,133 @@
+"""Routed-expert host ops: the routed-row layout (`moe_align`, `moe_capacity`) and the MXFP4 grouped GEMM
+(`fp4_moe_gemm`). Every argument is validated (ValueError naming it) before anything is selected, loaded or
+compiled; `out=` for CUDA-graph capture.
+
+The layout: entry (t, j) of topk_ids [T, topk] is routed row t * topk + j. Rows are sorted by expert (token order
+inside an expert), each expert's rows padded up to a multiple of block_m, and the whole list padded with -1 to a
+fixed capacity that depends on T, topk, E and block_m only (so a CUDA graph captured at T fits every routing):
+
+    capacity = ceil_to(T * topk + E * (block_m - 1), block_m)
+
+block_m comes from the GEMM's variant at the engine's token count T (`fp4_moe_block_m`), the same `select` the
+planner enumerates. The caller gathers activations for the sorted rows (row -1: any finite row, e.g. row 0; its
+output is ignored) and scatters / combines C back by sorted_rows.
+"""
+from __future__ import annotations
+
+from dsv4_jit.spec import get_spec
+
+ACT_BLOCK = 128
+WEIGHT_GROUP = 32
+
+
+def _arch_of(op: str, arch):
+    from dsv4_jit.arch import ArchProfile
+    if not isinstance(arch, ArchProfile):
+        raise ValueError(f"{op}: arch must be an ArchProfile (dsv4_jit.arch.get_profile), got {arch!r}")
+    return arch
+
+
+def _positive_int(name: str, v) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ValueError(f"{name}: must be an int >= 1, got {v!r}")
+    return v
+
+
+def moe_static(n: int, k: int) -> dict:
+    """The static dict of fp4_moe_gemm (exactly what family.uses declares per expert weight shape)."""
+    return {"n": n, "k": k}
+
+
+def fp4_moe_block_m(n: int, k: int, num_tokens: int, *, arch) -> int:
+    """Rows per block the GEMM variant for `num_tokens` engine tokens expects (moe_align's block_m)."""
+    _positive_int("num_tokens", num_tokens)
+    return get_spec("fp4_moe_gemm").select(_arch_of("fp4_moe_gemm", arch), moe_static(n, k), num_tokens).p["block_m"]
+
+
+def moe_capacity(num_tokens: int, topk: int, num_experts: int, block_m: int) -> int:
+    """Rows of the padded layout: every routing of num_tokens x topk entries over num_experts fits."""
+    for name, v in (("num_tokens", num_tokens), ("topk", topk), ("num_experts", num_experts), ("block_m", block_m)):
+        _positive_int(name, v)
+    rows = num_tokens * topk + num_experts * (block_m - 1)
+    return -(-rows // block_m) * block_m
+
+
+def moe_align(topk_ids, num_experts: int, block_m: int):
+    """topk_ids int [T, topk] (expert of each routed entry, 0 <= id < num_experts) -> (sorted_rows int32
+    [capacity], block_expert int32 [capacity / block_m]); see the module doc. Device ops only (no host sync,
+    capturable in a CUDA graph); ids out of range are a ValueError only when the tensor is on the CPU (on the
+    GPU they would need a sync: the GEMM clamps the expert index, so they cannot read out of bounds)."""
+    import torch
+    if not isinstance(topk_ids, torch.Tensor) or topk_ids.dim() != 2 or topk_ids.dtype not in (torch.int32, torch.int64):
+        raise ValueError("topk_ids: expected an int32/int64 tensor [tokens, topk]")
+    t, k = topk_ids.shape
+    _positive_int("num_experts", num_experts)
+    _positive_int("block_m", block_m)
+    dev = topk_ids.device
+    if t == 0 or k == 0:
+        return torch.empty(0, dtype=torch.int32, device=dev), torch.empty(0, dtype=torch.int32, device=dev)
+    if dev.type == "cpu" and (int(topk_ids.min()) < 0 or int(topk_ids.max()) >= num_experts):
+        raise ValueError(f"topk_ids: expert ids must be in [0, {num_experts})")
+    cap = moe_capacity(t, k, num_experts, block_m)
+    flat = topk_ids.reshape(-1).long().clamp(0, num_experts - 1)
+    counts = torch.bincount(flat, minlength=num_experts)
+    padded = (counts + block_m - 1) // block_m * block_m
+    pad_start = torch.cumsum(padded, 0) - padded                 # first row of each expert in the layout
+    order = torch.argsort(flat, stable=True)                    # routed entries sorted by expert, token order
+    sorted_ex = flat[order]
+    first = torch.cumsum(counts, 0) - counts                    # first entry of each expert in `order`
+    dest = pad_start[sorted_ex] + torch.arange(flat.numel(), device=dev) - first[sorted_ex]
+    sorted_rows = torch.full((cap,), -1, dtype=torch.int32, device=dev)
+    sorted_rows[dest] = order.to(torch.int32)
+    block_start = torch.arange(cap // block_m, device=dev) * block_m
+    ends = torch.cumsum(padded, 0)
+    ex = torch.searchsorted(ends, block_start, right=True)
+    block_expert = torch.where(block_start < ends[-1], ex, torch.full_like(ex, -1)).to(torch.int32)
+    return sorted_rows, block_expert
+
+
+def fp4_moe_gemm(a, a_scales, w, w_scales, block_expert, *, num_tokens: int, arch, get_kernel, out=None):
+    """C [M, N] bf16: each block of block_m rows of A (fp8, 1x128 scales) times its expert's MXFP4 weight^T.
+
+      a           torch.float8_e4m3fn [M, K]   routed rows in moe_align's layout (M = capacity)
+      a_scales    fp32 [M, K / 128]
+      w           uint8 [E, N, K / 2]          e2m1 pairs, element 2j in the low nibble
+      w_scales    uint8 [E, N, K / 32]         UE8M0 exponents
+      block_expert int32 [M / block_m]         expert per block, -1 = padding (rows written 0)
+      num_tokens  the engine's token count T (selects the variant, hence block_m; see fp4_moe_block_m)
+      out         bf16 [M, N]
+    """
+    import torch
+    from dsv4_jit.validate import check_tensor
+    op = "fp4_moe_gemm"
+    arch = _arch_of(op, arch)
+    _positive_int("num_tokens", num_tokens)
+    if not isinstance(w, torch.Tensor) or w.dim() != 3:
+        raise ValueError("w: expected a 3-D uint8 tensor [experts, N, K / 2]")
+    check_tensor(w, "w", [None, None, None], torch.uint8)
+    e, n, half_k = w.shape
+    k = 2 * half_k
+    dev = w.device
+    if e == 0 or n == 0 or n % 128 or k == 0 or k % ACT_BLOCK:
+        raise ValueError(f"w: [experts, N, K / 2] = {list(w.shape)} needs experts >= 1, N a positive multiple of 128 "
+                         f"and K a positive multiple of {ACT_BLOCK}")
+    check_tensor(w_scales, "w_scales", [e, n, k // WEIGHT_GROUP], torch.uint8, dev)
+    static = moe_static(n, k)
+    bm = get_spec(op).select(arch, static, num_tokens).p["block_m"]   # pure: validates before anything loads
+    if not isinstance(a, torch.Tensor) or a.dim() != 2:
+        raise ValueError(f"a: expected a 2-D torch.float8_e4m3fn tensor [rows, {k}]")
+    check_tensor(a, "a", [None, k], torch.float8_e4m3fn, dev)
+    m = a.shape[0]
+    if m % bm:
+        raise ValueError(f"a: {m} rows is not a multiple of block_m = {bm} (the variant for num_tokens="
+                         f"{num_tokens}; build the layout with moe_align(..., block_m=fp4_moe_block_m(...)))")
+    check_tensor(a_scales, "a_scales", [m, k // ACT_BLOCK], torch.float32, dev)
+    check_tensor(block_expert, "block_expert", [m // bm], torch.int32, dev)
+    if out is None:
+        out = torch.empty(m, n, dtype=torch.bfloat16, device=dev)
+    else:
+        check_tensor(out, "out", [m, n], torch.bfloat16, dev)
+    if m == 0:
+        return out
+    get_kernel(get_spec(op), static, num_tokens)(a, a_scales, w, w_scales, block_expert, out)
+    return out

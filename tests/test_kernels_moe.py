@@ -1,0 +1,173 @@
+"""The MoE family on the CPU: the e2m1 -> e4m3 conversion the kernel does in shared memory, the routed-row layout
+(moe_align) against a plain loop, the capacity bound, the float64 reference against a per-element transcription,
+op validation (ValueError naming the argument before any kernel is selected), shapes from the model config at
+TP 1/2/4/8 and the schedules' shared memory on every arch. GPU correctness: the registry-driven cases
+(tests/test_families.py, family "moe")."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dsv4_jit.arch import PROFILES, get_profile
+from dsv4_jit.kernels.moe import fp4_moe_gemm as kmod
+from dsv4_jit.kernels.moe import ops, reference
+from dsv4_jit.kernels.moe.family import moe_shapes
+from dsv4_jit.kernels.quant.reference import E2M1_VALUES
+from dsv4_jit.model_config import EMBEDDED, load_model_config
+from dsv4_jit.spec import get_spec
+
+SM120 = get_profile("sm_120a")
+
+
+def test_e2m1_to_e4m3_bytes_are_exact():
+    for nib in range(16):
+        byte = kmod.e2m1_e4m3_byte(nib)
+        got = float(torch.tensor([byte], dtype=torch.uint8).view(torch.float8_e4m3fn).float())
+        want = E2M1_VALUES[nib & 7] * (-1.0 if nib & 8 else 1.0)
+        assert got == want, (nib, hex(byte), got, want)
+
+
+@pytest.mark.parametrize("t,topk,experts,block_m", [(1, 6, 8, 16), (7, 6, 8, 16), (33, 2, 5, 32), (200, 6, 256, 16),
+                                                    (300, 8, 16, 64), (5, 1, 1, 16)])
+def test_moe_align_matches_a_plain_loop(t, topk, experts, block_m):
+    g = torch.Generator().manual_seed(t * 1000 + experts)
+    ids = torch.stack([torch.randperm(experts, generator=g)[:topk] if topk <= experts
+                       else torch.randint(0, experts, (topk,), generator=g) for _ in range(t)]).int()
+    rows, blocks = ops.moe_align(ids, experts, block_m)
+    cap = ops.moe_capacity(t, topk, experts, block_m)
+    want_rows, want_blocks = reference.ref_moe_align(ids, experts, block_m, cap)
+    assert rows.dtype == blocks.dtype == torch.int32
+    assert rows.shape == (cap,) and blocks.shape == (cap // block_m,)
+    assert torch.equal(rows.long(), want_rows) and torch.equal(blocks.long(), want_blocks)
+
+
+@pytest.mark.parametrize("block_m", [16, 32, 64])
+def test_capacity_holds_the_worst_routings(block_m):
+    t, topk, experts = 10, 6, 64
+    cap = ops.moe_capacity(t, topk, experts, block_m)
+    routings = [torch.zeros(t, topk, dtype=torch.int32),                                  # one expert takes all
+                torch.arange(t * topk, dtype=torch.int32).reshape(t, topk) % experts]     # one row per expert
+    for ids in routings:
+        rows, blocks = ops.moe_align(ids, experts, block_m)
+        used = int((blocks >= 0).sum()) * block_m
+        assert used <= cap and rows.numel() == cap
+        assert sorted(rows[rows >= 0].tolist()) == list(range(t * topk))    # every routed entry exactly once
+
+
+def test_moe_align_rejects_bad_input():
+    with pytest.raises(ValueError, match="topk_ids"):
+        ops.moe_align(torch.zeros(3, 2), 4, 16)
+    with pytest.raises(ValueError, match="topk_ids: expert ids"):
+        ops.moe_align(torch.full((3, 2), 4, dtype=torch.int32), 4, 16)
+    with pytest.raises(ValueError, match="block_m"):
+        ops.moe_align(torch.zeros(3, 2, dtype=torch.int32), 4, 0)
+
+
+def test_reference_matches_a_per_element_transcription():
+    g = torch.Generator().manual_seed(0)
+    e, n, k, bm = 3, 4, 256, 16
+    w, sw = reference.quantize_expert_weights(torch.randn(e, n, k, generator=g))
+    ids = torch.tensor([[0, 2], [2, 1], [0, 1]], dtype=torch.int32)
+    rows, blocks = ops.moe_align(ids, e, bm)
+    x = torch.randn(3, k, generator=g)
+    from dsv4_jit.kernels.quant.reference import ref_act_quant_fp8
+    a_tok, sa_tok = ref_act_quant_fp8(x.to(torch.bfloat16))
+    src = (rows.clamp(min=0) // 2).long()
+    a, sa = a_tok[src], sa_tok[src]
+    got = reference.ref_fp4_moe_gemm(a, sa, w, sw, blocks, bm)
+    table = E2M1_VALUES
+    for r in range(a.shape[0]):
+        ex = int(blocks[r // bm])
+        for j in range(n):
+            if ex < 0:
+                assert got[r, j] == 0
+                continue
+            acc = 0.0
+            for kk in range(k):
+                byte = int(w[ex, j, kk // 2])
+                nib = (byte >> (4 * (kk % 2))) & 15
+                wv = table[nib & 7] * (-1 if nib & 8 else 1) * 2.0 ** (int(sw[ex, j, kk // 32]) - 127)
+                acc += float(a[r, kk].float()) * float(sa[r, kk // 128]) * wv
+            assert abs(float(got[r, j]) - acc) <= 1e-9 * max(1.0, abs(acc)), (r, j)
+
+
+def test_quantized_weights_round_trip():
+    g = torch.Generator().manual_seed(1)
+    wf = torch.randn(2, 8, 128, generator=g)
+    w, sw = reference.quantize_expert_weights(wf)
+    assert w.shape == (2, 8, 64) and sw.shape == (2, 8, 4) and w.dtype == sw.dtype == torch.uint8
+    back = torch.stack([reference.dequant_expert(w, sw, i) for i in range(2)])
+    # e2m1 keeps ~1 significant bit: per-group error <= half the top step (1 of 6) times the scale
+    err = (back - wf.double()).abs().reshape(2, 8, 4, 32).amax(-1)
+    assert (err <= (wf.abs().reshape(2, 8, 4, 32).amax(-1).double() / 6.0 * 2.0 ** 1) + 1e-12).all()
+
+
+# ------------------------------------------------------------------------------------------ op validation
+def _op_args(m=32, e=2, n=128, k=256):
+    return dict(a=torch.zeros(m, k, dtype=torch.float8_e4m3fn), a_scales=torch.ones(m, k // 128),
+                w=torch.zeros(e, n, k // 2, dtype=torch.uint8), w_scales=torch.zeros(e, n, k // 32, dtype=torch.uint8),
+                block_expert=torch.zeros(m // 16, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("bad,match", [
+    (dict(w=torch.zeros(2, 100, 128, dtype=torch.uint8)), "w: .*multiple of 128"),
+    (dict(w=torch.zeros(2, 128, 128)), "w: expected dtype"),
+    (dict(w_scales=torch.zeros(2, 128, 4)), "w_scales: expected dtype"),
+    (dict(w_scales=torch.zeros(2, 128, 9, dtype=torch.uint8)), "w_scales: expected shape"),
+    (dict(a=torch.zeros(32, 256)), "a: expected dtype"),
+    (dict(a=torch.zeros(33, 256, dtype=torch.float8_e4m3fn)), "a: 33 rows is not a multiple of block_m = 16"),
+    (dict(a_scales=torch.ones(32, 3)), "a_scales: expected shape"),
+    (dict(block_expert=torch.zeros(3, dtype=torch.int32)), "block_expert: expected shape"),
+])
+def test_op_validates_before_selecting(bad, match, cpu_tensors_ok):
+    args = {**_op_args(), **bad}
+
+    def never(*a, **k):
+        raise AssertionError("a kernel was requested for invalid input")
+    with pytest.raises(ValueError, match=match):
+        ops.fp4_moe_gemm(**args, num_tokens=1, arch=SM120, get_kernel=never)
+
+
+def test_op_refuses_cpu_tensors_and_bad_token_counts():
+    def never(*a, **k):
+        raise AssertionError
+    with pytest.raises(ValueError, match="must be a CUDA tensor"):
+        ops.fp4_moe_gemm(**_op_args(), num_tokens=1, arch=SM120, get_kernel=never)
+    with pytest.raises(ValueError, match="num_tokens"):
+        ops.fp4_moe_gemm(**_op_args(), num_tokens=0, arch=SM120, get_kernel=never)
+    with pytest.raises(ValueError, match="arch"):
+        ops.fp4_moe_gemm(**_op_args(), num_tokens=1, arch="sm_120a", get_kernel=never)
+
+
+# ------------------------------------------------------------------------------------------ shapes, select
+@pytest.mark.parametrize("model", EMBEDDED)
+@pytest.mark.parametrize("tp", [1, 2, 4, 8])
+def test_shapes_come_from_the_config(model, tp):
+    m = load_model_config(model)
+    w13, w2 = moe_shapes(m, tp)
+    inter = m.moe_intermediate_size // tp
+    assert (w13["n"], w13["k"]) == (2 * inter, m.hidden_size) and (w2["n"], w2["k"]) == (m.hidden_size, inter)
+    with pytest.raises(ValueError, match="not divisible"):
+        moe_shapes(m, 7)
+
+
+@pytest.mark.parametrize("arch", sorted(PROFILES))
+def test_block_m_follows_the_token_count_and_fits(arch):
+    spec = get_spec("fp4_moe_gemm")
+    prof = get_profile(arch)
+    got = {t: spec.select(prof, {"n": 6144, "k": 7168}, t).p["block_m"] for t in (1, 512, 513, 2048, 2049, 16384)}
+    assert got == {1: 16, 512: 16, 513: 32, 2048: 32, 2049: 64, 16384: 64}
+    for t in (1, 600, 5000):
+        v = spec.select(prof, {"n": 6144, "k": 7168}, t)
+        assert spec.smem_bytes(v) <= prof.max_smem_per_block <= 232_448
+    if prof.family == "blackwell_consumer":
+        assert spec.smem_bytes(spec.select(prof, {"n": 6144, "k": 7168}, 9999)) <= 101_376
+    assert ops.fp4_moe_block_m(4096, 4096, 600, arch=prof) == 32
+
+
+@pytest.mark.parametrize("static,match", [({"k": 4096}, "lack 'n'"), ({"n": 100, "k": 4096}, "n must be a positive multiple of 128"),
+                                          ({"n": 4096, "k": 4000}, "k must be a positive multiple of 128"),
+                                          ({"n": True, "k": 4096}, "n must be")])
+def test_select_rejects_bad_statics(static, match):
+    with pytest.raises(ValueError, match=f"fp4_moe_gemm: {match}"):
+        get_spec("fp4_moe_gemm").select(SM120, static, 1)
