@@ -165,7 +165,7 @@ def test_block_m_follows_the_token_count_and_fits(arch):
     assert ops.fp4_moe_block_m(4096, 4096, 600, arch=prof) == 32
 
 
-@pytest.mark.parametrize("static,match", [({"k": 4096}, "lack 'n'"), ({"n": 100, "k": 4096}, "n must be a positive multiple of 128"),
+@pytest.mark.parametrize("static,match", [({"k": 4096}, "static params lack 'n'"), ({"n": 100, "k": 4096}, "n must be a positive multiple of 128"),
                                           ({"n": 4096, "k": 4000}, "k must be a positive multiple of 128"),
                                           ({"n": True, "k": 4096}, "n must be")])
 def test_select_rejects_bad_statics(static, match):
