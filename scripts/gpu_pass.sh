@@ -20,7 +20,7 @@ status=0
   python3 -c "import sys, torch; print(sys.version.split()[0], torch.__version__)"; } 2>&1 | tee "$OUT/env.log"
 # STEPS picks parts (one device call runs at most 10 minutes; the whole pass takes longer), e.g.
 #   STEPS="warm tests" bash scripts/gpu_pass.sh     then     STEPS="bench_attention bench_indexer" ...
-STEPS=${STEPS:-"container warm tests bench_mhc bench_attention bench_indexer bench_gemm plugin warm_load host"}
+STEPS=${STEPS:-"container warm tests bench_mhc bench_attention bench_indexer bench_gemm bench_moe plugin warm_load host"}
 step() { case " $STEPS " in *" $1 "*) return 0;; *) return 1;; esac; }
 run() { local log=$1; shift; "$@" 2>&1 | tee "$OUT/$log.log"; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1; }
 if step container && [ -n "$bundle" ]; then run container_case python3 scripts/container_case.py "$bundle"; fi
@@ -41,6 +41,10 @@ fi
 if step bench_gemm; then
   run bench_gemm python3 benchmarks/bench_gemm.py --out "$OUT/bench_gemm.json"
   run bench_gemm_sm120 python3 benchmarks/bench_gemm.py --arch sm_120a --out "$OUT/bench_gemm_sm120.json"
+fi
+if step bench_moe; then
+  run bench_moe python3 benchmarks/bench_moe.py --out "$OUT/bench_moe.json"
+  run bench_moe_sm120 python3 benchmarks/bench_moe.py --arch sm_120a --out "$OUT/bench_moe_sm120.json"
 fi
 if step plugin; then
   for model in deepseek-v4-flash deepseek-v4-pro; do

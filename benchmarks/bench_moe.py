@@ -1,0 +1,121 @@
+"""MXFP4 grouped expert GEMM benchmark: one MoE layer's w1+w3 and w2 grouped GEMMs of a model at one TP, with all
+of its routed experts resident (V4-Flash: 256, 6 per token), at decode and prefill token counts.
+
+Columns (us: one call per CUDA-graph replay, median of triton's do_bench, L2 flushed before each replay):
+  experts         experts the routing touched (random top-k per token, as a trained router spreads decode tokens)
+  ours            dsv4_jit.fp4_moe_gemm over moe_align's layout, with its block_m
+  GB/s, %copy     bytes the call must read: the touched experts' packed weights and exponents (N x K / 2 + N x K / 32
+                  each) + the routed activation rows and scales, + bf16 C written / time, against a measured
+                  device-to-device copy (256 MiB, read + write)
+  TFLOP/s         2 x routed rows x N x K / time (real rows only, not the padding)
+  torch           the same GEMM by dequantizing each touched expert to bf16 and one matmul per expert (a baseline
+                  that reads 4x the weight bytes; not what any engine runs)
+  err             max over rows of the per-row relative error of ours vs the float64 reference (routed rows;
+                  T <= 512 only: the reference dequantizes every touched expert in float64)
+
+    python benchmarks/bench_moe.py --out bench_out/moe.json [--model deepseek-v4-flash] [--tp 1]
+        [--tokens 1 8 64 512 4096] [--arch sm_120a]  (an SM120 schedule emulated on this GPU)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from mhc_bench_common import copy_bandwidth_gbs, graph_us_or_reason  # noqa: E402
+
+
+def random_experts(num_experts: int, n: int, k: int, g: torch.Generator):
+    """Packed e2m1 weights (every byte is a valid pair) and exponents around 2^-6, as trained MXFP4 experts."""
+    w = torch.randint(0, 256, (num_experts, n, k // 2), dtype=torch.uint8, device="cuda", generator=g)
+    sw = torch.randint(118, 124, (num_experts, n, k // 32), dtype=torch.uint8, device="cuda", generator=g)
+    return w, sw
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="deepseek-v4-flash")
+    ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--tokens", type=int, nargs="+", default=[1, 8, 64, 512, 4096])
+    ap.add_argument("--arch", default=None, help="schedule to run: native (default) or sm_120a (emulated)")
+    ap.add_argument("--out", default="bench_out/moe.json")
+    args = ap.parse_args()
+
+    import dsv4_jit
+    from dsv4_jit.arch import detect_arch, get_profile
+    from dsv4_jit.kernels.gemm.family import make_activations
+    from dsv4_jit.kernels.moe import ops, reference
+    from dsv4_jit.kernels.moe.family import moe_shapes
+    from dsv4_jit.model_config import load_model_config
+
+    native = detect_arch()
+    arch = native if args.arch is None else get_profile(args.arch).emulated(native)
+    m = load_model_config(args.model)
+    experts, topk = int(m.n_routed_experts), int(m.num_experts_per_tok)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    bw = copy_bandwidth_gbs()
+    print(f"{torch.cuda.get_device_name()}; schedule {arch.schedule} on {arch.name}; {args.model} TP{args.tp}, "
+          f"{experts} experts, top-{topk}; copy bandwidth {bw:,.0f} GB/s")
+    print(f"{'GEMM':>6} {'T':>5} {'experts':>7} {'bm':>3} {'ours':>8} {'GB/s':>7} {'%copy':>6} {'TFLOP/s':>7} "
+          f"{'torch':>9} {'err':>8}")
+    rows = []
+    for shape in moe_shapes(m, args.tp):
+        n, k = shape["n"], shape["k"]
+        w, sw = random_experts(experts, n, k, g)
+        name = "w13" if "w1" in shape["label"] else "w2"
+        for t in args.tokens:
+            ids = torch.rand(t, experts, generator=g, device="cuda").argsort(dim=1)[:, :topk].int()
+            bm = ops.fp4_moe_block_m(n, k, t, arch=arch)
+            sorted_rows, blocks = ops.moe_align(ids, experts, bm)
+            x, sx = make_activations(t, k, g, "cuda")
+            src = (sorted_rows.clamp(min=0) // topk).long()
+            a, sa = x[src].contiguous(), sx[src].contiguous()
+            c = torch.empty(a.shape[0], n, dtype=torch.bfloat16, device="cuda")
+            kw = dict(num_tokens=t, arch=arch, get_kernel=dsv4_jit.kernel_getter(arch), out=c)
+            ours, why = graph_us_or_reason(lambda: ops.fp4_moe_gemm(a, sa, w, sw, blocks, **kw), reps=1)
+            touched = sorted(set(ids.flatten().tolist()))
+            real = t * topk
+            nbytes = len(touched) * (n * k // 2 + n * k // 32) + real * (k + 4 * k // 128) + a.shape[0] * n * 2
+            # torch baseline and the error, on the touched experts' rows
+            be = blocks.tolist()
+            err = None
+            if t <= 512:   # the float64 reference dequantizes every touched expert: keep it to decode sizes
+                ref = reference.ref_fp4_moe_gemm(a, sa, w, sw, blocks, bm)
+                valid = sorted_rows >= 0
+                err = ((c.double() - ref)[valid].norm(dim=1) / ref[valid].norm(dim=1).clamp_min(1e-30)).max().item()
+                del ref
+            deq = {e: reference.dequant_expert(w, sw, e).to(torch.bfloat16) for e in touched}
+            a_bf = (a.float() * sa.repeat_interleave(128, 1)).to(torch.bfloat16)
+            spans = [(b * bm, (b + 1) * bm, e) for b, e in enumerate(be) if e >= 0]
+            ct = torch.empty_like(c)
+
+            def torch_step():
+                for lo, hi, e in spans:
+                    torch.matmul(a_bf[lo:hi], deq[e].T, out=ct[lo:hi])
+            t_torch, _ = graph_us_or_reason(torch_step, reps=1)
+            gbs = nbytes / (ours * 1e-6) / 1e9 if ours else None
+            tflops = 2 * real * n * k / (ours * 1e-6) / 1e12 if ours else None
+            row = {"gemm": name, "n": n, "k": k, "tokens": t, "experts_touched": len(touched), "block_m": bm,
+                   "rows": a.shape[0], "bytes": nbytes, "ours_us": ours, "ours_gbs": gbs,
+                   "ours_pct_copy": 100 * gbs / bw if gbs else None, "ours_tflops": tflops, "torch_us": t_torch,
+                   "max_row_rel_err": err, "notes": [why] if why else []}
+            rows.append(row)
+            f = lambda v, w_=8, p=1: f"{v:>{w_}.{p}f}" if isinstance(v, float) else f"{'-':>{w_}}"  # noqa: E731
+            print(f"{name:>6} {t:>5} {len(touched):>7} {bm:>3} {f(ours)} {f(gbs, 7, 0)} {f(row['ours_pct_copy'], 6)} "
+                  f"{f(tflops, 7)} {f(t_torch, 9)} {(f'{err:.1e}' if err is not None else '-'):>8}")
+            del deq
+            torch.cuda.empty_cache()
+        del w, sw
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "schedule": arch.schedule, "arch": arch.name,
+                               "model": args.model, "tp": args.tp, "copy_gbs": bw, "rows": rows}, indent=1))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
