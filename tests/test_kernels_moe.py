@@ -171,3 +171,15 @@ def test_block_m_follows_the_token_count_and_fits(arch):
 def test_select_rejects_bad_statics(static, match):
     with pytest.raises(ValueError, match=f"fp4_moe_gemm: {match}"):
         get_spec("fp4_moe_gemm").select(SM120, static, 1)
+
+
+def test_stages_never_exceed_the_k_blocks():
+    spec = get_spec("fp4_moe_gemm")
+    assert [spec.select(SM120, {"n": 4096, "k": k}, 1).p["stages"] for k in (128, 256, 384, 512, 7168)] == [1, 2, 3, 4, 4]
+
+
+def test_op_refuses_misaligned_views(cpu_tensors_ok):
+    args = _op_args()
+    buf = torch.zeros(32 * 256 + 1, dtype=torch.uint8)[1:].view(torch.float8_e4m3fn).view(32, 256)
+    with pytest.raises(ValueError, match="a: data pointer must be 16-byte aligned"):
+        ops.fp4_moe_gemm(**{**args, "a": buf}, num_tokens=1, arch=SM120, get_kernel=None)

@@ -48,7 +48,7 @@ def _case(m, shape: dict, tp: int) -> GpuCase:
     from dsv4_jit.kernels.gemm.family import _cuda_gen, make_activations
     from . import ops, reference
     n, k = shape["n"], shape["k"]
-    topk = min(int(m.num_experts_per_tok), GPU_EXPERTS)
+    topk = min(int(m.num_experts_per_tok), GPU_EXPERTS - 1)   # ids are drawn from the first GPU_EXPERTS - 1
 
     def make_inputs(t, device, g):
         cg = _cuda_gen(g, device)
@@ -85,6 +85,11 @@ def _case(m, shape: dict, tp: int) -> GpuCase:
 
     def ref(inp, out):
         a, sa, blocks, bm = inp["_layout"]
+        # the GPU layout itself against the plain loop (a wrong row -> token map would pass the GEMM check)
+        rows, _ = ops.moe_align(inp["ids"], GPU_EXPERTS, bm)
+        want_rows, want_blocks = reference.ref_moe_align(inp["ids"].cpu(), GPU_EXPERTS, bm, rows.numel())
+        if not (torch.equal(rows.cpu().long(), want_rows) and torch.equal(blocks.cpu().long(), want_blocks)):
+            raise AssertionError(f"moe_align on {rows.device} differs from the reference layout at T={inp['t']}")
         return {"c": reference.ref_fp4_moe_gemm(a, sa, inp["w"], inp["sw"], blocks, bm)}
 
     name = f"fp4_moe_gemm[{shape['label']}, TP{tp}: K {k} -> N {n}]"

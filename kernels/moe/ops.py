@@ -6,7 +6,7 @@ The layout: entry (t, j) of topk_ids [T, topk] is routed row t * topk + j. Rows 
 inside an expert), each expert's rows padded up to a multiple of block_m, and the whole list padded with -1 to a
 fixed capacity that depends on T, topk, E and block_m only (so a CUDA graph captured at T fits every routing):
 
-    capacity = ceil_to(T * topk + E * (block_m - 1), block_m)
+    capacity = ceil_to(T * topk + min(E, T * topk) * (block_m - 1), block_m)
 
 block_m comes from the GEMM's variant at the engine's token count T (`fp4_moe_block_m`), the same `select` the
 planner enumerates. The caller gathers activations for the sorted rows (row -1: any finite row, e.g. row 0; its
@@ -48,7 +48,8 @@ def moe_capacity(num_tokens: int, topk: int, num_experts: int, block_m: int) -> 
     """Rows of the padded layout: every routing of num_tokens x topk entries over num_experts fits."""
     for name, v in (("num_tokens", num_tokens), ("topk", topk), ("num_experts", num_experts), ("block_m", block_m)):
         _positive_int(name, v)
-    rows = num_tokens * topk + num_experts * (block_m - 1)
+    # at most min(E, T * topk) experts get rows, each padded by at most block_m - 1
+    rows = num_tokens * topk + min(num_experts, num_tokens * topk) * (block_m - 1)
     return -(-rows // block_m) * block_m
 
 
@@ -70,7 +71,8 @@ def moe_align(topk_ids, num_experts: int, block_m: int):
         raise ValueError(f"topk_ids: expert ids must be in [0, {num_experts})")
     cap = moe_capacity(t, k, num_experts, block_m)
     flat = topk_ids.reshape(-1).long().clamp(0, num_experts - 1)
-    counts = torch.bincount(flat, minlength=num_experts)
+    # not torch.bincount: on CUDA it reads min/max back to the host (a sync, and an error under graph capture)
+    counts = torch.zeros(num_experts, dtype=torch.long, device=dev).scatter_add_(0, flat, torch.ones_like(flat))
     padded = (counts + block_m - 1) // block_m * block_m
     pad_start = torch.cumsum(padded, 0) - padded                 # first row of each expert in the layout
     order = torch.argsort(flat, stable=True)                    # routed entries sorted by expert, token order
@@ -127,6 +129,11 @@ def fp4_moe_gemm(a, a_scales, w, w_scales, block_expert, *, num_tokens: int, arc
         out = torch.empty(m, n, dtype=torch.bfloat16, device=dev)
     else:
         check_tensor(out, "out", [m, n], torch.bfloat16, dev)
+    # the kernel's cp.async copies: 16-byte rows of a and w, 4-byte words of the scales and block_expert
+    for t, name, align in ((a, "a", 16), (w, "w", 16), (a_scales, "a_scales", 4), (w_scales, "w_scales", 4),
+                           (block_expert, "block_expert", 4)):
+        if t.data_ptr() % align:
+            raise ValueError(f"{name}: data pointer must be {align}-byte aligned (a view at an odd offset? .clone() it)")
     if m == 0:
         return out
     get_kernel(get_spec(op), static, num_tokens)(a, a_scales, w, w_scales, block_expert, out)
