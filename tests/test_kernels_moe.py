@@ -183,3 +183,20 @@ def test_op_refuses_misaligned_views(cpu_tensors_ok):
     buf = torch.zeros(32 * 256 + 1, dtype=torch.uint8)[1:].view(torch.float8_e4m3fn).view(32, 256)
     with pytest.raises(ValueError, match="a: data pointer must be 16-byte aligned"):
         ops.fp4_moe_gemm(**{**args, "a": buf}, num_tokens=1, arch=SM120, get_kernel=None)
+
+
+@pytest.mark.gpu
+def test_moe_align_is_graph_capturable_and_exact_on_the_gpu():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    t, topk, experts, bm = 37, 6, 64, 16
+    ids = torch.stack([torch.randperm(experts)[:topk] for _ in range(t)]).int().cuda()
+    rows, blocks = ops.moe_align(ids, experts, bm)          # warm (allocator, kernels) outside the capture
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        rows, blocks = ops.moe_align(ids, experts, bm)
+    ids.copy_(torch.stack([torch.randperm(experts)[:topk] for _ in range(t)]).int().cuda())
+    g.replay()
+    torch.cuda.synchronize()
+    want_rows, want_blocks = reference.ref_moe_align(ids.cpu(), experts, bm, rows.numel())
+    assert torch.equal(rows.cpu().long(), want_rows) and torch.equal(blocks.cpu().long(), want_blocks)
