@@ -69,6 +69,9 @@ def compile_tier(config) -> str:
 # per-key build lock must not hold the turn that the builder needs back (a first version deadlocked so).
 # DSV4_JIT_GPU_TURN=0: no turns (small cases, few workers).
 class GpuTurn:
+    # a worker waiting longer than this for the GPU means another one hung: fail, naming the lock
+    WAIT_S = 1800
+
     def __init__(self, path=None):
         from filelock import FileLock
         self._lock = FileLock(str(path)) if path else None
@@ -76,7 +79,12 @@ class GpuTurn:
 
     def acquire(self) -> None:
         if self._lock is not None and not self.held:
-            self._lock.acquire()
+            from filelock import Timeout
+            try:
+                self._lock.acquire(timeout=self.WAIT_S)
+            except Timeout:
+                raise RuntimeError(f"waited {self.WAIT_S} s for the GPU turn ({self._lock.lock_file}): "
+                                   "another xdist worker holds it (a hung kernel?)") from None
             self.held = True
 
     def release(self) -> None:
@@ -89,6 +97,8 @@ class GpuTurn:
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
                 torch.cuda.empty_cache()
+        except RuntimeError:
+            pass   # a CUDA fault already failed the test: keep its error, still pass the turn on
         finally:
             self.held = False
             self._lock.release()
