@@ -139,6 +139,13 @@ def fp4_moe_gemm(a, a_scales, w, w_scales, block_expert, *, num_tokens: int, arc
     return _moe.fp4_moe_gemm(a, a_scales, w, w_scales, block_expert, num_tokens=num_tokens, **_arch_kw(arch), **kw)
 
 
+def moe_route(logits, *, topk: int, routed_scaling: float = 1.0, bias=None, hash_ids=None, arch=None, **kw):
+    """V4 routing after the gate GEMM: (ids int32 [T, topk], weights fp32 [T, topk]) (kernels/moe/route.py)."""
+    from .kernels.moe import ops as _moe
+    return _moe.moe_route(logits, topk=topk, routed_scaling=routed_scaling, bias=bias, hash_ids=hash_ids,
+                          **_arch_kw(arch), **kw)
+
+
 def moe_align(topk_ids, num_experts: int, block_m: int):
     """Routed rows sorted by expert in blocks of block_m (fixed capacity, graph-capturable):
     (sorted_rows int32, block_expert int32). block_m: fp4_moe_block_m(n, k, num_tokens)."""
@@ -169,5 +176,5 @@ __all__ = [
     "mhc_pre", "mhc_sinkhorn", "mhc_post", "mhc_post_pre_fused", "hc_head", "sparse_mla_decode", "sparse_mla_prefill", "warm",
     "indexer_decode_logits", "indexer_prefill_logits", "indexer_topk", "indexer_decode_topk", "indexer_swa_indices",
     "act_quant_fp8", "act_quant_fp8_inplace", "act_quant_fp4", "swiglu_quant_fp8", "fp8_gemm",
-    "fp4_moe_gemm", "moe_align", "fp4_moe_block_m",
+    "fp4_moe_gemm", "moe_route", "moe_align", "fp4_moe_block_m",
 ]

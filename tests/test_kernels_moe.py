@@ -200,3 +200,49 @@ def test_moe_align_is_graph_capturable_and_exact_on_the_gpu():
     torch.cuda.synchronize()
     want_rows, want_blocks = reference.ref_moe_align(ids.cpu(), experts, bm, rows.numel())
     assert torch.equal(rows.cpu().long(), want_rows) and torch.equal(blocks.cpu().long(), want_blocks)
+
+
+# ------------------------------------------------------------------------------------------ routing
+def test_route_reference_matches_a_literal_transcription():
+    import math
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(5, 64, generator=g) * 3
+    logits[:, 10] = logits[:, 20]                          # a tie in s
+    bias = torch.randn(64, generator=g) * 0.1
+    bias[20] = bias[10]                                    # ... and in s + bias: expert 10 must win
+    ids, w = reference.ref_moe_route(logits, bias, None, 6, 2.5)
+    for t in range(5):
+        s = [math.sqrt(math.log1p(math.exp(float(x)))) for x in logits[t].float()]
+        order = sorted(range(64), key=lambda e: (-(s[e] + float(bias[e])), e))[:6]
+        assert ids[t].tolist() == order
+        tot = sum(s[e] for e in order)
+        assert [round(v, 6) for v in w[t].tolist()] == [round(s[e] / tot * 2.5, 6) for e in order]
+    hashed = torch.tensor([[3, 1, 2, 0, 5, 4]] * 5, dtype=torch.int32)
+    ids_h, w_h = reference.ref_moe_route(logits, None, hashed, 6, 1.0)
+    assert torch.equal(ids_h, hashed.long()) and torch.allclose(w_h.sum(1), torch.ones(5, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(bias=None, hash_ids=None), "pass exactly one"),
+    (dict(bias=torch.zeros(256), hash_ids=torch.zeros(3, 6, dtype=torch.int32)), "pass exactly one"),
+    (dict(bias=torch.zeros(255)), "bias: expected shape"),
+    (dict(bias=torch.zeros(256, dtype=torch.float64)), "bias: expected dtype"),
+    (dict(hash_ids=torch.zeros(3, 5, dtype=torch.int32)), "hash_ids: expected shape"),
+    (dict(bias=torch.zeros(256), routed_scaling=0.0), "routed_scaling"),
+    (dict(bias=torch.zeros(256), topk=0), "topk must be"),
+])
+def test_route_validates_before_selecting(kw, match, cpu_tensors_ok):
+    args = dict(topk=6, routed_scaling=1.5)
+    args.update(kw)
+    with pytest.raises(ValueError, match=match):
+        ops.moe_route(torch.zeros(3, 256), **args, arch=SM120, get_kernel=None)
+
+
+def test_route_select_rejects_unsupported_statics():
+    spec = get_spec("moe_route")
+    with pytest.raises(ValueError, match="experts=200 is not supported"):
+        spec.select(SM120, {"experts": 200, "topk": 6, "hashed": False}, 1)
+    with pytest.raises(ValueError, match="hashed must be a bool"):
+        spec.select(SM120, {"experts": 256, "topk": 6, "hashed": 1}, 1)
+    v = spec.select(SM120, {"experts": 384, "topk": 6, "hashed": False}, 5000)
+    assert spec.smem_bytes(v) == 4 * 6 * 8 + 128 * 4 * 3 <= 101_376

@@ -6,15 +6,17 @@ Call sites per forward pass (shapes derived from the model config, assumptions s
     moe_intermediate / TP) and w2 (K = moe_intermediate / TP -> N = hidden), between them swiglu_quant_fp8 (the
     quant family). TP shards each expert's intermediate dimension (vLLM's default without expert parallelism);
     with expert parallelism every rank holds whole experts, the TP 1 shapes, which a plan for TP 1 covers.
-  * The activations enter as act_quant_fp8 rows (quant family) gathered into the layout; the gate, the
-    hash-routed first layers and the weighted combine are not in this family yet.
+  * The activations enter as act_quant_fp8 rows (quant family) gathered into the layout; the weighted combine
+    is not in this family yet (torch: a gather by the layout and a weighted sum).
+  * moe_route runs once per MoE layer after the gate GEMM (fp32 logits [T, E]): the scored form on most layers,
+    the hashed form (experts from tid2eid[input_ids]) on V4's first, hash-routed layers; both are planned.
 """
 from __future__ import annotations
 
 from dsv4_jit.family import GpuCase, KernelFamily, KernelUse, register_family
 from dsv4_jit.spec import get_spec
 
-from . import fp4_moe_gemm  # noqa: F401  (registers the specs)
+from . import fp4_moe_gemm, route  # noqa: F401  (registers the specs)
 
 # bf16 output of fp32 sums of exact fp8 x e2m1 products: ~2e-3 per row expected, as fp8_gemm.
 TOLERANCE = 1e-2
@@ -37,10 +39,68 @@ def moe_shapes(model, tp: int = 1) -> list[dict]:
 
 
 def _uses(model, parallel) -> list[KernelUse]:
-    from .ops import moe_static
+    from .ops import moe_static, route_static
     spec = get_spec("fp4_moe_gemm")
-    return [KernelUse(spec, moe_static(s["n"], s["k"]), f"MXFP4 grouped GEMM {s['label']}: K {s['k']} -> N {s['n']}")
+    uses = [KernelUse(spec, moe_static(s["n"], s["k"]), f"MXFP4 grouped GEMM {s['label']}: K {s['k']} -> N {s['n']}")
             for s in moe_shapes(model, parallel.tp_size)]
+    e, k = int(model.n_routed_experts), int(model.num_experts_per_tok)
+    uses += [KernelUse(get_spec("moe_route"), route_static(e, k, False), f"routing: sqrtsoftplus + bias top-{k} of {e}"),
+             KernelUse(get_spec("moe_route"), route_static(e, k, True), f"routing, hash-routed layers: top-{k} given")]
+    return uses
+
+
+ROUTE_SCALE = 1.5     # V4-Flash's routed_scaling_factor; the kernel does not depend on it
+
+
+def _route_case(m, hashed: bool) -> GpuCase:
+    import torch
+    from . import ops, reference
+    e, k = int(m.n_routed_experts), int(m.num_experts_per_tok)
+
+    def make_inputs(t, device, g):
+        logits = torch.randn(t, e, generator=g) * 2
+        logits[:, :3] = logits[:, 3:4]                       # exact ties: the lower index must win
+        inp = {"logits": logits.to(device), "t": t}
+        if hashed:
+            inp["hash_ids"] = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)]).int().to(device)
+        else:
+            bias = torch.randn(e, generator=g) * 0.1
+            bias[:4] = bias[0]                                # with the equal logits: exact ties in s + bias
+            inp["bias"] = bias.to(device)
+        return inp
+
+    def make_outputs(inp, arch):
+        dev = inp["logits"].device
+        return {"ids": torch.empty(inp["t"], k, dtype=torch.float64, device=dev),
+                "weights": torch.empty(inp["t"], k, dtype=torch.float64, device=dev)}
+
+    def launch(inp, out, arch, get_kernel):
+        ids, w = ops.moe_route(inp["logits"], topk=k, routed_scaling=ROUTE_SCALE, bias=inp.get("bias"),
+                               hash_ids=inp.get("hash_ids"), arch=arch, get_kernel=get_kernel)
+        out["ids"].copy_(ids.double())
+        out["weights"].copy_(w.double())
+
+    def ref(inp, out):
+        want_ids, _ = reference.ref_moe_route(inp["logits"], inp.get("bias"), inp.get("hash_ids"), k, ROUTE_SCALE)
+        if not hashed:
+            # GPU exp/log may differ from torch's by an ulp: where the kernel's picks are a valid top-k of the
+            # float64 scores within 1e-5 (and exact ties went to the lower index), expect exactly its picks
+            got = out["ids"].long()
+            x = inp["logits"].double()
+            sel = torch.sqrt(x.clamp(min=0) + torch.log1p(torch.exp(-x.abs()))) + inp["bias"].double()
+            picked = sel.gather(1, got.clamp(0, e - 1))
+            rest = sel.scatter(1, got.clamp(0, e - 1), float("-inf"))
+            ok = picked.min(dim=1).values >= rest.max(dim=1).values - 1e-5
+            ok &= (picked[:, :-1] >= picked[:, 1:] - 1e-5).all(dim=1)
+            ok &= (got.sort(dim=1).values.diff(dim=1) != 0).all(dim=1)           # k distinct experts
+            top = sel.sort(dim=1, descending=True).values[:, :k + 1]
+            ok &= ~(top.diff(dim=1) == 0).any(dim=1)   # exact ties: the strict rule (lower index first) applies
+            want_ids = torch.where(ok[:, None], got, want_ids)
+        _, w = reference.ref_moe_route(inp["logits"], None, want_ids.int(), k, ROUTE_SCALE)
+        return {"ids": want_ids.double(), "weights": w}
+
+    return GpuCase(f"moe_route[{'hashed' if hashed else 'scored'}, top-{k} of {e}]", make_inputs, make_outputs, launch,
+                   ref, {"ids": 0.0, "weights": 1e-5}, tokens=(1, 7, 64, 300, 2049))
 
 
 def _case(m, shape: dict, tp: int) -> GpuCase:
@@ -100,16 +160,16 @@ def _gpu_cases(m) -> list[GpuCase]:
     """w1+w3 and w2 at TP 1 (K = hidden / full intermediate), and w2 at TP 8 (K = 256 / 384: 2-3 K blocks)."""
     cases = [_case(m, s, 1) for s in moe_shapes(m, 1)]
     cases.append(_case(m, moe_shapes(m, 8)[1], 8))
-    return cases
+    return cases + [_route_case(m, False), _route_case(m, True)]
 
 
 FAMILY = register_family(KernelFamily(
     name="moe",
-    specs=(get_spec("fp4_moe_gemm"),),
+    specs=(get_spec("fp4_moe_gemm"), get_spec("moe_route")),
     uses=_uses,
     gpu_cases=_gpu_cases,
-    ops={"fp4_moe_gemm": ("fp4_moe_gemm",)},
-    doc="MXFP4 grouped expert GEMM (FP8 activations x e2m1 weights, 1x32 UE8M0 scales), routed-row layout",
+    ops={"fp4_moe_gemm": ("fp4_moe_gemm",), "moe_route": ("moe_route",)},
+    doc="V4 routing (sqrtsoftplus + bias top-k, hash layers), MXFP4 grouped expert GEMM, routed-row layout",
 ))
 
 __all__ = ["FAMILY", "moe_shapes"]

@@ -1,5 +1,5 @@
-"""Routed-expert host ops: the routed-row layout (`moe_align`, `moe_capacity`) and the MXFP4 grouped GEMM
-(`fp4_moe_gemm`). Every argument is validated (ValueError naming it) before anything is selected, loaded or
+"""Routed-expert host ops: the routing (`moe_route`), the routed-row layout (`moe_align`, `moe_capacity`) and
+the MXFP4 grouped GEMM (`fp4_moe_gemm`). Every argument is validated (ValueError naming it) before anything is selected, loaded or
 compiled; `out=` for CUDA-graph capture.
 
 The layout: entry (t, j) of topk_ids [T, topk] is routed row t * topk + j. Rows are sorted by expert (token order
@@ -138,3 +138,52 @@ def fp4_moe_gemm(a, a_scales, w, w_scales, block_expert, *, num_tokens: int, arc
         return out
     get_kernel(get_spec(op), static, num_tokens)(a, a_scales, w, w_scales, block_expert, out)
     return out
+
+
+def route_static(experts: int, topk: int, hashed: bool) -> dict:
+    """The static dict of moe_route (exactly what family.uses declares)."""
+    return {"experts": experts, "topk": topk, "hashed": hashed}
+
+
+def moe_route(logits, *, topk: int, routed_scaling: float = 1.0, bias=None, hash_ids=None, arch, get_kernel,
+              out=None):
+    """V4 routing after the gate GEMM (kernels/moe/route.py): (ids int32 [T, topk], weights fp32 [T, topk]).
+
+      logits    fp32 [T, E]     the gate GEMM's output
+      bias      fp32 [E]        the score-correction bias (selection only); or, for a hash-routed layer,
+      hash_ids  int32 [T, topk] tid2eid[input_ids] (the experts are given; only weights are computed)
+      routed_scaling            the weights sum to this
+      out       (ids, weights) to write (CUDA-graph capture)
+    """
+    import torch
+    from dsv4_jit.validate import check_tensor
+    op = "moe_route"
+    arch = _arch_of(op, arch)
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
+        raise ValueError("logits: expected a 2-D float32 tensor [tokens, experts]")
+    check_tensor(logits, "logits", [None, None], torch.float32)
+    t, e = logits.shape
+    dev = logits.device
+    if (bias is None) == (hash_ids is None):
+        raise ValueError("bias / hash_ids: pass exactly one (bias for a scored layer, hash_ids for a hash-routed one)")
+    if isinstance(routed_scaling, bool) or not isinstance(routed_scaling, (int, float)) or not routed_scaling > 0:
+        raise ValueError(f"routed_scaling: must be a positive number, got {routed_scaling!r}")
+    static = route_static(e, topk, hash_ids is not None)
+    get_spec(op).select(arch, static, max(t, 1))          # pure: validates experts / topk before anything loads
+    if bias is not None:
+        check_tensor(bias, "bias", [e], torch.float32, dev)
+    else:
+        check_tensor(hash_ids, "hash_ids", [t, topk], torch.int32, dev)
+    if out is None:
+        out = (torch.empty(t, topk, dtype=torch.int32, device=dev), torch.empty(t, topk, dtype=torch.float32, device=dev))
+    else:
+        if not isinstance(out, (tuple, list)) or len(out) != 2:
+            raise ValueError("out: expected a pair (ids int32 [T, topk], weights fp32 [T, topk])")
+        check_tensor(out[0], "out[0] (ids)", [t, topk], torch.int32, dev)
+        check_tensor(out[1], "out[1] (weights)", [t, topk], torch.float32, dev)
+    if t == 0:
+        return tuple(out)
+    get_kernel(get_spec(op), static, t)(logits, bias if bias is not None else hash_ids, out[0], out[1])
+    if routed_scaling != 1.0:
+        out[1].mul_(float(routed_scaling))
+    return tuple(out)

@@ -57,3 +57,17 @@ def ref_moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int, capaci
     rows += [-1] * (capacity - len(rows))
     blocks += [-1] * (capacity // block_m - len(blocks))
     return torch.tensor(rows, dtype=torch.int64), torch.tensor(blocks, dtype=torch.int64)
+
+
+def ref_moe_route(logits, bias=None, hash_ids=None, topk: int = 6, routed_scaling: float = 1.0):
+    """(ids int64 [T, topk], weights float64 [T, topk]) by V4's rule (route.py's doc): fp32 scores as the kernel
+    computes them, ids by descending s + bias with ties to the lower index (hash layers: the given ids), weights
+    s[ids] renormalized and scaled, in float64."""
+    x = logits.float()
+    s = torch.sqrt(torch.clamp(x, min=0) + torch.log(1.0 + torch.exp(-x.abs())))
+    if hash_ids is not None:
+        ids = hash_ids.long().clamp(0, logits.shape[1] - 1)
+    else:
+        ids = torch.sort(-(s + bias.float()), dim=1, stable=True).indices[:, :topk]
+    w = s.double().gather(1, ids)
+    return ids, w / w.sum(dim=1, keepdim=True) * routed_scaling
