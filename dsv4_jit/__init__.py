@@ -146,6 +146,18 @@ def moe_route(logits, *, topk: int, routed_scaling: float = 1.0, bias=None, hash
                           **_arch_kw(arch), **kw)
 
 
+def moe_combine(c, entry_rows, weights, *, arch=None, **kw):
+    """out [T, N] bf16 = sum_j weights[t, j] * c[entry_rows[t * topk + j]] (kernels/moe/combine.py)."""
+    from .kernels.moe import ops as _moe
+    return _moe.moe_combine(c, entry_rows, weights, **_arch_kw(arch), **kw)
+
+
+def moe_entry_rows(sorted_rows, num_entries: int):
+    """The layout row of each routed entry (the inverse of moe_align's sorted_rows), for moe_combine."""
+    from .kernels.moe import ops as _moe
+    return _moe.moe_entry_rows(sorted_rows, num_entries)
+
+
 def moe_align(topk_ids, num_experts: int, block_m: int):
     """Routed rows sorted by expert in blocks of block_m (fixed capacity, graph-capturable):
     (sorted_rows int32, block_expert int32). block_m: fp4_moe_block_m(n, k, num_tokens)."""
@@ -176,5 +188,5 @@ __all__ = [
     "mhc_pre", "mhc_sinkhorn", "mhc_post", "mhc_post_pre_fused", "hc_head", "sparse_mla_decode", "sparse_mla_prefill", "warm",
     "indexer_decode_logits", "indexer_prefill_logits", "indexer_topk", "indexer_decode_topk", "indexer_swa_indices",
     "act_quant_fp8", "act_quant_fp8_inplace", "act_quant_fp4", "swiglu_quant_fp8", "fp8_gemm",
-    "fp4_moe_gemm", "moe_route", "moe_align", "fp4_moe_block_m",
+    "fp4_moe_gemm", "moe_route", "moe_align", "moe_entry_rows", "moe_combine", "fp4_moe_block_m",
 ]

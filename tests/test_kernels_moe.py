@@ -246,3 +246,40 @@ def test_route_select_rejects_unsupported_statics():
         spec.select(SM120, {"experts": 256, "topk": 6, "hashed": 1}, 1)
     v = spec.select(SM120, {"experts": 384, "topk": 6, "hashed": False}, 5000)
     assert spec.smem_bytes(v) == 4 * 6 * 8 + 128 * 4 * 3 <= 101_376
+
+
+# ------------------------------------------------------------------------------------------ combine
+@pytest.mark.parametrize("t,topk,experts,bm", [(1, 6, 8, 16), (9, 6, 64, 16), (40, 2, 5, 32)])
+def test_entry_rows_invert_the_layout(t, topk, experts, bm):
+    g = torch.Generator().manual_seed(t)
+    ids = torch.stack([torch.randperm(experts, generator=g)[:topk] for _ in range(t)]).int()
+    rows, _ = ops.moe_align(ids, experts, bm)
+    inv = ops.moe_entry_rows(rows, t * topk)
+    assert inv.dtype == torch.int32 and torch.equal(inv.long(), reference.ref_moe_entry_rows(rows, t * topk))
+    assert torch.equal(rows[inv.long()].long(), torch.arange(t * topk))      # each entry's row holds that entry
+
+
+def test_combine_reference_matches_a_literal_sum():
+    g = torch.Generator().manual_seed(5)
+    c = torch.randn(12, 8, generator=g).to(torch.bfloat16)
+    rows = torch.tensor([3, 0, 11, 5, -1, 7], dtype=torch.int32)
+    w = torch.rand(3, 2, generator=g)
+    got = reference.ref_moe_combine(c, rows, w)
+    for t in range(3):
+        for q in range(8):
+            want = sum(float(w[t, j]) * float(c[int(rows[t * 2 + j]), q]) for j in range(2) if int(rows[t * 2 + j]) >= 0)
+            assert abs(float(got[t, q]) - want) < 1e-12
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(weights=torch.zeros(3, 6, dtype=torch.float64)), "weights: expected dtype"),
+    (dict(c=torch.zeros(32, 64)), "c: expected dtype"),
+    (dict(entry_rows=torch.zeros(17, dtype=torch.int32)), "entry_rows: expected shape"),
+    (dict(weights=torch.zeros(3, 20), entry_rows=torch.zeros(60, dtype=torch.int32)), "topk must be <= 16"),
+])
+def test_combine_validates_before_selecting(kw, match, cpu_tensors_ok):
+    args = dict(c=torch.zeros(32, 64, dtype=torch.bfloat16), entry_rows=torch.zeros(18, dtype=torch.int32),
+                weights=torch.zeros(3, 6))
+    args.update(kw)
+    with pytest.raises(ValueError, match=match):
+        ops.moe_combine(**args, arch=SM120, get_kernel=None)

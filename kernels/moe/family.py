@@ -6,8 +6,8 @@ Call sites per forward pass (shapes derived from the model config, assumptions s
     moe_intermediate / TP) and w2 (K = moe_intermediate / TP -> N = hidden), between them swiglu_quant_fp8 (the
     quant family). TP shards each expert's intermediate dimension (vLLM's default without expert parallelism);
     with expert parallelism every rank holds whole experts, the TP 1 shapes, which a plan for TP 1 covers.
-  * The activations enter as act_quant_fp8 rows (quant family) gathered into the layout; the weighted combine
-    is not in this family yet (torch: a gather by the layout and a weighted sum).
+  * The activations enter as act_quant_fp8 rows (quant family) gathered into the layout; moe_combine sums each
+    token's top-k rows of w2's output with the routing weights.
   * moe_route runs once per MoE layer after the gate GEMM (fp32 logits [T, E]): the scored form on most layers,
     the hashed form (experts from tid2eid[input_ids]) on V4's first, hash-routed layers; both are planned.
 """
@@ -16,7 +16,7 @@ from __future__ import annotations
 from dsv4_jit.family import GpuCase, KernelFamily, KernelUse, register_family
 from dsv4_jit.spec import get_spec
 
-from . import fp4_moe_gemm, route  # noqa: F401  (registers the specs)
+from . import combine, fp4_moe_gemm, route  # noqa: F401  (registers the specs)
 
 # bf16 output of fp32 sums of exact fp8 x e2m1 products: ~2e-3 per row expected, as fp8_gemm.
 TOLERANCE = 1e-2
@@ -45,8 +45,39 @@ def _uses(model, parallel) -> list[KernelUse]:
             for s in moe_shapes(model, parallel.tp_size)]
     e, k = int(model.n_routed_experts), int(model.num_experts_per_tok)
     uses += [KernelUse(get_spec("moe_route"), route_static(e, k, False), f"routing: sqrtsoftplus + bias top-{k} of {e}"),
-             KernelUse(get_spec("moe_route"), route_static(e, k, True), f"routing, hash-routed layers: top-{k} given")]
+             KernelUse(get_spec("moe_route"), route_static(e, k, True), f"routing, hash-routed layers: top-{k} given"),
+             KernelUse(get_spec("moe_combine"), {"topk": k}, f"weighted combine of the top-{k} expert rows")]
     return uses
+
+
+def _combine_case(m) -> GpuCase:
+    import torch
+    from . import ops, reference
+    e, k, n = 16, int(m.num_experts_per_tok), int(m.hidden_size)
+
+    def make_inputs(t, device, g):
+        ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)]).int()
+        rows, _ = ops.moe_align(ids, e, 16)
+        c = (torch.randn(rows.numel(), n, generator=g) * torch.exp(torch.rand(rows.numel(), 1, generator=g) * 4 - 2))
+        w = torch.rand(t, k, generator=g) + 0.1
+        return {"c": c.to(torch.bfloat16).to(device), "rows": rows.to(device), "w": (w / w.sum(1, keepdim=True)).to(device)}
+
+    def make_outputs(inp, arch):
+        return {"out": torch.empty(inp["w"].shape[0], n, dtype=torch.float64, device=inp["c"].device)}
+
+    def launch(inp, out, arch, get_kernel):
+        t = inp["w"].shape[0]
+        o = torch.full((t, n), float("nan"), dtype=torch.bfloat16, device=inp["c"].device)
+        ops.moe_combine(inp["c"], ops.moe_entry_rows(inp["rows"], t * k), inp["w"], arch=arch, get_kernel=get_kernel,
+                        out=o)
+        out["out"].copy_(o.double())
+
+    def ref(inp, out):
+        t = inp["w"].shape[0]
+        inv = reference.ref_moe_entry_rows(inp["rows"].cpu(), t * k).to(inp["c"].device)
+        return {"out": reference.ref_moe_combine(inp["c"], inv, inp["w"])}
+
+    return GpuCase("moe_combine", make_inputs, make_outputs, launch, ref, {"out": 1e-2}, tokens=(1, 7, 64, 300, 2049))
 
 
 ROUTE_SCALE = 1.5     # V4-Flash's routed_scaling_factor; the kernel does not depend on it
@@ -160,16 +191,16 @@ def _gpu_cases(m) -> list[GpuCase]:
     """w1+w3 and w2 at TP 1 (K = hidden / full intermediate), and w2 at TP 8 (K = 256 / 384: 2-3 K blocks)."""
     cases = [_case(m, s, 1) for s in moe_shapes(m, 1)]
     cases.append(_case(m, moe_shapes(m, 8)[1], 8))
-    return cases + [_route_case(m, False), _route_case(m, True)]
+    return cases + [_route_case(m, False), _route_case(m, True), _combine_case(m)]
 
 
 FAMILY = register_family(KernelFamily(
     name="moe",
-    specs=(get_spec("fp4_moe_gemm"), get_spec("moe_route")),
+    specs=(get_spec("fp4_moe_gemm"), get_spec("moe_route"), get_spec("moe_combine")),
     uses=_uses,
     gpu_cases=_gpu_cases,
-    ops={"fp4_moe_gemm": ("fp4_moe_gemm",), "moe_route": ("moe_route",)},
-    doc="V4 routing (sqrtsoftplus + bias top-k, hash layers), MXFP4 grouped expert GEMM, routed-row layout",
+    ops={"fp4_moe_gemm": ("fp4_moe_gemm",), "moe_route": ("moe_route",), "moe_combine": ("moe_combine",)},
+    doc="V4 routing (sqrtsoftplus + bias top-k, hash layers), MXFP4 grouped expert GEMM, routed-row layout, combine",
 ))
 
 __all__ = ["FAMILY", "moe_shapes"]

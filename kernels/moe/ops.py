@@ -187,3 +187,50 @@ def moe_route(logits, *, topk: int, routed_scaling: float = 1.0, bias=None, hash
     if routed_scaling != 1.0:
         out[1].mul_(float(routed_scaling))
     return tuple(out)
+
+
+def moe_entry_rows(sorted_rows, num_entries: int):
+    """The inverse of moe_align's sorted_rows: int32 [num_entries], the layout row of routed entry t * topk + j
+    (device ops only: -1 rows are scattered into a spare slot, never a boolean mask)."""
+    import torch
+    if not isinstance(sorted_rows, torch.Tensor) or sorted_rows.dim() != 1 or sorted_rows.dtype != torch.int32:
+        raise ValueError("sorted_rows: expected moe_align's int32 [capacity] output")
+    _positive_int("num_entries", num_entries)
+    dev = sorted_rows.device
+    inv = torch.full((num_entries + 1,), -1, dtype=torch.int32, device=dev)
+    slot = torch.where(sorted_rows >= 0, sorted_rows, torch.full_like(sorted_rows, num_entries)).long()
+    inv.scatter_(0, slot, torch.arange(sorted_rows.numel(), dtype=torch.int32, device=dev))
+    return inv[:num_entries].contiguous()
+
+
+def moe_combine(c, entry_rows, weights, *, arch, get_kernel, out=None):
+    """out [T, N] bf16 = sum_j weights[t, j] * c[entry_rows[t * topk + j]] (kernels/moe/combine.py).
+
+      c           bf16 [M, N]        the w2 grouped GEMM's output in moe_align's layout
+      entry_rows  int32 [T * topk]   moe_entry_rows(sorted_rows, T * topk)
+      weights     fp32 [T, topk]     moe_route's weights
+    """
+    import torch
+    from dsv4_jit.validate import check_tensor
+    op = "moe_combine"
+    arch = _arch_of(op, arch)
+    if not isinstance(weights, torch.Tensor) or weights.dim() != 2:
+        raise ValueError("weights: expected a 2-D float32 tensor [tokens, topk]")
+    check_tensor(weights, "weights", [None, None], torch.float32)
+    t, k = weights.shape
+    dev = weights.device
+    if not isinstance(c, torch.Tensor) or c.dim() != 2:
+        raise ValueError("c: expected a 2-D bfloat16 tensor [rows, N]")
+    check_tensor(c, "c", [None, None], torch.bfloat16, dev)
+    n = c.shape[1]
+    check_tensor(entry_rows, "entry_rows", [t * k], torch.int32, dev)
+    static = {"topk": k}
+    get_spec(op).select(arch, static, max(t, 1))          # pure: validates topk before anything loads
+    if out is None:
+        out = torch.empty(t, n, dtype=torch.bfloat16, device=dev)
+    else:
+        check_tensor(out, "out", [t, n], torch.bfloat16, dev)
+    if t == 0 or n == 0:
+        return out
+    get_kernel(get_spec(op), static, t)(c, entry_rows, weights, out)
+    return out

@@ -71,3 +71,21 @@ def ref_moe_route(logits, bias=None, hash_ids=None, topk: int = 6, routed_scalin
         ids = torch.sort(-(s + bias.float()), dim=1, stable=True).indices[:, :topk]
     w = s.double().gather(1, ids)
     return ids, w / w.sum(dim=1, keepdim=True) * routed_scaling
+
+
+def ref_moe_combine(c, entry_rows, weights) -> torch.Tensor:
+    """float64 [T, N]: sum_j weights[t, j] * c[entry_rows[t * topk + j]] (rows out of range contribute 0)."""
+    t, k = weights.shape
+    rows = entry_rows.long().view(t, k)
+    ok = (rows >= 0) & (rows < c.shape[0])
+    picked = c.double()[rows.clamp(0, max(c.shape[0] - 1, 0))] * ok[..., None]
+    return (picked * weights.double()[..., None]).sum(1)
+
+
+def ref_moe_entry_rows(sorted_rows: torch.Tensor, num_entries: int) -> torch.Tensor:
+    """The layout row of each routed entry, by a plain loop over sorted_rows (int64 [num_entries], -1 if absent)."""
+    inv = [-1] * num_entries
+    for p, r in enumerate(sorted_rows.tolist()):
+        if r >= 0:
+            inv[r] = p
+    return torch.tensor(inv, dtype=torch.int64)
