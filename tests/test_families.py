@@ -280,7 +280,6 @@ def test_gpu_case(family, model, case_index, schedule, gpu_store, gpu_turn):
         g = torch.Generator().manual_seed(10_000 * case_index + i)
         inputs = case.make_inputs(t, dev, g)
         torch.cuda.empty_cache()   # the inputs' temporaries, before waiting for the turn
-        outputs = want = got = None
         with gpu_turn:
             try:
                 outputs = case.make_outputs(inputs, schedule)

@@ -11,8 +11,10 @@ and 1,024 columns, 8 bf16 per thread. Kernel-defining code only (no host code: t
 # No `from __future__ import annotations`: TileLang evaluates the T.Tensor annotations.
 from typing import Any, Mapping
 
-from dsv4_jit.arch import ArchProfile, check_arch, get_profile, schedule_name
-from dsv4_jit.spec import KernelSpec, Variant, multiple_param, register
+from dsv4_jit.arch import ArchProfile, check_arch, schedule_name
+from dsv4_jit.spec import Variant, multiple_param, register
+
+from .spec_base import MoeKernelSpec
 
 COLS = 1024
 THREADS = 128
@@ -52,7 +54,7 @@ def build_moe_combine(*, topk: int, cols: int, threads: int):
 
 
 @register
-class MoeCombineSpec(KernelSpec):
+class MoeCombineSpec(MoeKernelSpec):
     """Weighted sum of each token's top-k expert rows. Statics: topk (N, M and T are runtime: one variant per
     model)."""
     name = "moe_combine"
@@ -74,8 +76,3 @@ class MoeCombineSpec(KernelSpec):
 
     def build(self, variant: Variant):
         return build_moe_combine(**variant.p)
-
-    def pass_configs(self, variant: Variant) -> dict[str, Any]:
-        cfg = dict(get_profile(variant.schedule).pass_configs)
-        cfg["tl.disable_vectorize_256"] = True
-        return cfg

@@ -117,8 +117,7 @@ def _route_case(m, hashed: bool) -> GpuCase:
             # GPU exp/log may differ from torch's by an ulp: where the kernel's picks are a valid top-k of the
             # float64 scores within 1e-5 (and exact ties went to the lower index), expect exactly its picks
             got = out["ids"].long()
-            x = inp["logits"].double()
-            sel = torch.sqrt(x.clamp(min=0) + torch.log1p(torch.exp(-x.abs()))) + inp["bias"].double()
+            sel = reference.route_scores(inp["logits"], torch.float64) + inp["bias"].double()
             picked = sel.gather(1, got.clamp(0, e - 1))
             rest = sel.scatter(1, got.clamp(0, e - 1), float("-inf"))
             ok = picked.min(dim=1).values >= rest.max(dim=1).values - 1e-5
@@ -156,28 +155,24 @@ def _case(m, shape: dict, tp: int) -> GpuCase:
         w, sw = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
         return {"x": x, "sx": sx, "ids": ids, "w": w, "sw": sw, "t": t}
 
-    def layout(inp, arch):
+    def make_outputs(inp, arch):
+        # the routed-row layout, built once per token count: launched, then checked against the plain loop
         bm = ops.fp4_moe_block_m(n, k, inp["t"], arch=arch)
         rows, blocks = ops.moe_align(inp["ids"], GPU_EXPERTS, bm)
         src = (rows.clamp(min=0) // topk).long()
-        return bm, inp["x"][src].contiguous(), inp["sx"][src].contiguous(), blocks
-
-    def make_outputs(inp, arch):
-        bm, a, _, _ = layout(inp, arch)
-        return {"c": torch.empty(a.shape[0], n, dtype=torch.float64, device=a.device)}
+        inp["_layout"] = (bm, rows, blocks, inp["x"][src].contiguous(), inp["sx"][src].contiguous())
+        return {"c": torch.empty(rows.numel(), n, dtype=torch.float64, device=rows.device)}
 
     def launch(inp, out, arch, get_kernel):
-        _, a, sa, blocks = layout(inp, arch)
+        _, rows, blocks, a, sa = inp["_layout"]
         c = torch.full((a.shape[0], n), float("nan"), dtype=torch.bfloat16, device=a.device)
         ops.fp4_moe_gemm(a, sa, inp["w"], inp["sw"], blocks, num_tokens=inp["t"], arch=arch, get_kernel=get_kernel,
                          out=c)
         out["c"].copy_(c.double())
-        inp["_layout"] = (a, sa, blocks, ops.fp4_moe_block_m(n, k, inp["t"], arch=arch))
 
     def ref(inp, out):
-        a, sa, blocks, bm = inp["_layout"]
+        bm, rows, blocks, a, sa = inp["_layout"]
         # the GPU layout itself against the plain loop (a wrong row -> token map would pass the GEMM check)
-        rows, _ = ops.moe_align(inp["ids"], GPU_EXPERTS, bm)
         want_rows, want_blocks = reference.ref_moe_align(inp["ids"].cpu(), GPU_EXPERTS, bm, rows.numel())
         if not (torch.equal(rows.cpu().long(), want_rows) and torch.equal(blocks.cpu().long(), want_blocks)):
             raise AssertionError(f"moe_align on {rows.device} differs from the reference layout at T={inp['t']}")

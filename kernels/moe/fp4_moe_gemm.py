@@ -27,8 +27,10 @@ Kernel-defining code only (no host code: the artifact key hashes this module).
 # No `from __future__ import annotations`: TileLang evaluates the T.Tensor annotations.
 from typing import Any, Mapping
 
-from dsv4_jit.arch import ArchProfile, check_arch, get_profile, schedule_name
-from dsv4_jit.spec import KernelSpec, Variant, multiple_param, register
+from dsv4_jit.arch import ArchProfile, check_arch, schedule_name
+from dsv4_jit.spec import Variant, multiple_param, register
+
+from .spec_base import MoeKernelSpec
 
 FP8 = "float8_e4m3"
 SLICE = 32            # weight scale group along K (MXFP4), and the K of one fp8 mma.sync
@@ -149,10 +151,11 @@ def build_fp4_moe_gemm(*, n: int, k: int, block_m: int, block_n: int, stages: in
 
 
 @register
-class Fp4MoeGemmSpec(KernelSpec):
+class Fp4MoeGemmSpec(MoeKernelSpec):
     """Grouped MXFP4 expert GEMM. Statics: n (multiple of 128), k (multiple of 128): one per expert weight shape
     (w1+w3 fused, w2) at the rank's TP; the expert count and the routed rows are runtime."""
     name = "fp4_moe_gemm"
+    mma_sync_only = True
     arg_names = ("a", "sa", "w", "sw", "block_expert", "c")
 
     def static_params(self, model, parallel) -> dict[str, Any]:
@@ -170,9 +173,3 @@ class Fp4MoeGemmSpec(KernelSpec):
 
     def build(self, variant: Variant):
         return build_fp4_moe_gemm(**variant.p)
-
-    def pass_configs(self, variant: Variant) -> dict[str, Any]:
-        cfg = dict(get_profile(variant.schedule).pass_configs)
-        cfg["tl.disable_wgmma"] = True            # mma.sync on every arch, as fp8_gemm (kernels/gemm)
-        cfg["tl.disable_vectorize_256"] = True
-        return cfg

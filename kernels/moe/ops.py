@@ -33,6 +33,16 @@ def _positive_int(name: str, v) -> int:
     return v
 
 
+def _check_leading(t, name: str, shape: list, dtype, layout: str, device=None) -> None:
+    """check_tensor for a tensor whose sizes the other arguments are checked against: a wrong rank first gets a
+    message naming its layout ("expected a 2-D float32 tensor [tokens, experts]")."""
+    import torch
+    from dsv4_jit.validate import check_tensor
+    if not isinstance(t, torch.Tensor) or t.dim() != len(shape):
+        raise ValueError(f"{name}: expected a {len(shape)}-D {layout}")
+    check_tensor(t, name, shape, dtype, device)
+
+
 def moe_static(n: int, k: int) -> dict:
     """The static dict of fp4_moe_gemm (exactly what family.uses declares per expert weight shape)."""
     return {"n": n, "k": k}
@@ -104,9 +114,7 @@ def fp4_moe_gemm(a, a_scales, w, w_scales, block_expert, *, num_tokens: int, arc
     op = "fp4_moe_gemm"
     arch = _arch_of(op, arch)
     _positive_int("num_tokens", num_tokens)
-    if not isinstance(w, torch.Tensor) or w.dim() != 3:
-        raise ValueError("w: expected a 3-D uint8 tensor [experts, N, K / 2]")
-    check_tensor(w, "w", [None, None, None], torch.uint8)
+    _check_leading(w, "w", [None, None, None], torch.uint8, "uint8 tensor [experts, N, K / 2]")
     e, n, half_k = w.shape
     k = 2 * half_k
     dev = w.device
@@ -116,9 +124,7 @@ def fp4_moe_gemm(a, a_scales, w, w_scales, block_expert, *, num_tokens: int, arc
     check_tensor(w_scales, "w_scales", [e, n, k // WEIGHT_GROUP], torch.uint8, dev)
     static = moe_static(n, k)
     bm = get_spec(op).select(arch, static, num_tokens).p["block_m"]   # pure: validates before anything loads
-    if not isinstance(a, torch.Tensor) or a.dim() != 2:
-        raise ValueError(f"a: expected a 2-D torch.float8_e4m3fn tensor [rows, {k}]")
-    check_tensor(a, "a", [None, k], torch.float8_e4m3fn, dev)
+    _check_leading(a, "a", [None, k], torch.float8_e4m3fn, f"torch.float8_e4m3fn tensor [rows, {k}]", dev)
     m = a.shape[0]
     if m % bm:
         raise ValueError(f"a: {m} rows is not a multiple of block_m = {bm} (the variant for num_tokens="
@@ -159,9 +165,7 @@ def moe_route(logits, *, topk: int, routed_scaling: float = 1.0, bias=None, hash
     from dsv4_jit.validate import check_tensor
     op = "moe_route"
     arch = _arch_of(op, arch)
-    if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
-        raise ValueError("logits: expected a 2-D float32 tensor [tokens, experts]")
-    check_tensor(logits, "logits", [None, None], torch.float32)
+    _check_leading(logits, "logits", [None, None], torch.float32, "float32 tensor [tokens, experts]")
     t, e = logits.shape
     dev = logits.device
     if (bias is None) == (hash_ids is None):
@@ -214,14 +218,10 @@ def moe_combine(c, entry_rows, weights, *, arch, get_kernel, out=None):
     from dsv4_jit.validate import check_tensor
     op = "moe_combine"
     arch = _arch_of(op, arch)
-    if not isinstance(weights, torch.Tensor) or weights.dim() != 2:
-        raise ValueError("weights: expected a 2-D float32 tensor [tokens, topk]")
-    check_tensor(weights, "weights", [None, None], torch.float32)
+    _check_leading(weights, "weights", [None, None], torch.float32, "float32 tensor [tokens, topk]")
     t, k = weights.shape
     dev = weights.device
-    if not isinstance(c, torch.Tensor) or c.dim() != 2:
-        raise ValueError("c: expected a 2-D bfloat16 tensor [rows, N]")
-    check_tensor(c, "c", [None, None], torch.bfloat16, dev)
+    _check_leading(c, "c", [None, None], torch.bfloat16, "bfloat16 tensor [rows, N]", dev)
     n = c.shape[1]
     check_tensor(entry_rows, "entry_rows", [t * k], torch.int32, dev)
     static = {"topk": k}

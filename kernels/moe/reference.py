@@ -59,12 +59,17 @@ def ref_moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int, capaci
     return torch.tensor(rows, dtype=torch.int64), torch.tensor(blocks, dtype=torch.int64)
 
 
+def route_scores(logits: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
+    """sqrt(softplus(logits)) in `dtype`, by the kernel's formula (no overflow): max(x, 0) + log(1 + e^-|x|)."""
+    x = logits.to(dtype)
+    return torch.sqrt(torch.clamp(x, min=0) + torch.log(1.0 + torch.exp(-x.abs())))
+
+
 def ref_moe_route(logits, bias=None, hash_ids=None, topk: int = 6, routed_scaling: float = 1.0):
     """(ids int64 [T, topk], weights float64 [T, topk]) by V4's rule (route.py's doc): fp32 scores as the kernel
     computes them, ids by descending s + bias with ties to the lower index (hash layers: the given ids), weights
     s[ids] renormalized and scaled, in float64."""
-    x = logits.float()
-    s = torch.sqrt(torch.clamp(x, min=0) + torch.log(1.0 + torch.exp(-x.abs())))
+    s = route_scores(logits)
     if hash_ids is not None:
         ids = hash_ids.long().clamp(0, logits.shape[1] - 1)
     else:

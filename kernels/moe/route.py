@@ -16,8 +16,10 @@ picks only. Kernel-defining code only (no host code: the artifact key hashes thi
 # No `from __future__ import annotations`: TileLang evaluates the T.Tensor annotations.
 from typing import Any, Mapping
 
-from dsv4_jit.arch import ArchProfile, check_arch, get_profile, schedule_name
-from dsv4_jit.spec import KernelSpec, Variant, register
+from dsv4_jit.arch import ArchProfile, check_arch, schedule_name
+from dsv4_jit.spec import Variant, register
+
+from .spec_base import MoeKernelSpec
 
 TOKENS_PER_CTA = 4
 THREADS = 128
@@ -109,7 +111,7 @@ def build_moe_route(*, experts: int, topk: int, hashed: bool, group: int, thread
 
 
 @register
-class MoeRouteSpec(KernelSpec):
+class MoeRouteSpec(MoeKernelSpec):
     """DeepSeek V4 routing after the gate GEMM. Statics: experts, topk, hashed (bool). The routed scaling is
     applied by the host op (a multiply the caller fuses or not), so one variant serves every scale."""
     name = "moe_route"
@@ -138,8 +140,3 @@ class MoeRouteSpec(KernelSpec):
 
     def build(self, variant: Variant):
         return build_moe_route(**variant.p)
-
-    def pass_configs(self, variant: Variant) -> dict[str, Any]:
-        cfg = dict(get_profile(variant.schedule).pass_configs)
-        cfg["tl.disable_vectorize_256"] = True   # 16-byte vectors only, as the other families
-        return cfg
