@@ -157,15 +157,26 @@ def build_sparse_mla(heads: int, head_block: int, block_i: int, threads: int, kv
         T.gemm(p_s, kv_s, acc_o)
 
     @T.macro
-    def rows_fp8(idx, lens, nidx, pages, rows, t, tile, pg_s, off_s, bs):
+    def fetch_slot(idx1, lens1, idx2, lens2, t, g, rng, tx, slot_r):
+        # thread j < BI: the slot of row j of tile g of [list 1 tiles | list 2 tiles], -1 past a length.
+        # Read one tile ahead of its use, so the index load's latency hides behind a whole tile's math
+        # instead of standing between the barrier and the tile's gather.
+        if tx < BI and g < rng[2]:
+            if g < rng[0]:
+                slot_r[0] = T.if_then_else(g * BI + tx < T.min(lens1[t], n1),
+                                           idx1[t, T.max(T.min(g * BI + tx, n1 - 1), 0)], -1)
+            else:
+                slot_r[0] = T.if_then_else((g - rng[0]) * BI + tx < T.min(lens2[t], n2),
+                                           idx2[t, T.max(T.min((g - rng[0]) * BI + tx, n2 - 1), 0)], -1)
+
+    @T.macro
+    def rows_fp8(slot_r, tx, pages, rows, pg_s, off_s, bs):
         # one thread per tile row: slot -> (page, offset), -1 for a hole / past the length / outside the cache
-        n = T.min(lens[t], nidx)
-        for j in T.Parallel(BI):
-            pos = tile * BI + j
-            slot = T.if_then_else(pos < n, idx[t, T.min(pos, nidx - 1)], -1)
+        if tx < BI:
+            slot = slot_r[0]
             ok = (slot >= 0) and (slot < pages * bs) and (bs > 0) and (rows * 16 >= bs * (TOKEN_BYTES + SCALE_BYTES))
-            pg_s[j] = T.if_then_else(ok, slot // T.max(bs, 1), -1)
-            off_s[j] = T.if_then_else(ok, slot % T.max(bs, 1), 0)
+            pg_s[tx] = T.if_then_else(ok, slot // T.max(bs, 1), -1)
+            off_s[tx] = T.if_then_else(ok, slot % T.max(bs, 1), 0)
 
     @T.macro
     def load_fp8(kvq, kvs, kvr, pg_s, off_s, nope_r, rope_r, e_r, bs):
@@ -292,6 +303,8 @@ def build_sparse_mla(heads: int, head_block: int, block_i: int, threads: int, kv
                 l_i = T.alloc_fragment([HB], "float32")
                 row_sum = T.alloc_fragment([HB], "float32")
                 rng = T.alloc_local([3], "int32")
+                slot_r = T.alloc_local([1], "int32")
+                tx = T.get_thread_binding()
 
                 load_q(q, q_s, t, hb)
                 T.clear(acc_o)
@@ -299,7 +312,9 @@ def build_sparse_mla(heads: int, head_block: int, block_i: int, threads: int, kv
                 T.fill(m_i, neg_inf)
                 T.fill(m_safe, 0)
                 tile_range(lens1, lens2, t, split, rng)
-                # tiles rng[1] .. rng[2]-1 of [list 1 tiles | list 2 tiles]; tile k+1 loads during tile k's math
+                fetch_slot(idx1, lens1, idx2, lens2, t, rng[1], rng, tx, slot_r)
+                # tiles rng[1] .. rng[2]-1 of [list 1 tiles | list 2 tiles]; tile k+1 loads during tile k's math,
+                # and tile k+2's slots load with it
                 for it in T.serial(rng[2] - rng[1] + 1):
                     if it > 0:
                         convert_fp8(nope_r, rope_r, e_r, pg_s, valid_s, sc_s, kv_s)
@@ -308,10 +323,14 @@ def build_sparse_mla(heads: int, head_block: int, block_i: int, threads: int, kv
                     T.sync_threads()
                     if rng[1] + it < rng[2]:
                         if rng[1] + it < rng[0]:
-                            rows_fp8(idx1, lens1, n1, P1, R1, t, rng[1] + it, pg_s, off_s, block_size1)
+                            rows_fp8(slot_r, tx, P1, R1, pg_s, off_s, block_size1)
+                        else:
+                            rows_fp8(slot_r, tx, P2, R2, pg_s, off_s, block_size2)
+                        fetch_slot(idx1, lens1, idx2, lens2, t, rng[1] + it + 1, rng, tx, slot_r)
+                        T.sync_threads()
+                        if rng[1] + it < rng[0]:
                             load_fp8(kvq1, kvs1, kvr1, pg_s, off_s, nope_r, rope_r, e_r, block_size1)
                         else:
-                            rows_fp8(idx2, lens2, n2, P2, R2, t, rng[1] + it - rng[0], pg_s, off_s, block_size2)
                             load_fp8(kvq2, kvs2, kvr2, pg_s, off_s, nope_r, rope_r, e_r, block_size2)
                     if it > 0:
                         T.gemm(q_s, kv_s, acc_s, transpose_B=True, clear_accum=True)

@@ -9,6 +9,10 @@ indexer_topk, one CTA per query token (row):
     preserving uint32 keys; a 257-bin suffix-summed histogram in shared memory per pass, restricted to the
     keys that match the prefix chosen so far), then one collection pass: every key above the threshold and
     the first (topk - #above) keys equal to it (ties broken by atomic order: any tie order is valid).
+  The first pass's histogram atomics are warp-aggregated (match_any): logits of one row share their top key
+  byte (sign + high exponent bits), so plain per-key atomics would all hit one bin and serialize. The
+  collection's output slots are warp-aggregated too (ballot + popc, one shared atomic per warp). Suffix
+  sums run as warp shuffles (two barriers per pass).
   Each pass reads the row from global memory (L2 for the decode rows), LOADS_IN_FLIGHT keys per thread
   before the first use; no candidate buffer, so any distribution (all ties, all -inf) is exact with fixed
   shared memory.
@@ -37,9 +41,8 @@ from .logits import check_arch, int_param, schedule_name
 
 RADIX = 256
 PASSES = 4  # 8 bits each over the 32-bit key
-# Keys each thread loads before it uses any of them. One load per loop trip put a full L2 round trip behind
-# every histogram atomic: five passes x (row / threads) dependent loads, e.g. 5 x 64 x ~0.4 us for a 64K-
-# column row, the 112-125 us measured at 256K context on the H100 (2026-11-23). Registers, not shared memory.
+# Keys each thread loads before it uses any of them (registers), so the L2 latency of a pass is paid once
+# per 8 keys, and the next 8 load while these are counted (next_keys).
 LOADS_IN_FLIGHT = 8
 
 
@@ -50,11 +53,11 @@ def topk_threads(num_tokens: int, num_sms: int) -> int:
 
 
 def topk_smem_bytes(p: Mapping[str, Any]) -> int:
-    """Histogram (RADIX + 1 bins), two collection counters and the threshold, int32, each buffer placed at a
-    16-byte boundary in the merged dynamic allocation (1,040 + 16 + 16 = 1,072 B, the lowered figure)."""
+    """Histogram (RADIX + 1 bins), per-warp scan totals (RADIX / 32), two collection counters and the
+    threshold, int32, each buffer placed at a 16-byte boundary in the merged dynamic allocation."""
     def a16(n: int) -> int:
         return -(-n // 16) * 16
-    return a16(4 * (RADIX + 1)) + a16(4 * 2) + a16(4 * 1)
+    return a16(4 * (RADIX + 1)) + a16(4 * (RADIX // 32)) + a16(4 * 2) + a16(4 * 1)
 
 
 def build_topk(*, topk: int, page_size: int, threads: int):
@@ -77,10 +80,22 @@ def build_topk(*, topk: int, page_size: int, threads: int):
     U = LOADS_IN_FLIGHT
 
     @T.macro
-    def load_keys(logits, bx, lo, n, i, tx, keys):
-        """keys[u] = key of column (i * U + u) * threads + tx of the row (clamped in bounds: n >= 1 here)."""
+    def load_vals(logits, bx, lo, n, i, tx, vals):
+        """vals[u] = column (i * U + u) * threads + tx of the row (clamped in bounds: n >= 1 here)."""
         for u in T.unroll(U):
-            keys[u] = to_key(logits[bx, lo + T.min((i * U + u) * threads + tx, n - 1)])
+            vals[u] = logits[bx, lo + T.min((i * U + u) * threads + tx, n - 1)]
+
+    @T.macro
+    def next_keys(logits, bx, lo, n, i, tx, vals, keys):
+        """keys[u] = key of iteration i's columns, from vals (loaded one iteration earlier); then iteration
+        i + 1's loads are issued into vals, so they fly while this iteration's keys are counted. The loads
+        land in registers before any conversion: converting a load's value in place made TileLang re-load it
+        in both arms of to_key's select, branches that kept nvcc from overlapping the loads (one L2 round
+        trip per key, ~0.3 ns per key and pass on the H100, 2026-11-23)."""
+        for u in T.unroll(U):
+            keys[u] = to_key(vals[u])
+        if (i + 1) * U * threads < n:
+            load_vals(logits, bx, lo, n, i + 1, tx, vals)
 
     @T.prim_func
     def indexer_topk(
@@ -105,9 +120,17 @@ def build_topk(*, topk: int, page_size: int, threads: int):
             pos_out = T.alloc_var("int32")
             prefix = T.alloc_var("uint32")
             mask = T.alloc_var("uint32")
-            key = T.alloc_var("uint32")
+            digit = T.alloc_var("uint32")
+            peers = T.alloc_var("uint32")
+            votes = T.alloc_var("uint32")
+            base = T.alloc_var("int32")
+            lanes_below = T.alloc_var("uint32")  # bits of the lanes below this one in its warp
             keys = T.alloc_local([LOADS_IN_FLIGHT], "uint32")
+            vals = T.alloc_local([LOADS_IN_FLIGHT], "float32")
+            other = T.alloc_var("int32")
+            wsum = T.alloc_shared([RADIX // 32], "int32")
 
+            lanes_below = (T.Cast("uint32", 1) << T.Cast("uint32", tx % 32)) - T.Cast("uint32", 1)
             lo = T.min(T.max(row_info[bx, 0], 0), width)
             n = T.max(T.min(row_info[bx, 1], width), lo) - lo
             req = T.min(T.max(row_info[bx, 2], 0), batch - 1)
@@ -128,21 +151,40 @@ def build_topk(*, topk: int, page_size: int, threads: int):
                         if i * threads + tx < RADIX + 1:
                             hist[i * threads + tx] = 0
                     T.sync_threads()
+                    load_vals(logits, bx, lo, n, 0, tx, vals)
                     for i in T.serial(T.ceildiv(n, threads * U)):
-                        load_keys(logits, bx, lo, n, i, tx, keys)
+                        next_keys(logits, bx, lo, n, i, tx, vals, keys)
                         for u in T.unroll(U):
-                            if (i * U + u) * threads + tx < n and (keys[u] & mask) == prefix:
-                                T.atomic_add(hist[T.Cast("int32", (keys[u] >> T.Cast("uint32", 24 - 8 * rnd))
-                                                         & T.Cast("uint32", 255))], 1)
+                            digit = T.if_then_else(
+                                (i * U + u) * threads + tx < n and (keys[u] & mask) == prefix,
+                                (keys[u] >> T.Cast("uint32", 24 - 8 * rnd)) & T.Cast("uint32", 255),
+                                T.Cast("uint32", RADIX))  # RADIX = no bin
+                            if rnd == 0:
+                                # the top byte (sign + high exponent bits) is shared by most of a row: lanes
+                                # with the same bin add once (warp-aggregated) instead of serializing
+                                peers = T.match_any_sync(digit)
+                                if digit < T.Cast("uint32", RADIX) and (peers & lanes_below) == T.Cast("uint32", 0):
+                                    T.atomic_add(hist[T.Cast("int32", digit)], T.popcount(peers))
+                            elif digit < T.Cast("uint32", RADIX):
+                                T.atomic_add(hist[T.Cast("int32", digit)], 1)
                     T.sync_threads()
-                    # suffix sums: hist[b] = #keys (matching the prefix) whose digit is >= b; hist[RADIX] = 0
-                    for st in T.serial(8):
-                        if tx < RADIX:
-                            val = hist[tx] + T.if_then_else(tx + (1 << st) < RADIX, hist[T.min(tx + (1 << st), RADIX)], 0)
-                        T.sync_threads()
-                        if tx < RADIX:
-                            hist[tx] = val
-                        T.sync_threads()
+                    # suffix sums: hist[b] = #keys (matching the prefix) whose digit is >= b; hist[RADIX] = 0.
+                    # Within each warp by shuffles, then across the RADIX / 32 warps: two barriers, not 16.
+                    if tx < RADIX:
+                        val = hist[tx]
+                        for st in T.unroll(5):
+                            other = T.shfl_down(val, 1 << st)
+                            if tx % 32 + (1 << st) < 32:
+                                val = val + other
+                        if tx % 32 == 0:
+                            wsum[tx // 32] = val
+                    T.sync_threads()
+                    if tx < RADIX:
+                        for w in T.unroll(RADIX // 32):
+                            if w > tx // 32:
+                                val = val + wsum[w]
+                        hist[tx] = val
+                    T.sync_threads()
                     # the digit of the rem-th largest key: exactly one bin has hist[b] >= rem > hist[b + 1]
                     if tx < RADIX:
                         if hist[tx] >= rem and hist[tx + 1] < rem:
@@ -158,19 +200,26 @@ def build_topk(*, topk: int, page_size: int, threads: int):
                     s_cnt[0] = 0
                     s_cnt[1] = 0
                 T.sync_threads()
+                load_vals(logits, bx, lo, n, 0, tx, vals)
                 for i in T.serial(T.ceildiv(n, threads * U)):
-                    load_keys(logits, bx, lo, n, i, tx, keys)
+                    next_keys(logits, bx, lo, n, i, tx, vals, keys)
                     for u in T.unroll(U):
-                        if (i * U + u) * threads + tx < n:
-                            key = keys[u]
-                            if key > prefix:
-                                pos_out = T.atomic_add(s_cnt[0], 1, return_prev=True)
-                                indices[bx, pos_out] = slot(block_table, req, (i * U + u) * threads + tx)
-                            elif key == prefix:
-                                pos_out = T.atomic_add(s_cnt[1], 1, return_prev=True)
-                                if pos_out < rem:
-                                    indices[bx, topk - rem + pos_out] = slot(block_table, req,
-                                                                             (i * U + u) * threads + tx)
+                        # warp-aggregated output slots: one shared atomic per warp and class (above / tie)
+                        for c in T.unroll(2):
+                            take = (i * U + u) * threads + tx < n and T.if_then_else(
+                                c == 0, keys[u] > prefix, keys[u] == prefix)
+                            votes = T.Cast("uint32", T.ballot_sync(take))
+                            if votes != T.Cast("uint32", 0):
+                                if (votes & lanes_below) == T.Cast("uint32", 0) and take:
+                                    base = T.atomic_add(s_cnt[c], T.popcount(votes), return_prev=True)
+                                base = T.shfl_sync(base, T.__ffs(T.Cast("int32", votes)) - 1)
+                                pos_out = base + T.popcount(votes & lanes_below)
+                                if take:
+                                    if c == 0:
+                                        indices[bx, pos_out] = slot(block_table, req, (i * U + u) * threads + tx)
+                                    elif pos_out < rem:
+                                        indices[bx, topk - rem + pos_out] = slot(block_table, req,
+                                                                                 (i * U + u) * threads + tx)
 
     return indexer_topk
 
