@@ -27,6 +27,15 @@ def test_e2m1_to_e4m3_bytes_are_exact():
         assert got == want, (nib, hex(byte), got, want)
 
 
+def test_the_kernels_byte_permute_decodes_every_nibble_quad():
+    """e4m3_quad (4 nibbles -> 4 e4m3 bytes by one byte permute and sign shifts), modelled op for op, equals the
+    per-nibble table on every 16-bit pattern, in both halves of the 32-bit word."""
+    for v in range(1 << 16):
+        want = sum(kmod.e2m1_e4m3_byte(v >> (4 * i) & 0xF) << (8 * i) for i in range(4))
+        assert kmod.e4m3_quad_py(v, 0) == want
+        assert kmod.e4m3_quad_py(v << 16 | 0x5A5A, 1) == want
+
+
 @pytest.mark.parametrize("t,topk,experts,block_m", [(1, 6, 8, 16), (7, 6, 8, 16), (33, 2, 5, 32), (200, 6, 256, 16),
                                                     (300, 8, 16, 64), (5, 1, 1, 16)])
 def test_moe_align_matches_a_plain_loop(t, topk, experts, block_m):

@@ -7,7 +7,7 @@ e2m1 weights, the tokens of every expert in one launch.
       multiple of block_m (ops.moe_align builds that layout); sa fp32 [M, K / 128] their 1x128 UE8M0 scales
       (act_quant_fp8 writes them).
   W   uint8 [E, N, K / 2]: e2m1 pairs as vLLM stores the checkpoint's float4_e2m1fn_x2 (element 2j in bits 0-3,
-      element 2j + 1 in bits 4-7; bit 3 of a nibble is the sign); sb uint8 [E, N, K / 32]: UE8M0 exponents of
+      element 2j + 1 in bits 4-7; bit 3 of a nibble is the sign), read by the kernel as int32 words [E, N, K / 8]; sb uint8 [E, N, K / 32]: UE8M0 exponents of
       the 1x32 weight scales (2^(sb - 127)).
   block_expert int32 [M / block_m]: the expert of each block of block_m rows, -1 for a padding block (its rows
       are written 0 and nothing is read for it: a CUDA-graph-sized M costs only its real blocks).
@@ -40,16 +40,35 @@ THREADS = 128
 # Token-count thresholds of the three row-block sizes (see the module doc).
 BLOCK_M_BY_TOKENS = ((512, 16), (2048, 32))
 BLOCK_M_LARGE = 64
+# e4m3 bytes of the e2m1 magnitudes 0..7 (0, 0.5, 1, 1.5, 2, 3, 4, 6), little-endian: the byte-permute table
+LUT_LO, LUT_HI = 0x3C383000, 0x4C484440
 # cp.async stages per family (a stage streams block_n x 64 B of packed weight).
 STAGES = {"blackwell_consumer": 4, "hopper": 4, "blackwell_dc": 4}
 
 
 def e2m1_e4m3_byte(nib: int) -> int:
-    """The e4m3 byte of an e2m1 nibble, in plain Python: the formula the kernel's e2m1_to_e4m3 evaluates in TIR
+    """The e4m3 byte of an e2m1 nibble, in plain Python: the table the kernel permutes from plus the sign
     (tests check it against torch's float8_e4m3fn for all 16 nibbles)."""
-    m = nib & 7
-    bits = m * 48 if m < 2 else (m >> 1) * 8 + 48 + (m & 1) * 4
-    return bits | ((nib & 8) << 4)
+    return ((LUT_LO | LUT_HI << 32) >> (8 * (nib & 7)) & 0xFF) | ((nib & 8) << 4)
+
+
+def byte_perm(x: int, y: int, sel: int) -> int:
+    """CUDA's __byte_perm in plain Python (selector bit 3 of each nibble: replicate the byte's sign)."""
+    src = (x & 0xFFFFFFFF) | (y & 0xFFFFFFFF) << 32
+    out = 0
+    for i in range(4):
+        nib = sel >> (4 * i) & 0xF
+        b = src >> (8 * (nib & 7)) & 0xFF
+        out |= (0xFF if b & 0x80 else 0) << (8 * i) if nib & 8 else b << (8 * i)
+    return out
+
+
+def e4m3_quad_py(u: int, half: int) -> int:
+    """The kernel's e4m3_quad in plain Python, op for op (tests compare it with e2m1_e4m3_byte per nibble)."""
+    v = (u & 0xFFFFFFFF) >> (16 * half)
+    mag = byte_perm(LUT_LO, LUT_HI, v & 0x7777)
+    sign = ((v & 0x8) << 4) | ((v & 0x80) << 8) | ((v & 0x800) << 12) | ((v & 0x8000) << 16)
+    return (mag | sign) & 0xFFFFFFFF
 
 
 def moe_block_m(num_tokens: int) -> int:
@@ -89,13 +108,18 @@ def build_fp4_moe_gemm(*, n: int, k: int, block_m: int, block_n: int, stages: in
     E = T.dynamic("num_experts")
     NB = T.dynamic("num_blocks")
 
-    def e2m1_to_e4m3(nib):
-        """e2m1 nibble (sign, 2-bit exponent, 1-bit mantissa) -> the e4m3 value with the same float value, as an
-        fp8 scalar: magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 are bytes 0x00, 0x30, 0x38, 0x3C, 0x40, 0x44, 0x48, 0x4C
-        (integer ops only: no float conversion per weight element; e2m1_e4m3_byte is the same in Python)."""
-        m = T.Cast("int32", nib & T.Cast("uint8", 7))
-        bits = T.if_then_else(m < 2, m * 48, (m >> 1) * 8 + 48 + (m & 1) * 4) | (T.Cast("int32", nib & T.Cast("uint8", 8)) << 4)
-        return T.reinterpret(T.Cast("uint8", bits), FP8)
+    def e4m3_quad(u, half):
+        """4 e4m3 bytes (as a uint32, element 8g + 4 * half + i in byte i) of the e2m1 nibbles in the 16-bit half
+        `half` of u = 4 packed bytes (element 8g + i in nibble i): one byte permute looks each nibble's
+        magnitude up in the 8-entry table E2M1_E4M3 (0, 0.5 .. 6 as e4m3 bytes), then each sign bit (nibble bit
+        3) moves to its byte's bit 7. 7 integer ops for 4 weights, where a per-nibble select took ~15 each and
+        left the kernel instruction-bound (9-11% of copy bandwidth on the H100, 2026-11-23)."""
+        v = u >> T.Cast("uint32", 16 * half)
+        mag = T.call_extern("uint32", "__byte_perm", T.Cast("uint32", LUT_LO), T.Cast("uint32", LUT_HI),
+                            v & T.Cast("uint32", 0x7777))
+        sign = (((v & T.Cast("uint32", 0x8)) << T.Cast("uint32", 4)) | ((v & T.Cast("uint32", 0x80)) << T.Cast("uint32", 8))
+                | ((v & T.Cast("uint32", 0x800)) << T.Cast("uint32", 12)) | ((v & T.Cast("uint32", 0x8000)) << T.Cast("uint32", 16)))
+        return mag | sign
 
     def ue8m0(byte):
         """2^(byte - 127) built from its bits (exact, no exp2 per element; byte 0 reads as 0)."""
@@ -105,14 +129,14 @@ def build_fp4_moe_gemm(*, n: int, k: int, block_m: int, block_n: int, stages: in
     def fp4_moe_gemm(
         a: T.Tensor[(M, k), FP8],
         sa: T.Tensor[(M, k // ACT_BLOCK), f32],
-        w: T.Tensor[(E, n, k // 2), "uint8"],
+        w: T.Tensor[(E, n, k // 8), "int32"],
         sw: T.Tensor[(E, n, KS), "uint8"],
         block_expert: T.Tensor[(NB,), "int32"],
         c: T.Tensor[(M, n), "bfloat16"],
     ):
         with T.Kernel(n // BN, NB, threads=threads) as (bx, by):
             a_s = T.alloc_shared((BM, BK), FP8)
-            wp_s = T.alloc_shared((BN, BK // 2), "uint8")
+            wp_s = T.alloc_shared((BN, BK // 8), "int32")
             ws_s = T.alloc_shared((BN, SPB), "uint8")
             sa_s = T.alloc_shared((BM,), f32)
             w_s = T.alloc_shared((BN, BK), FP8)
@@ -130,12 +154,13 @@ def build_fp4_moe_gemm(*, n: int, k: int, block_m: int, block_n: int, stages: in
                 for kb in T.Pipelined(KB, num_stages=stages):
                     for i, j in T.Parallel(BM, BK):
                         a_s[i, j] = a[T.min(by * BM + i, M - 1), kb * BK + j]
-                    T.copy(w[T.min(ex, E - 1), bx * BN, kb * (BK // 2)], wp_s)
+                    T.copy(w[T.min(ex, E - 1), bx * BN, kb * (BK // 8)], wp_s)
                     T.copy(sw[T.min(ex, E - 1), bx * BN, kb * SPB], ws_s)
                     for i in T.Parallel(BM):
                         sa_s[i] = sa[T.min(by * BM + i, M - 1), kb]
                     for j, q in T.Parallel(BN, BK):
-                        w_s[j, q] = e2m1_to_e4m3((wp_s[j, q // 2] >> T.Cast("uint8", (q % 2) * 4)) & T.Cast("uint8", 15))
+                        w_s[j, q] = T.reinterpret(T.Cast("uint8", (e4m3_quad(T.Cast("uint32", wp_s[j, q // 8]), (q % 8) // 4)
+                                                                    >> T.Cast("uint32", 8 * (q % 4))) & T.Cast("uint32", 255)), FP8)
                     # explicit: TileLang 0.1.15 may place its only barrier inside a branch (docs/adding_a_kernel.md)
                     T.sync_threads()
                     for sl in T.unroll(SPB):

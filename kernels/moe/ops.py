@@ -142,7 +142,10 @@ def fp4_moe_gemm(a, a_scales, w, w_scales, block_expert, *, num_tokens: int, arc
             raise ValueError(f"{name}: data pointer must be {align}-byte aligned (a view at an odd offset? .clone() it)")
     if m == 0:
         return out
-    get_kernel(get_spec(op), static, num_tokens)(a, a_scales, w, w_scales, block_expert, out)
+    if not w.is_contiguous():
+        raise ValueError("w: must be contiguous (the kernel reads it as int32 words [experts, N, K / 8])")
+    # the kernel reads 4 packed bytes (8 weights) per int32 word
+    get_kernel(get_spec(op), static, num_tokens)(a, a_scales, w.view(torch.int32), w_scales, block_expert, out)
     return out
 
 
