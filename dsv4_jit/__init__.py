@@ -171,6 +171,21 @@ def fp4_moe_block_m(n: int, k: int, num_tokens: int, *, arch=None) -> int:
     return _moe.fp4_moe_block_m(n, k, num_tokens, arch=_arch_kw(arch)["arch"])
 
 
+def compressor_state_write(kv_score, ape, positions, state_slots, state, *, ratio: int, arch=None, **kw):
+    """Each token's compressor state row [kv | score + ape[pos % ratio]] into the paged state cache (kernels/compressor)."""
+    from .kernels.compressor import ops as _comp
+    return _comp.compressor_state_write(kv_score, ape, positions, state_slots, state, ratio=ratio, **_arch_kw(arch), **kw)
+
+
+def compressor_compress(state, state_block_table, positions, req_idx, out_slots, norm_weight, cos_sin, cache, *,
+                        ratio: int, state_page: int, block_size: int, eps: float, arch=None, **kw):
+    """Compressed KV / index-K entries of the tokens completing a window, written into `cache` (kernels/compressor)."""
+    from .kernels.compressor import ops as _comp
+    return _comp.compressor_compress(state, state_block_table, positions, req_idx, out_slots, norm_weight, cos_sin,
+                                     cache, ratio=ratio, state_page=state_page, block_size=block_size, eps=eps,
+                                     **_arch_kw(arch), **kw)
+
+
 def warm(plan, *, rank: int = 0, world_size: int = 1, seal_mode: str = "warn", **kw):
     """Inside an engine: compile this rank's share of `plan`, wait for the others, load everything, seal.
 
@@ -189,4 +204,5 @@ __all__ = [
     "indexer_decode_logits", "indexer_prefill_logits", "indexer_topk", "indexer_decode_topk", "indexer_swa_indices",
     "act_quant_fp8", "act_quant_fp8_inplace", "act_quant_fp4", "swiglu_quant_fp8", "fp8_gemm",
     "fp4_moe_gemm", "moe_route", "moe_align", "moe_entry_rows", "moe_combine", "fp4_moe_block_m",
+    "compressor_state_write", "compressor_compress",
 ]

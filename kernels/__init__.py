@@ -14,6 +14,7 @@ from . import attention  # noqa: F401
 from . import indexer  # noqa: F401
 from . import quant, gemm  # noqa: F401
 from . import moe  # noqa: F401
+from . import compressor  # noqa: F401
 
 __all__ = ["KernelUse", "model_kernel_uses", "op_variants"]
 

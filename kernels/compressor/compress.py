@@ -1,0 +1,308 @@
+"""DeepSeek V4's KV compressor in TileLang, in the state-cache form an engine runs (reference.py states the math):
+
+  compressor_state_write   every token's fp32 state row [kv | score + ape[p % r]] into the paged state cache
+  compressor_compress      every token that completes a window ((p + 1) % r == 0, with an output slot):
+                           gather its coff * r state rows through the request's block table, softmax-pool per
+                           channel, RMSNorm, interleaved RoPE on the last 64 dims at position r * (p // r), quantize,
+                           and write one slot of the compressed cache: an fp8_ds_mla slot (d = 512: 448 e4m3 in 7
+                           UE8M0 groups of 64 + 64 bf16) or an index-K slot (d = 128: 128 e4m3 + fp32 scale 2^e)
+
+One CTA per token, d / 4 threads, 4 consecutive channels per thread (so each RoPE pair and each 64-channel quant
+group stays inside one thread or 16 lanes). Tokens that emit nothing exit at once, so a CUDA-graph-sized grid
+costs only its emitting tokens. Registers and a 16-byte cross-warp buffer only: shared memory is 16 B.
+
+Kernel-defining code only (no host code: the artifact key hashes this module).
+"""
+# No `from __future__ import annotations`: TileLang evaluates the T.Tensor annotations.
+from typing import Any, Mapping
+
+from dsv4_jit.arch import ArchProfile, check_arch, get_profile, schedule_name
+from dsv4_jit.spec import KernelSpec, Variant, register
+
+ROPE = 64
+NOPE_GROUP = 64            # fp8_ds_mla: 64 NoPE dims per UE8M0 scale
+TOKEN_BYTES, SCALE_BYTES = 576, 8
+FP8_MAX = 448.0
+AMAX_FLOOR = 1e-4
+LOG2E = 1.4426950408889634
+FORMATS = {512: "fp8_ds_mla", 128: "indexer_fp8"}
+STATE_THREADS = 256
+
+
+def _static(name: str, static: Mapping[str, Any]) -> tuple[int, int]:
+    if not isinstance(static, Mapping):
+        raise ValueError(f"{name}: static params must be a mapping, got {static!r}")
+    ratio, d = static.get("ratio"), static.get("head_dim")
+    if ratio not in (4, 128) or isinstance(ratio, bool):
+        raise ValueError(f"{name}: ratio must be 4 or 128 (DeepSeek V4's compressed layers), got {ratio!r}")
+    if d not in FORMATS or isinstance(d, bool):
+        raise ValueError(f"{name}: head_dim must be 512 (attention KV) or 128 (indexer keys), got {d!r}")
+    return ratio, d
+
+
+def build_state_write(*, ratio: int, head_dim: int, threads: int):
+    import tilelang.language as T
+
+    R, C = ratio, (2 if ratio == 4 else 1) * head_dim
+    num_tokens = T.dynamic("num_tokens")
+    rows = T.dynamic("state_rows")
+
+    @T.prim_func
+    def compressor_state_write(
+        kv_score: T.Tensor[(num_tokens, 2 * C), "float32"],
+        ape: T.Tensor[(R, C), "float32"],
+        positions: T.Tensor[(num_tokens,), "int32"],
+        state_slots: T.Tensor[(num_tokens,), "int32"],
+        state: T.Tensor[(rows, 2 * C), "float32"],
+    ):
+        with T.Kernel(num_tokens, threads=threads) as t:
+            slot = state_slots[t]
+            if slot >= 0 and slot < rows:
+                for c in T.Parallel(C):
+                    state[slot, c] = kv_score[t, c]
+                    state[slot, C + c] = kv_score[t, C + c] + ape[T.floormod(T.max(positions[t], 0), R), c]
+
+    return compressor_state_write
+
+
+def build_compress(*, ratio: int, head_dim: int, eps: float):
+    import tilelang.language as T
+
+    R, D = ratio, head_dim
+    COFF = 2 if ratio == 4 else 1
+    C, W = COFF * D, COFF * ratio        # state row half-width; rows per window
+    NT = D // 4                          # threads: 4 channels each
+    NW = max(1, NT // 32)
+    attention = D == 512
+    num_tokens = T.dynamic("num_tokens")
+    srows = T.dynamic("state_rows")
+    batch, max_pages = T.dynamic("batch"), T.dynamic("max_state_pages")
+    max_pos = T.dynamic("max_pos")
+    pages, pbytes = T.dynamic("cache_pages"), T.dynamic("page_bytes")
+    neg_inf = -T.infinity("float32")
+
+    def ceil_log2(x):
+        """exact ceil(log2(x)) of a positive normal fp32 x, from its bits (no log2f rounding)"""
+        bits = T.reinterpret(x, "int32")
+        return T.shift_right(bits + 0x7FFFFF, 23) - 127
+
+    def exp2i(e):
+        """2^e (int e in [-126, 127]) as fp32, from its bits"""
+        return T.reinterpret(T.shift_left(e + 127, 23), "float32")
+
+    if attention:
+        cache_args = {"cq": ((pages, pbytes), "float8_e4m3fn"), "cu": ((pages, pbytes), "uint8"),
+                      "cb": ((pages, pbytes // 2), "bfloat16")}
+    else:
+        cache_args = {"cq": ((pages, pbytes), "float8_e4m3fn"), "cf": ((pages, pbytes // 4), "float32")}
+
+    @T.macro
+    def pool_norm_rope(state, state_block_table, state_page, positions, req_idx, norm_weight, cos_sin, t, tx,
+                       y, red):
+        """y[v] = channel 4 tx + v after pooling, RMSNorm (bf16-rounded) and RoPE (bf16-rounded)"""
+        m = T.alloc_local([4], "float32")
+        acc = T.alloc_local([4], "float32")
+        den = T.alloc_local([4], "float32")
+        sv = T.alloc_local([4], "float32")
+        kv = T.alloc_local([4], "float32")
+        mn = T.alloc_local([4], "float32")
+        ss = T.alloc_var("float32")
+        p = T.alloc_var("int32")
+        q = T.alloc_var("int32")
+        page = T.alloc_var("int32")
+        row = T.alloc_var("int32")
+        p = positions[t]
+        req = T.min(T.max(req_idx[t], 0), batch - 1)
+        for v in T.unroll(4):
+            m[v] = neg_inf
+            acc[v] = T.float32(0)
+            den[v] = T.float32(0)
+        for j in T.serial(W):
+            q = p - W + 1 + j
+            if q >= 0:
+                page = state_block_table[req, T.min(T.floordiv(q, state_page), max_pages - 1)]
+                row = page * state_page + T.floormod(q, state_page)
+                if page >= 0 and row < srows:
+                    # overlap windows: the previous window's rows read the first channel half
+                    for v in T.unroll(4):
+                        sv[v] = state[row, C + T.if_then_else(j >= R, D, 0) + 4 * tx + v] * LOG2E
+                        kv[v] = state[row, T.if_then_else(j >= R, D, 0) + 4 * tx + v]
+                    for v in T.unroll(4):
+                        mn[v] = T.max(m[v], sv[v])
+                        acc[v] = acc[v] * T.exp2(m[v] - mn[v]) + kv[v] * T.exp2(sv[v] - mn[v])
+                        den[v] = den[v] * T.exp2(m[v] - mn[v]) + T.exp2(sv[v] - mn[v])
+                        m[v] = mn[v]
+        ss = T.float32(0)
+        for v in T.unroll(4):
+            y[v] = acc[v] / den[v]
+            ss = ss + y[v] * y[v]
+        for o in T.unroll(5):
+            ss = ss + T.shfl_xor(ss, 16 >> o)
+        if NW > 1:
+            if tx % 32 == 0:
+                red[tx // 32] = ss
+            T.sync_threads()
+            ss = T.float32(0)
+            for w in T.unroll(NW):
+                ss = ss + red[w]
+        for v in T.unroll(4):
+            y[v] = T.Cast("float32", T.Cast("bfloat16", y[v] * T.rsqrt(ss / D + eps)
+                                              * T.Cast("float32", norm_weight[4 * tx + v])))
+        rp = T.min(T.floordiv(p, R) * R, max_pos - 1)
+        if 4 * tx >= D - ROPE:
+            for h in T.unroll(2):
+                k = (4 * tx - (D - ROPE)) // 2 + h
+                cs = cos_sin[rp, k]
+                sn = cos_sin[rp, ROPE // 2 + k]
+                ev = y[2 * h]
+                od = y[2 * h + 1]
+                y[2 * h] = T.Cast("float32", T.Cast("bfloat16", ev * cs - od * sn))
+                y[2 * h + 1] = T.Cast("float32", T.Cast("bfloat16", od * cs + ev * sn))
+
+    if attention:
+        @T.prim_func
+        def compressor_compress(
+            state: T.Tensor[(srows, 2 * C), "float32"],
+            state_block_table: T.Tensor[(batch, max_pages), "int32"],
+            state_page: T.int32,
+            positions: T.Tensor[(num_tokens,), "int32"],
+            req_idx: T.Tensor[(num_tokens,), "int32"],
+            out_slots: T.Tensor[(num_tokens,), "int32"],
+            norm_weight: T.Tensor[(D,), "bfloat16"],
+            cos_sin: T.Tensor[(max_pos, ROPE), "float32"],
+            cq: T.Tensor[(pages, pbytes), "float8_e4m3fn"],
+            cu: T.Tensor[(pages, pbytes), "uint8"],
+            cb: T.Tensor[(pages, pbytes // 2), "bfloat16"],
+            block_size: T.int32,
+        ):
+            with T.Kernel(num_tokens, threads=NT) as t:
+                tx = T.get_thread_binding()
+                y = T.alloc_local([4], "float32")
+                red = T.alloc_shared([4], "float32")
+                amax = T.alloc_var("float32")
+                e = T.alloc_var("int32")
+                slot = out_slots[t]
+                ok = (T.floormod(positions[t] + 1, R) == 0 and positions[t] >= 0 and slot >= 0 and block_size > 0
+                      and slot < pages * block_size and block_size * (TOKEN_BYTES + SCALE_BYTES) <= pbytes
+                      and state_page > 0)
+                if ok:
+                    pool_norm_rope(state, state_block_table, state_page, positions, req_idx, norm_weight, cos_sin,
+                                   t, tx, y, red)
+                    pg = slot // block_size
+                    off = slot % block_size
+                    # amax of this thread's 64-channel group: 16 lanes (4 channels each)
+                    amax = T.max(T.max(T.abs(y[0]), T.abs(y[1])), T.max(T.abs(y[2]), T.abs(y[3])))
+                    for o in T.unroll(4):
+                        amax = T.max(amax, T.shfl_xor(amax, 8 >> o))
+                    e = ceil_log2(T.max(amax, T.float32(AMAX_FLOOR)) / T.float32(FP8_MAX))
+                    if 4 * tx < D - ROPE:
+                        for v in T.unroll(4):
+                            cq[pg, off * TOKEN_BYTES + 4 * tx + v] = T.Cast(
+                                "float8_e4m3fn", T.max(T.min(y[v] * exp2i(-e), T.float32(FP8_MAX)), T.float32(-FP8_MAX)))
+                        if tx % 16 == 0:
+                            cu[pg, block_size * TOKEN_BYTES + off * SCALE_BYTES + tx // 16] = T.Cast("uint8", e + 127)
+                    else:
+                        for v in T.unroll(4):
+                            cb[pg, off * (TOKEN_BYTES // 2) + (D - ROPE) // 2 + 4 * tx - (D - ROPE) + v] = T.Cast(
+                                "bfloat16", y[v])
+                    if tx == 0:
+                        cu[pg, block_size * TOKEN_BYTES + off * SCALE_BYTES + SCALE_BYTES - 1] = T.uint8(0)
+
+        return compressor_compress
+
+    @T.prim_func
+    def compressor_compress_indexer(
+        state: T.Tensor[(srows, 2 * C), "float32"],
+        state_block_table: T.Tensor[(batch, max_pages), "int32"],
+        state_page: T.int32,
+        positions: T.Tensor[(num_tokens,), "int32"],
+        req_idx: T.Tensor[(num_tokens,), "int32"],
+        out_slots: T.Tensor[(num_tokens,), "int32"],
+        norm_weight: T.Tensor[(D,), "bfloat16"],
+        cos_sin: T.Tensor[(max_pos, ROPE), "float32"],
+        cq: T.Tensor[(pages, pbytes), "float8_e4m3fn"],
+        cf: T.Tensor[(pages, pbytes // 4), "float32"],
+        block_size: T.int32,
+    ):
+        with T.Kernel(num_tokens, threads=NT) as t:
+            tx = T.get_thread_binding()
+            y = T.alloc_local([4], "float32")
+            red = T.alloc_shared([4], "float32")
+            amax = T.alloc_var("float32")
+            e = T.alloc_var("int32")
+            slot = out_slots[t]
+            ok = (T.floormod(positions[t] + 1, R) == 0 and positions[t] >= 0 and slot >= 0 and block_size > 0
+                  and slot < pages * block_size and block_size * (D + 4) <= pbytes and state_page > 0)
+            if ok:
+                pool_norm_rope(state, state_block_table, state_page, positions, req_idx, norm_weight, cos_sin,
+                               t, tx, y, red)
+                pg = slot // block_size
+                off = slot % block_size
+                amax = T.max(T.max(T.abs(y[0]), T.abs(y[1])), T.max(T.abs(y[2]), T.abs(y[3])))
+                for o in T.unroll(5):
+                    amax = T.max(amax, T.shfl_xor(amax, 16 >> o))
+                e = ceil_log2(T.max(amax, T.float32(AMAX_FLOOR)) / T.float32(FP8_MAX))
+                for v in T.unroll(4):
+                    cq[pg, off * D + 4 * tx + v] = T.Cast(
+                        "float8_e4m3fn", T.max(T.min(y[v] * exp2i(-e), T.float32(FP8_MAX)), T.float32(-FP8_MAX)))
+                if tx == 0:
+                    cf[pg, block_size * (D // 4) + off] = exp2i(e)
+
+    return compressor_compress_indexer
+
+
+class _CompressorSpec(KernelSpec):
+    def pass_configs(self, variant: Variant) -> dict[str, Any]:
+        cfg = dict(get_profile(variant.schedule).pass_configs)
+        cfg["tl.disable_vectorize_256"] = True
+        return cfg
+
+
+@register
+class CompressorStateWriteSpec(_CompressorSpec):
+    """Statics: ratio (4 / 128), head_dim (512 / 128)."""
+    name = "compressor_state_write"
+    arg_names = ("kv_score", "ape", "positions", "state_slots", "state")
+
+    def static_params(self, model, parallel) -> dict[str, Any]:
+        return {"ratio": 4, "head_dim": int(model.head_dim)}   # the ratio-4 attention site (family.uses: all)
+
+    def select(self, arch: ArchProfile, static: Mapping[str, Any], num_tokens: int) -> Variant:
+        check_arch(self.name, arch)
+        self.check_tokens(num_tokens)
+        ratio, d = _static(self.name, static)
+        return Variant.make(self.name, {"ratio": ratio, "head_dim": d, "threads": STATE_THREADS}, arch,
+                            schedule_name(arch))
+
+    def smem_bytes(self, variant: Variant) -> int:
+        return 0
+
+    def build(self, variant: Variant):
+        return build_state_write(**variant.p)
+
+
+@register
+class CompressorCompressSpec(_CompressorSpec):
+    """Statics: ratio (4 / 128), head_dim (512: fp8_ds_mla slots / 128: index-K slots), eps (RMSNorm)."""
+    name = "compressor_compress"
+    arg_names = ("state", "state_block_table", "state_page", "positions", "req_idx", "out_slots", "norm_weight",
+                 "cos_sin", "cache_views...", "block_size")
+
+    def static_params(self, model, parallel) -> dict[str, Any]:
+        # the ratio-4 attention site (family.uses lists all three)
+        return {"ratio": 4, "head_dim": int(model.head_dim), "eps": float(model.rms_norm_eps)}
+
+    def select(self, arch: ArchProfile, static: Mapping[str, Any], num_tokens: int) -> Variant:
+        check_arch(self.name, arch)
+        self.check_tokens(num_tokens)
+        ratio, d = _static(self.name, static)
+        eps = static.get("eps")
+        if isinstance(eps, bool) or not isinstance(eps, float) or not 0 < eps < 1:
+            raise ValueError(f"{self.name}: eps must be a float in (0, 1), got {eps!r}")
+        return Variant.make(self.name, {"ratio": ratio, "head_dim": d, "eps": eps}, arch, schedule_name(arch))
+
+    def smem_bytes(self, variant: Variant) -> int:
+        return 16 if variant.p["head_dim"] == 512 else 0   # the cross-warp sum of squares (4 fp32)
+
+    def build(self, variant: Variant):
+        return build_compress(**variant.p)
