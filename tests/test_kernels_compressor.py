@@ -161,7 +161,8 @@ def test_compress_op_checks_slots_and_positions_before_launching(cpu_tensors_ok)
         ops.compressor_compress(**args, ratio=4, state_page=16, block_size=64, eps=1e-6, arch=SM120,
                                 get_kernel=_fake_get_kernel, check_ranges=True)
     args = _compress_args()
-    args["positions"] = torch.tensor([0, 1, 2, 3, 400], dtype=torch.int32)
+    args["positions"] = torch.tensor([0, 1, 2, 3, 403], dtype=torch.int32)
+    args["out_slots"] = torch.tensor([-1, -1, -1, -1, 5], dtype=torch.int32)
     with pytest.raises(ValueError, match="positions: a RoPE position is past cos_sin"):
         ops.compressor_compress(**args, ratio=4, state_page=16, block_size=64, eps=1e-6, arch=SM120,
                                 get_kernel=_fake_get_kernel, check_ranges=True)
@@ -191,3 +192,21 @@ def test_e8_exponent_is_the_kernels_bit_ceil():
     bits = x.view(torch.int32).long()
     kernel_e = ((bits + 0x7FFFFF) >> 23) - 127
     assert torch.equal(reference.e8_exponent(amax).long(), kernel_e)
+
+
+def test_compress_op_lets_padding_tokens_carry_any_request(cpu_tensors_ok):
+    """Tokens that emit nothing (CUDA-graph padding) may hold req_idx -1 and any position: no error."""
+    args = _compress_args()
+    args["req_idx"] = torch.tensor([-1, 0, -1, 0, -1], dtype=torch.int32)
+    args["positions"] = torch.tensor([10**6, 1, 2, 3, 5], dtype=torch.int32)
+    args["out_slots"] = torch.tensor([-1, -1, -1, 5, 7], dtype=torch.int32)
+    ops.compressor_compress(**args, ratio=4, state_page=16, block_size=64, eps=1e-6, arch=SM120,
+                            get_kernel=_fake_get_kernel, check_ranges=True)
+
+
+def test_index_k_pages_must_be_exactly_the_readers_size(cpu_tensors_ok):
+    args = _compress_args(d=128)
+    args["cache"] = torch.zeros(2, 64 * 132 + 16, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="cache: an index-K page of 64 entries is exactly 8448 B"):
+        ops.compressor_compress(**args, ratio=4, state_page=16, block_size=64, eps=1e-6, arch=SM120,
+                                get_kernel=None, check_ranges=False)

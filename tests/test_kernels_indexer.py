@@ -221,3 +221,62 @@ def test_uses_are_ratio4_only():
     no4 = type(m)(**{**m.to_dict(), "compress_ratios": (0, 128, 0)})
     assert [u.spec.name for u in family._uses(no4, ParallelConfig())] == ["indexer_swa_indices"]
     assert math.isclose(family.LOGITS_TOL, 1e-3)
+
+
+# ------------------------------------------------------------------------------ row-split top-k (model)
+def _keys(x: torch.Tensor) -> torch.Tensor:
+    """The kernels' order-preserving uint32 keys of fp32 values, as int64."""
+    b = x.float().view(torch.int32).long() & 0xFFFFFFFF
+    return torch.where(x < 0, (~b) & 0xFFFFFFFF, b | 0x80000000)
+
+
+def _split_select_model(row: torch.Tensor, k: int, splits: int, unit: int) -> set[int]:
+    """indexer_topk_split's algorithm, pass by pass as the op launches it: per-CTA slice histograms summed into
+    hist[pass], every pass re-deriving its prefix from the finished histograms, then the collection."""
+    from dsv4_jit.kernels.indexer.topk import PASSES, RADIX
+    keys, n = _keys(row), row.numel()
+    chunk = -(-(-(-n // splits)) // unit) * unit
+    hist = torch.zeros(PASSES, RADIX + 1, dtype=torch.long)
+
+    def derive(rnd):
+        rem, prefix, mask = k, 0, 0
+        for r2 in range(rnd):
+            suf = torch.cat([hist[r2, :RADIX].flip(0).cumsum(0).flip(0), torch.zeros(1, dtype=torch.long)])
+            thr = [b for b in range(RADIX) if suf[b] >= rem > suf[b + 1]]
+            assert len(thr) == 1
+            rem -= int(suf[thr[0] + 1])
+            prefix |= thr[0] << (24 - 8 * r2)
+            mask |= 255 << (24 - 8 * r2)
+        return rem, prefix, mask
+
+    for rnd in range(PASSES):
+        _, prefix, mask = derive(rnd)
+        for sx in range(splits):
+            sl = keys[sx * chunk: min(n, sx * chunk + chunk)]
+            sl = sl[(sl & mask) == prefix]
+            hist[rnd, :RADIX] += torch.bincount((sl >> (24 - 8 * rnd)) & 255, minlength=RADIX)
+    rem, prefix, _ = derive(PASSES)
+    above = (keys > prefix).nonzero().flatten().tolist()
+    ties = (keys == prefix).nonzero().flatten().tolist()
+    assert len(above) == k - rem and len(ties) >= rem
+    return set(above) | set(ties[:rem])
+
+
+@pytest.mark.parametrize("n,splits", [(600, 2), (5000, 4), (65536, 16), (70001, 16), (513, 16)])
+def test_row_split_radix_select_model_is_an_exact_top_k(n, splits):
+    from dsv4_jit.kernels.indexer.topk import LOADS_IN_FLIGHT, SPLIT_THREADS
+    g = torch.Generator().manual_seed(n)
+    k = 512
+    for row in (torch.randn(n, generator=g), (torch.randn(n, generator=g) * 4).round() / 4,
+                torch.full((n,), 0.5), torch.randn(n, generator=g).abs() + 3.0):
+        got = _split_select_model(row, k, splits, SPLIT_THREADS * LOADS_IN_FLIGHT)
+        assert len(got) == k
+        kth = row.double().sort(descending=True).values[k - 1]
+        vals = row.double()[list(got)]
+        assert (vals >= kth).all() and int((row.double() > kth).sum()) <= k
+
+
+def test_topk_splits_fill_the_gpu_and_stop_at_one_cta_per_row():
+    from dsv4_jit.kernels.indexer.topk import topk_splits
+    assert [topk_splits(t, 132) for t in (1, 8, 9, 33, 34, 64, 66, 67, 132, 4096)] == [16, 16, 8, 4, 2, 2, 2, 1, 1, 1]
+    assert [topk_splits(t, 188) for t in (1, 12, 47, 48, 94, 95)] == [16, 8, 4, 2, 2, 1]

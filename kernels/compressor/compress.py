@@ -79,7 +79,6 @@ def build_compress(*, ratio: int, head_dim: int, eps: float):
     batch, max_pages = T.dynamic("batch"), T.dynamic("max_state_pages")
     max_pos = T.dynamic("max_pos")
     pages, pbytes = T.dynamic("cache_pages"), T.dynamic("page_bytes")
-    neg_inf = -T.infinity("float32")
 
     def ceil_log2(x):
         """exact ceil(log2(x)) of a positive normal fp32 x, from its bits (no log2f rounding)"""
@@ -111,10 +110,11 @@ def build_compress(*, ratio: int, head_dim: int, eps: float):
         q = T.alloc_var("int32")
         page = T.alloc_var("int32")
         row = T.alloc_var("int32")
+        req = T.alloc_var("int32")
         p = positions[t]
-        req = T.min(T.max(req_idx[t], 0), batch - 1)
+        req = req_idx[t]              # in range: the kernel's `ok` checked it
         for v in T.unroll(4):
-            m[v] = neg_inf
+            m[v] = T.float32(-3.4028234663852886e38)   # -FLT_MAX: a -inf score then weighs 0, not NaN
             acc[v] = T.float32(0)
             den[v] = T.float32(0)
         for j in T.serial(W):
@@ -134,7 +134,9 @@ def build_compress(*, ratio: int, head_dim: int, eps: float):
                         m[v] = mn[v]
         ss = T.float32(0)
         for v in T.unroll(4):
-            y[v] = acc[v] / den[v]
+            # den > 0: the window's own rows (positions p - r + 1 .. p >= 0) are valid unless the block table
+            # maps none of them; then the entry is 0, not NaN
+            y[v] = T.if_then_else(den[v] > 0, acc[v] / T.max(den[v], T.float32(1e-30)), T.float32(0))
             ss = ss + y[v] * y[v]
         for o in T.unroll(5):
             ss = ss + T.shfl_xor(ss, 16 >> o)
@@ -148,7 +150,7 @@ def build_compress(*, ratio: int, head_dim: int, eps: float):
         for v in T.unroll(4):
             y[v] = T.Cast("float32", T.Cast("bfloat16", y[v] * T.rsqrt(ss / D + eps)
                                               * T.Cast("float32", norm_weight[4 * tx + v])))
-        rp = T.min(T.floordiv(p, R) * R, max_pos - 1)
+        rp = T.floordiv(p, R) * R     # in range: the kernel's `ok` checked it
         if 4 * tx >= D - ROPE:
             for h in T.unroll(2):
                 k = (4 * tx - (D - ROPE)) // 2 + h
@@ -184,7 +186,8 @@ def build_compress(*, ratio: int, head_dim: int, eps: float):
                 slot = out_slots[t]
                 ok = (T.floormod(positions[t] + 1, R) == 0 and positions[t] >= 0 and slot >= 0 and block_size > 0
                       and slot < pages * block_size and block_size * (TOKEN_BYTES + SCALE_BYTES) <= pbytes
-                      and state_page > 0)
+                      and state_page > 0 and req_idx[t] >= 0 and req_idx[t] < batch
+                      and T.floordiv(positions[t], R) * R < max_pos)
                 if ok:
                     pool_norm_rope(state, state_block_table, state_page, positions, req_idx, norm_weight, cos_sin,
                                    t, tx, y, red)
@@ -232,7 +235,8 @@ def build_compress(*, ratio: int, head_dim: int, eps: float):
             e = T.alloc_var("int32")
             slot = out_slots[t]
             ok = (T.floormod(positions[t] + 1, R) == 0 and positions[t] >= 0 and slot >= 0 and block_size > 0
-                  and slot < pages * block_size and block_size * (D + 4) <= pbytes and state_page > 0)
+                  and slot < pages * block_size and block_size * (D + 4) <= pbytes and state_page > 0
+                  and req_idx[t] >= 0 and req_idx[t] < batch and T.floordiv(positions[t], R) * R < max_pos)
             if ok:
                 pool_norm_rope(state, state_block_table, state_page, positions, req_idx, norm_weight, cos_sin,
                                t, tx, y, red)

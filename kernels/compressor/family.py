@@ -17,9 +17,10 @@ from dsv4_jit.spec import get_spec
 from . import compress  # noqa: F401  (registers the specs)
 
 STATE_PAGE, CACHE_BLOCK, BATCH = 16, 64, 4
-# e4m3 entries against the float64 pooled, normed and rotated values: ~3% per entry (the quant family's 1x128
-# e4m3 measured 3.2e-2 worst token; groups of 64 here)
-FP8_TOL = 8e-2
+# the kernel's entries against the reference's own e4m3 rounding of the float64 values: exact but for an
+# e4m3 step where fp32 rsqrt / fma ordering moves a value across a rounding boundary (each such element costs
+# ~1/16 of itself; the e4m3 rounding itself is ~3% per entry and would hide a wrong scale group)
+FP8_TOL = 2e-2
 GPU_TOKENS = (1, 7, 64, 300)
 
 
@@ -72,11 +73,12 @@ def _compress_case(m, ratio: int, d: int) -> GpuCase:
         # about 2 of 3 tokens complete a window (their position is r*i + r - 1), the rest do not
         win = torch.randint(0, max_pos // ratio, (t,), generator=cg, device=device)
         emit = torch.rand(t, generator=cg, device=device) < 0.67
+        emit[0] = True                          # T = 1 emits
         pos = torch.where(emit, win * ratio + ratio - 1, win * ratio + (win % (ratio - 1))).int()
         n_slots = 2 * t + CACHE_BLOCK
         pages = -(-n_slots // CACHE_BLOCK)
         slots = torch.randperm(pages * CACHE_BLOCK, generator=cg, device=device)[:t].int()
-        slots[::5] = -1                         # every fifth token has no output slot
+        slots[2::5] = -1                        # every fifth token has no output slot
         ang = torch.rand(max_pos, 32, generator=cg, device=device) * 6.3
         cos_sin = torch.cat([ang.cos(), ang.sin()], 1).contiguous()
         w = (torch.rand(d, generator=cg, device=device) + 0.5).to(torch.bfloat16)
@@ -135,8 +137,9 @@ def _compress_case(m, ratio: int, d: int) -> GpuCase:
         for t in range(inp["t"]):
             s = int(inp["slots"][t])
             if s in entries:
-                want[t] = entries[s][1]       # the rotated values (RoPE dims), NoPE dims unchanged by RoPE
-        return {"entry": want}
+                y, r, _ = entries[s]
+                want[t] = reference.dequant_entry(y, r)   # the reference's own e4m3 rounding of the entry
+        return {"entry": want.to(inp["pos"].device)}
 
     name = f"compressor_compress[ratio={ratio}, head_dim={d}]"
     return GpuCase(name, make_inputs, make_outputs, launch, ref, {"entry": FP8_TOL}, tokens=GPU_TOKENS)

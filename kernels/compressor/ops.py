@@ -96,6 +96,10 @@ def _cache_views(cache, d: int, block_size: int):
     if pages < 1 or pb % 16 or pb < need:
         raise ValueError(f"{name}: a page of {block_size} entries needs >= {need} B in a multiple of 16 B; got "
                          f"{pages} pages of {pb} B")
+    if d != 512 and pb != need:
+        # the indexer kernels derive the page size from the page bytes: a padded page would misplace the scales
+        raise ValueError(f"{name}: an index-K page of {block_size} entries is exactly {need} B "
+                         f"({block_size} x {d} fp8 + {block_size} x 4 B scales); got {pb} B")
     flat = cache.view(pages, pb)
     if d == 512:
         return (flat.view(torch.float8_e4m3fn), flat, flat.view(torch.bfloat16)), pages, pb
@@ -143,10 +147,12 @@ def compressor_compress(state, state_block_table, positions, req_idx, out_slots,
     if check_ranges is None:
         check_ranges = not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
     if check_ranges and t:
+        # only the tokens that emit an entry read req_idx, the block table and cos_sin (padding may hold -1)
+        emit = (out_slots >= 0) & ((positions + 1) % ratio == 0) & (positions >= 0)
         bad = torch.stack([((out_slots < -1) | (out_slots >= pages * block_size)).any(),
-                           ((req_idx < 0) | (req_idx >= max(state_block_table.shape[0], 1))).any(),
-                           (positions < 0).any(),
-                           ((positions // ratio) * ratio >= cos_sin.shape[0]).any()]).tolist()
+                           (emit & ((req_idx < 0) | (req_idx >= state_block_table.shape[0]))).any(),
+                           (emit & (positions < 0)).any(),
+                           (emit & ((positions // ratio) * ratio >= cos_sin.shape[0])).any()]).tolist()
         for flag, msg in zip(bad, (f"out_slots: an entry is outside the cache (valid: -1 or 0..{pages * block_size - 1})",
                                    f"req_idx: an entry is outside state_block_table's {state_block_table.shape[0]} rows",
                                    "positions: a position is negative",

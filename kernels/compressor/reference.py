@@ -126,3 +126,14 @@ def transcription_compress(kv: torch.Tensor, score: torch.Tensor, ape: torch.Ten
         sc2[1:, :ratio] = score[:-1, :, :d]
         kv, score = kv2, sc2
     return (kv * score.softmax(dim=1)).sum(dim=1)
+
+
+def dequant_entry(y: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    """The value a reader decodes from the entry the reference quantizes (float64 [d])."""
+    d = y.shape[0]
+    if d == 512:
+        q, e, rope = quant_attention_row(y, r)
+        nope = q.double().reshape(-1, 64) * torch.exp2(e.double() - 127)[:, None]
+        return torch.cat([nope.reshape(-1), rope.double()])
+    q, s = quant_indexer_row(r)
+    return q.double() * s.double()

@@ -44,6 +44,9 @@ def _uses(model, parallel) -> list[KernelUse]:
         tk = get_spec("indexer_topk")
         uses.append(KernelUse(tk, {**tk.static_params(model, parallel), "page_size": INDEX_PAGE_SIZE},
                               "indexer top-k + page translation (ratio-4 layers)"))
+        ts = get_spec("indexer_topk_split")
+        uses.append(KernelUse(ts, {**ts.static_params(model, parallel), "page_size": INDEX_PAGE_SIZE},
+                              "indexer top-k, rows split over CTAs (ratio-4 layers, few tokens)"))
     swa = get_spec("indexer_swa_indices")
     uses.append(KernelUse(swa, {**swa.static_params(model, parallel), "page_size": SWA_PAGE_SIZE},
                           "SWA index prep (once per forward)"))
@@ -383,11 +386,12 @@ def _gpu_cases(m) -> list[GpuCase]:
 FAMILY = register_family(KernelFamily(
     name="indexer",
     specs=(get_spec("indexer_decode_logits"), get_spec("indexer_prefill_logits"), get_spec("indexer_topk"),
-           get_spec("indexer_swa_indices")),
+           get_spec("indexer_topk_split"), get_spec("indexer_swa_indices")),
     uses=_uses,
     gpu_cases=_gpu_cases,
     ops={"indexer_decode_logits": ("indexer_decode_logits",), "indexer_prefill_logits": ("indexer_prefill_logits",),
-         "indexer_topk": ("indexer_topk",), "indexer_decode_topk": ("indexer_decode_logits", "indexer_topk"),
+         "indexer_topk": ("indexer_topk", "indexer_topk_split"),
+         "indexer_decode_topk": ("indexer_decode_logits", "indexer_topk", "indexer_topk_split"),
          "indexer_swa_indices": ("indexer_swa_indices",)},
     doc="lightning indexer: paged decode / ragged prefill fp8 logits, top-k + page translation, SWA index prep",
 ))

@@ -23,6 +23,7 @@ from typing import Any
 from dsv4_jit.spec import get_spec
 
 from .logits import SCALE_BYTES
+from .topk import PASSES, RADIX, topk_splits
 
 DEFAULT_RATIO = 4
 
@@ -195,7 +196,8 @@ def indexer_prefill_logits(q, q_scale, weights, k, k_scale, ks, ke, req_idx, *, 
 # =============================================================================================
 # top-k
 # =============================================================================================
-def indexer_topk(logits, row_info, block_table, *, topk: int, page_size: int, arch, get_kernel, out=None):
+def indexer_topk(logits, row_info, block_table, *, topk: int, page_size: int, arch, get_kernel, out=None,
+                 workspace=None):
     """Top-`topk` columns of each row within its row_info range, as compressed-cache slots (a set, any order,
     -1 padded). Returns (indices [T, topk] int32, lengths [T] int32)."""
     import torch
@@ -214,24 +216,50 @@ def indexer_topk(logits, row_info, block_table, *, topk: int, page_size: int, ar
     indices, lengths = _index_outputs(out, ("indices", "lengths"), tokens, topk, dev)
     if tokens == 0:
         return indices, lengths
-    kernel = get_kernel(get_spec("indexer_topk"), {"topk": topk, "page_size": page_size}, tokens)
-    kernel(logits, row_info, block_table, indices, lengths)
+    static = {"topk": topk, "page_size": page_size}
+    if topk_splits(tokens, arch.num_sms_hint) == 1:
+        kernel = get_kernel(get_spec("indexer_topk"), static, tokens)
+        kernel(logits, row_info, block_table, indices, lengths)
+        return indices, lengths
+    # few rows: each row split over several CTAs, one launch per radix pass over a zeroed histogram workspace
+    kernel = get_kernel(get_spec("indexer_topk_split"), static, tokens)
+    need = tokens * (PASSES + 1) * (RADIX + 1)
+    if workspace is None:
+        workspace = torch.empty(need, dtype=torch.int32, device=dev)
+    else:
+        from dsv4_jit.validate import require_1d
+        require_1d(workspace, "workspace", torch.int32, dev)
+        if workspace.numel() < need:
+            raise ValueError(f"workspace: needs >= {need} int32 elements at T={tokens} (indexer_topk_workspace_numel)")
+    hist = workspace[:need].view(tokens, PASSES + 1, RADIX + 1)
+    hist.zero_()
+    for rnd in range(PASSES + 1):
+        kernel(logits, row_info, block_table, hist, indices, lengths, rnd)
     return indices, lengths
+
+
+def indexer_topk_workspace_numel(num_tokens: int) -> int:
+    """int32 elements of indexer_topk's histogram workspace at this token count (the row-split path; pass one
+    this large, or let the op allocate it, which CUDA-graph capture also allows from the graph's pool)."""
+    return num_tokens * (PASSES + 1) * (RADIX + 1)
 
 
 def indexer_decode_topk(q, q_scale, weights, kv_cache, seq_lens, block_table, *, next_n: int, topk: int, arch,
                         get_kernel, ratio: int = DEFAULT_RATIO, width: int | None = None, workspace=None, out=None):
     """One decode step of a ratio-4 layer's indexer: paged logits, then top-k with page-table translation.
 
-    workspace = (logits [T, W] fp32, row_info [T, 3] int32) and out = (indices [T, topk], lengths [T]) int32
-    may be preallocated (CUDA-graph capture). Returns (indices, lengths)."""
-    logits, row_info = (None, None) if workspace is None else workspace
+    workspace = (logits [T, W] fp32, row_info [T, 3] int32[, top-k histograms: int32, indexer_topk_workspace_numel])
+    and out = (indices [T, topk], lengths [T]) int32 may be preallocated (CUDA-graph capture).
+    Returns (indices, lengths)."""
+    if workspace is not None and (not isinstance(workspace, (tuple, list)) or len(workspace) not in (2, 3)):
+        raise ValueError("workspace: expected (logits, row_info) or (logits, row_info, topk_histograms)")
+    logits, row_info, hist = (None, None, None) if workspace is None else (*workspace, None)[:3]
     logits, row_info = indexer_decode_logits(q, q_scale, weights, kv_cache, seq_lens, block_table, next_n=next_n,
                                              arch=arch, get_kernel=get_kernel, ratio=ratio, width=width,
                                              out=logits, row_info=row_info)
     page_size = _kv_cache_views(kv_cache, q.shape[2], q.device)[0]
     return indexer_topk(logits, row_info, block_table, topk=topk, page_size=page_size, arch=arch,
-                        get_kernel=get_kernel, out=out)
+                        get_kernel=get_kernel, out=out, workspace=hist)
 
 
 # =============================================================================================
@@ -264,4 +292,5 @@ def indexer_swa_indices(positions, req_idx, block_table, *, window: int, page_si
 
 
 __all__: list[Any] = ["indexer_decode_logits", "indexer_prefill_logits", "indexer_topk", "indexer_decode_topk",
+                      "indexer_topk_workspace_numel",
                       "indexer_swa_indices", "decode_static"]

@@ -254,6 +254,225 @@ class IndexerTopkSpec(KernelSpec):
 
 
 # =============================================================================================
+# Top-k with a row split over several CTAs (few rows, long rows)
+# =============================================================================================
+MAX_SPLITS = 16
+SPLIT_THREADS = 512
+
+
+def topk_splits(num_tokens: int, num_sms: int) -> int:
+    """CTAs per row: the largest power of two <= 16 that keeps rows x CTAs within the SM count; 1 (the one-CTA
+    kernel) once the rows alone fill the GPU. One CTA per row left 131 of 132 SMs idle at batch 1 and read a
+    64K-column row five times from one SM (~86 us at 256K context on the H100, 2026-11-23)."""
+    s = 1
+    while s * 2 <= MAX_SPLITS and num_tokens * s * 2 <= num_sms:
+        s *= 2
+    return s
+
+
+def topk_split_smem_bytes(p: Mapping[str, Any]) -> int:
+    """The single kernel's buffers: histogram / scan (RADIX + 1), per-warp totals, threshold (16-byte aligned)."""
+    def a16(n: int) -> int:
+        return -(-n // 16) * 16
+    return a16(4 * (RADIX + 1)) + a16(4 * (RADIX // 32)) + a16(4 * 1)
+
+
+def build_topk_split(*, topk: int, page_size: int, threads: int, splits: int):
+    """One pass of the split radix select per launch (runtime `rnd`: 0..PASSES-1 histogram passes, PASSES the
+    collection); the op launches PASSES + 1 of them over a zeroed workspace hist [T, PASSES + 1, RADIX + 1]:
+      hist[t, r, b]      keys of row t (matching the prefix of passes < r) whose pass-r digit is b, summed by
+                         the row's CTAs with global atomics (each CTA first counts its slice in shared memory)
+      hist[t, PASSES, 0:2]  the collection's output counters (keys above the threshold / ties taken)
+    Every CTA re-derives the prefix of passes < rnd from the finished histograms (one scan of 256 bins each)."""
+    import tilelang.language as T
+
+    P, S = page_size, splits
+    num_tokens = T.dynamic("num_tokens")
+    width = T.dynamic("width")
+    batch = T.dynamic("batch")
+    max_pages = T.dynamic("max_pages")
+    U = LOADS_IN_FLIGHT
+
+    def to_key(x):
+        bits = T.reinterpret(x, "uint32")
+        return T.if_then_else(x < 0, ~bits, bits | T.Cast("uint32", 0x80000000))
+
+    def slot(block_table, req, pos):
+        page = block_table[req, T.min(T.floordiv(pos, P), max_pages - 1)]
+        return T.if_then_else(page < 0, -1, page * P + T.floormod(pos, P))
+
+    @T.prim_func
+    def indexer_topk_split(
+        logits: T.Tensor[(num_tokens, width), "float32"],
+        row_info: T.Tensor[(num_tokens, 3), "int32"],
+        block_table: T.Tensor[(batch, max_pages), "int32"],
+        hist: T.Tensor[(num_tokens, PASSES + 1, RADIX + 1), "int32"],
+        indices: T.Tensor[(num_tokens, topk), "int32"],
+        lengths: T.Tensor[(num_tokens,), "int32"],
+        rnd: T.int32,
+    ):
+        with T.Kernel(num_tokens, S, threads=threads) as (bx, sx):
+            tx = T.get_thread_binding()
+            sh = T.alloc_shared([RADIX + 1], "int32")
+            wsum = T.alloc_shared([RADIX // 32], "int32")
+            s_thr = T.alloc_shared([1], "int32")
+            lo = T.alloc_var("int32")
+            n = T.alloc_var("int32")
+            req = T.alloc_var("int32")
+            c0 = T.alloc_var("int32")
+            c1 = T.alloc_var("int32")
+            rem = T.alloc_var("int32")
+            val = T.alloc_var("int32")
+            other = T.alloc_var("int32")
+            thr = T.alloc_var("int32")
+            base = T.alloc_var("int32")
+            pos_out = T.alloc_var("int32")
+            prefix = T.alloc_var("uint32")
+            mask = T.alloc_var("uint32")
+            digit = T.alloc_var("uint32")
+            peers = T.alloc_var("uint32")
+            votes = T.alloc_var("uint32")
+            lanes_below = T.alloc_var("uint32")
+            keys = T.alloc_local([U], "uint32")
+            vals = T.alloc_local([U], "float32")
+
+            lanes_below = (T.Cast("uint32", 1) << T.Cast("uint32", tx % 32)) - T.Cast("uint32", 1)
+            lo = T.min(T.max(row_info[bx, 0], 0), width)
+            n = T.max(T.min(row_info[bx, 1], width), lo) - lo
+            req = T.min(T.max(row_info[bx, 2], 0), batch - 1)
+            if n <= topk:
+                if rnd == PASSES and sx == 0:
+                    if tx == 0:
+                        lengths[bx] = n
+                    for i in T.serial(T.ceildiv(topk, threads)):
+                        if i * threads + tx < topk:
+                            indices[bx, i * threads + tx] = T.if_then_else(
+                                i * threads + tx < n, slot(block_table, req, i * threads + tx), -1)
+            else:
+                # this CTA's columns [c0, c1): an equal share, a multiple of threads * U
+                c0 = sx * T.ceildiv(T.ceildiv(n, S), threads * U) * (threads * U)
+                c1 = T.min(n, c0 + T.ceildiv(T.ceildiv(n, S), threads * U) * (threads * U))
+                rem = topk
+                prefix = T.Cast("uint32", 0)
+                mask = T.Cast("uint32", 0)
+                # the prefix of passes < rnd, from their finished histograms: suffix sums (warp shuffles, two
+                # barriers), the digit of the rem-th largest key, folded into prefix / mask / rem
+                for r2 in T.serial(T.min(T.max(rnd, 0), PASSES)):
+                    if tx < RADIX + 1:
+                        sh[tx] = T.if_then_else(tx < RADIX, hist[bx, r2, T.min(tx, RADIX - 1)], 0)
+                    T.sync_threads()
+                    if tx < RADIX:
+                        val = sh[tx]
+                        for st in T.unroll(5):
+                            other = T.shfl_down(val, 1 << st)
+                            if tx % 32 + (1 << st) < 32:
+                                val = val + other
+                        if tx % 32 == 0:
+                            wsum[tx // 32] = val
+                    T.sync_threads()
+                    if tx < RADIX:
+                        for w in T.unroll(RADIX // 32):
+                            if w > tx // 32:
+                                val = val + wsum[w]
+                        sh[tx] = val
+                    T.sync_threads()
+                    if tx < RADIX:
+                        if sh[tx] >= rem and sh[tx + 1] < rem:
+                            s_thr[0] = tx
+                    T.sync_threads()
+                    thr = s_thr[0]
+                    rem = rem - sh[thr + 1]
+                    prefix = prefix | (T.Cast("uint32", thr) << T.Cast("uint32", 24 - 8 * r2))
+                    mask = mask | (T.Cast("uint32", 255) << T.Cast("uint32", 24 - 8 * r2))
+                    T.sync_threads()
+                if rnd < PASSES:
+                    if tx < RADIX + 1:
+                        sh[tx] = 0
+                    T.sync_threads()
+                    for i in T.serial(T.ceildiv(T.max(c1 - c0, 0), threads * U)):
+                        for u in T.unroll(U):
+                            vals[u] = logits[bx, lo + T.min(c0 + (i * U + u) * threads + tx, n - 1)]
+                        for u in T.unroll(U):
+                            keys[u] = to_key(vals[u])
+                        for u in T.unroll(U):
+                            digit = T.if_then_else(
+                                c0 + (i * U + u) * threads + tx < c1 and (keys[u] & mask) == prefix,
+                                (keys[u] >> T.Cast("uint32", 24 - 8 * rnd)) & T.Cast("uint32", 255),
+                                T.Cast("uint32", RADIX))
+                            if rnd == 0:
+                                peers = T.match_any_sync(digit)
+                                if digit < T.Cast("uint32", RADIX) and (peers & lanes_below) == T.Cast("uint32", 0):
+                                    T.atomic_add(sh[T.Cast("int32", digit)], T.popcount(peers))
+                            elif digit < T.Cast("uint32", RADIX):
+                                T.atomic_add(sh[T.Cast("int32", digit)], 1)
+                    T.sync_threads()
+                    if tx < RADIX:
+                        if sh[tx] > 0:
+                            T.atomic_add(hist[bx, T.min(T.max(rnd, 0), PASSES - 1), tx], sh[tx])
+                else:
+                    if sx == 0 and tx == 0:
+                        lengths[bx] = topk
+                    for i in T.serial(T.ceildiv(T.max(c1 - c0, 0), threads * U)):
+                        for u in T.unroll(U):
+                            vals[u] = logits[bx, lo + T.min(c0 + (i * U + u) * threads + tx, n - 1)]
+                        for u in T.unroll(U):
+                            keys[u] = to_key(vals[u])
+                        for u in T.unroll(U):
+                            # warp-aggregated output slots: one global atomic per warp and class (above / tie)
+                            for c in T.unroll(2):
+                                take = c0 + (i * U + u) * threads + tx < c1 and T.if_then_else(
+                                    c == 0, keys[u] > prefix, keys[u] == prefix)
+                                votes = T.Cast("uint32", T.ballot_sync(take))
+                                if votes != T.Cast("uint32", 0):
+                                    if (votes & lanes_below) == T.Cast("uint32", 0) and take:
+                                        base = T.atomic_add(hist[bx, PASSES, c], T.popcount(votes), return_prev=True)
+                                    base = T.shfl_sync(base, T.__ffs(T.Cast("int32", votes)) - 1)
+                                    pos_out = base + T.popcount(votes & lanes_below)
+                                    if take:
+                                        if c == 0:
+                                            if pos_out < topk:
+                                                indices[bx, pos_out] = slot(block_table, req,
+                                                                            c0 + (i * U + u) * threads + tx)
+                                        elif pos_out < rem:
+                                            indices[bx, topk - rem + pos_out] = slot(block_table, req,
+                                                                                     c0 + (i * U + u) * threads + tx)
+
+    return indexer_topk_split
+
+
+@register
+class IndexerTopkSplitSpec(KernelSpec):
+    """indexer_topk's select with the row split over CTAs (launched once per pass). Statics: topk, page_size."""
+    name = "indexer_topk_split"
+    arg_names = ("logits", "row_info", "block_table", "hist", "indices", "lengths", "rnd")
+
+    def static_params(self, model, parallel) -> dict[str, Any]:
+        return {"topk": int(model.index_topk)}
+
+    def select(self, arch: ArchProfile, static: Mapping[str, Any], num_tokens: int) -> Variant:
+        """The split the op runs at this token count; where it runs the one-CTA kernel instead (topk_splits 1),
+        the 2-way split is still named (and compiled) so the planner's enumeration stays total."""
+        check_arch(self.name, arch)
+        self.check_tokens(num_tokens)
+        topk = int_param(self.name, static, "topk")
+        if topk > 4096:
+            raise ValueError(f"{self.name}: topk={topk} is out of range (1..4096)")
+        page_size = int_param(self.name, static, "page_size", (16, 32, 64, 128, 256))
+        p = {"topk": topk, "page_size": page_size, "threads": SPLIT_THREADS,
+             "splits": max(2, topk_splits(num_tokens, arch.num_sms_hint))}
+        return Variant.make(self.name, p, arch, schedule_name(arch))
+
+    def smem_bytes(self, variant: Variant) -> int:
+        return topk_split_smem_bytes(variant.p)
+
+    def build(self, variant: Variant):
+        return build_topk_split(**variant.p)
+
+    def pass_configs(self, variant: Variant) -> dict[str, Any]:
+        return dict(get_profile(variant.schedule).pass_configs)
+
+
+# =============================================================================================
 # SWA index preparation
 # =============================================================================================
 SWA_THREADS = 128
