@@ -20,6 +20,12 @@ indexer_topk, one CTA per query token (row):
       slot = block_table[request, pos // page_size] * page_size + pos % page_size  (-1 for a -1 page),
   in no particular order (a set), -1 padded; lengths [T] int32 = min(n, topk).
 
+indexer_topk_split, the same select and output for few rows (topk_splits(T, SMs) > 1): each row's columns split
+  over up to 16 CTAs, one launch per radix pass (the op zeroes a histogram workspace [T, 5, 257] and launches 5
+  times); each CTA counts its slice in shared memory and adds the bins to the row's global histogram of that pass,
+  and re-derives the prefix of earlier passes from their finished histograms; the collection pass takes output
+  positions from the row's two global counters (keys above the threshold, ties).
+
 indexer_swa_indices, for the sliding-window part of every layer's attention:
   query token t at absolute position p = positions[t] of request r = req_idx[t] attends to the last
   n = min(window, p + 1) tokens p - n + 1 .. p. The SWA KV cache is PAGED (vLLM layout: a block table per
