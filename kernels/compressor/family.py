@@ -46,14 +46,9 @@ def _uses(model, parallel) -> list[KernelUse]:
     return uses
 
 
-def _cuda_gen(g, device):
-    import torch
-    seed = int(torch.randint(0, 2**62, (1,), generator=g))
-    return torch.Generator(device=device).manual_seed(seed)
-
-
 def _compress_case(m, ratio: int, d: int) -> GpuCase:
     import torch
+    from dsv4_jit.kernels.gemm.family import _cuda_gen
     from . import ops, reference
     eps = float(m.rms_norm_eps)
     coff = reference.coff_of(ratio)
@@ -147,6 +142,7 @@ def _compress_case(m, ratio: int, d: int) -> GpuCase:
 
 def _state_case(m, ratio: int, d: int) -> GpuCase:
     import torch
+    from dsv4_jit.kernels.gemm.family import _cuda_gen
     from . import ops, reference
     c = reference.coff_of(ratio) * d
 
