@@ -20,7 +20,6 @@ from dsv4_jit.arch import ArchProfile, check_arch, get_profile, schedule_name
 from dsv4_jit.spec import KernelSpec, Variant, register
 
 ROPE = 64
-NOPE_GROUP = 64            # fp8_ds_mla: 64 NoPE dims per UE8M0 scale
 TOKEN_BYTES, SCALE_BYTES = 576, 8
 FP8_MAX = 448.0
 AMAX_FLOOR = 1e-4
@@ -88,6 +87,14 @@ def build_compress(*, ratio: int, head_dim: int, eps: float):
     def exp2i(e):
         """2^e (int e in [-126, 127]) as fp32, from its bits"""
         return T.reinterpret(T.shift_left(e + 127, 23), "float32")
+
+    def scale_exponent(amax):
+        """e with 2^e >= max(amax, 1e-4) / 448: the power-of-two scale of an e4m3 group"""
+        return ceil_log2(T.max(amax, T.float32(AMAX_FLOOR)) / T.float32(FP8_MAX))
+
+    def e4m3(x, e):
+        """x / 2^e clamped to +-448, as e4m3"""
+        return T.Cast("float8_e4m3fn", T.max(T.min(x * exp2i(-e), T.float32(FP8_MAX)), T.float32(-FP8_MAX)))
 
     if attention:
         cache_args = {"cq": ((pages, pbytes), "float8_e4m3fn"), "cu": ((pages, pbytes), "uint8"),
@@ -197,11 +204,10 @@ def build_compress(*, ratio: int, head_dim: int, eps: float):
                     amax = T.max(T.max(T.abs(y[0]), T.abs(y[1])), T.max(T.abs(y[2]), T.abs(y[3])))
                     for o in T.unroll(4):
                         amax = T.max(amax, T.shfl_xor(amax, 8 >> o))
-                    e = ceil_log2(T.max(amax, T.float32(AMAX_FLOOR)) / T.float32(FP8_MAX))
+                    e = scale_exponent(amax)
                     if 4 * tx < D - ROPE:
                         for v in T.unroll(4):
-                            cq[pg, off * TOKEN_BYTES + 4 * tx + v] = T.Cast(
-                                "float8_e4m3fn", T.max(T.min(y[v] * exp2i(-e), T.float32(FP8_MAX)), T.float32(-FP8_MAX)))
+                            cq[pg, off * TOKEN_BYTES + 4 * tx + v] = e4m3(y[v], e)
                         if tx % 16 == 0:
                             cu[pg, block_size * TOKEN_BYTES + off * SCALE_BYTES + tx // 16] = T.Cast("uint8", e + 127)
                     else:
@@ -245,10 +251,9 @@ def build_compress(*, ratio: int, head_dim: int, eps: float):
                 amax = T.max(T.max(T.abs(y[0]), T.abs(y[1])), T.max(T.abs(y[2]), T.abs(y[3])))
                 for o in T.unroll(5):
                     amax = T.max(amax, T.shfl_xor(amax, 16 >> o))
-                e = ceil_log2(T.max(amax, T.float32(AMAX_FLOOR)) / T.float32(FP8_MAX))
+                e = scale_exponent(amax)
                 for v in T.unroll(4):
-                    cq[pg, off * D + 4 * tx + v] = T.Cast(
-                        "float8_e4m3fn", T.max(T.min(y[v] * exp2i(-e), T.float32(FP8_MAX)), T.float32(-FP8_MAX)))
+                    cq[pg, off * D + 4 * tx + v] = e4m3(y[v], e)
                 if tx == 0:
                     cf[pg, block_size * (D // 4) + off] = exp2i(e)
 
