@@ -194,23 +194,27 @@ def test_sm120_shared_memory_figures():
     got = {}
     for use in family._uses(m, ParallelConfig()):
         for v in _variants(use.spec.name, use.static, "sm_120a"):
-            got[(v.kernel, v.p.get("group"), v.p.get("tiles"), v.p.get("threads"))] = use.spec.smem_bytes(v)
-    assert got[("indexer_decode_logits", 1, 1, 256)] == 8_192 + 2 * 16_384
-    assert got[("indexer_decode_logits", 3, 4, 256)] == 24_576 + 2 * 16_384 == 57_344
-    assert got[("indexer_prefill_logits", 2, 4, 256)] == 49_152
-    assert got[("indexer_topk", None, None, 1024)] == 1_104  # histogram 1,040 + scan totals 32 + counters 16 + threshold 16
+            got[(v.kernel, v.p.get("group"), v.p.get("threads"))] = use.spec.smem_bytes(v)
+    assert got[("indexer_decode_logits", 1, 128)] == 8_192 + 8_192 + 256  # q 64 x 128, a K tile 64 x 128, scales
+    assert got[("indexer_decode_logits", 3, 128)] == 24_576 + 8_192 + 256 == 33_024
+    assert got[("indexer_prefill_logits", 2, 128)] == 16_384 + 8_192 + 256
+    assert got[("indexer_topk", None, 1024)] == 1_104  # histogram 1,040 + scan totals 32 + counters 16 + threshold 16
     assert max(got.values()) <= 101_376
 
 
-def test_variant_depends_on_token_count_only():
-    """Context length and batch never enter select: one static + token count -> one variant, so a new context
-    never compiles (the SGLang split_kv bug the reference notes)."""
+def test_logits_variant_is_one_per_static():
+    """Context length, batch and token count never enter the logits select: the grid's column width follows the
+    token count at launch (ceil(target CTAs / groups)), so one variant serves every batch and a new context never
+    compiles (the SGLang split_kv bug the reference notes)."""
+    from dsv4_jit.kernels.indexer.logits import CTAS_PER_SM
     spec = get_spec("indexer_decode_logits")
     st = ops.decode_static(64, 128, 2, 64)
     for arch in ("sm_120a", "sm_90a"):
         vs = _variants("indexer_decode_logits", st, arch)
-        assert len(vs) == 2
-        assert {v.p["block_n"] for v in vs} == ({128} if arch == "sm_120a" else {256})
+        assert len(vs) == 1
+        (v,) = vs
+        assert (v.p["block_n"], v.p["threads"]) == (64, 128)
+        assert v.p["target_ctas"] == CTAS_PER_SM * get_profile(arch).num_sms_hint
     assert spec.select(ARCH, st, 2) == spec.select(ARCH, dict(st), 2)
 
 

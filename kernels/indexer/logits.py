@@ -23,13 +23,15 @@ Valid columns per token: [lo_t, hi_t). Every other column of the logits row, up 
 * prefill (ragged): k [Nk, D] fp8 + k_scale [Nk] fp32 contiguous (the engine's gathered compressed K);
   token t sees columns [ks[t], ke[t]) of k (DeepGEMM `fp8_mqa_logits` convention), logits [T, W].
 
-Grid: (ceil(W / (tiles_per_cta * block_n)), token groups). A CTA owns a chunk of `tiles_per_cta` tiles of
-block_n columns for its group's rows. A chunk no valid range of its tokens reaches (past the request's length)
-writes -inf and exits without reading K, so the grid can stay sized to W (CUDA-graph capture) while the work
-follows each request's length (the public SM12x fix: 433 -> 29 us at 28K context). A chunk that any range
-reaches runs all its tiles through a `num_stages` cp.async pipeline (TileLang 0.1.15 cannot pipeline a
-loop of dynamic trip count here: `cp_async_wait` needs a constant), masking columns outside each token's
-range to -inf; the waste is at most tiles_per_cta - 1 tiles per request.
+Grid: (min(ceil(W / block_n), ceil(target_ctas / token groups)), token groups), target_ctas = CTAS_PER_SM x the
+arch's SM count: every token count fills the GPU with one variant (no per-batch compile). A CTA stages its group's
+q once, then walks the row's column tiles with a stride of the grid width: a tile no valid range of its tokens
+reaches (past the request's length) is written -inf without reading K, so the grid can stay sized to W (CUDA-
+graph capture) while the work follows each request's length (the public SM12x fix: 433 -> 29 us at 28K context).
+Small CTAs (4 warps, 64-column tiles), several per SM, hide the memory latency of the unpipelined tile loop:
+TileLang 0.1.15 cannot pipeline a loop of dynamic trip count (`cp_async_wait` needs a constant). The previous
+layout (one 256-column tile per 512-thread CTA, 128 registers: one CTA per SM, 2,048 CTAs at W = 65,600 and
+8 tokens) ran in 16 waves, 30 us at 64K context x 8 (19.5% of copy bandwidth, H100, 2026-11-24).
 
 Also written: row_info [T, 3] int32 = (lo_t, hi_t, request index) by the CTAs of column chunk 0, which the
 top-k kernel (topk.py) reads: its columns, and the block-table row to translate them through.
@@ -46,16 +48,17 @@ FP8 = "float8_e4m3"
 SCALE_BYTES = 4
 
 
-# Per schedule family: (block_n, num_stages, threads).
-#  * SM12x: 128-column tiles x 2 stages (the public bN256 x 3 = 116,736 B does not fit 101,376 B; bN128 x 2
-#    does), 8 warps along the columns (FullRow: each warp owns 16 columns and every head of its tokens, so
-#    the head reduction stays inside the warp), mma.sync only.
-#  * Hopper / SM100: 256-column tiles x 3 stages, 16 warps (the tilelang example's Hopper tiling).
+# Per schedule family: (block_n, threads). 4 warps along 64 columns (FullRow: each warp owns 16 columns and every
+# head of its tokens, so the head reduction stays inside the warp), mma.sync fp8 only. Shared memory: q (group x
+# heads x D) + one K tile (64 x D): 16,384 B at next_n 1 and 64 heads, so SM12x (101,376 B) holds several CTAs.
 SCHEDULES = {
-    "blackwell_consumer": (128, 2, 256),
-    "hopper": (256, 3, 512),
-    "blackwell_dc": (256, 3, 512),
+    "blackwell_consumer": (64, 128),
+    "hopper": (64, 128),
+    "blackwell_dc": (64, 128),
 }
+# Resident CTAs aimed for per SM (registers allow ~4 at 128 threads): the grid's column width is sized so that
+# rows x CTAs per row reaches this many per SM.
+CTAS_PER_SM = 4
 
 
 def int_param(name: str, static: Mapping[str, Any], key: str, allowed=None, lo: int = 1) -> int:
@@ -69,28 +72,25 @@ def int_param(name: str, static: Mapping[str, Any], key: str, allowed=None, lo: 
     return v
 
 
-def tiles_per_cta(num_groups_hint: int) -> int:
-    """Column tiles one CTA walks (pipelined). Few token groups (requests): one tile per CTA, so a single long
-    request still spreads over every SM (64K compressed positions = 512 CTAs at block_n 128). Many: 4 tiles,
-    so the q tile each CTA stages is amortised over 4 K tiles and the pipeline has something to overlap.
-    Depends on the token count only (never on context length or batch beyond it): no compile per context."""
-    return 1 if num_groups_hint <= 16 else 4
+def min_blocks(rows: int) -> int:
+    """Resident CTAs per SM the registers are capped for: 4 (128 registers) while a warp's accumulator is 16 x 64
+    heads; 3 (168) for more query rows per CTA (next_n > 1, prefill's two tokens), where 128 spilled 160-480 B."""
+    return CTAS_PER_SM if rows <= 64 else 3
 
 
 def logits_smem_bytes(p: Mapping[str, Any]) -> int:
-    """Pre-nvcc shared memory: the q tile (group * heads rows of D fp8) plus `stages` K tiles of block_n x D
-    fp8. Scales, weights and the accumulator live in registers; the head reduction stays inside a warp
-    (FullRow), so TileLang adds no reduction workspace."""
-    return p["group"] * p["heads"] * p["dim"] + p["stages"] * p["block_n"] * p["dim"]
+    """Pre-nvcc shared memory: the q tile (group * heads rows of D fp8), one K tile of block_n x D fp8 and its
+    block_n fp32 row scales. Weights and the accumulator live in registers; the head reduction stays inside a
+    warp (FullRow), so TileLang adds no reduction workspace."""
+    return p["group"] * p["heads"] * p["dim"] + p["block_n"] * (p["dim"] + SCALE_BYTES)
 
 
-def build_logits(*, paged: bool, heads: int, dim: int, group: int, block_n: int, stages: int, threads: int,
-                 tiles: int, page_size: int = 0, ratio: int = 0):
+def build_logits(*, paged: bool, heads: int, dim: int, group: int, block_n: int, threads: int, target_ctas: int,
+                 page_size: int = 0, ratio: int = 0):
     import tilelang.language as T
 
-    H, D, G, BN, S = heads, dim, group, block_n, tiles
+    H, D, G, BN = heads, dim, group, block_n
     P = page_size
-    CHUNK = BN * S
     acc = "float32"
     neg_inf = -T.infinity(acc)
 
@@ -102,6 +102,10 @@ def build_logits(*, paged: bool, heads: int, dim: int, group: int, block_n: int,
     num_k = T.dynamic("num_k")
     PB = max(P, 1) * (D + SCALE_BYTES)       # bytes per page (paged)
     SCALE_OFF = P * D // SCALE_BYTES         # first fp32 scale of a page, in fp32 elements
+
+    num_tiles = T.ceildiv(width, BN)
+    # CTAs per token group: enough that groups x this reaches target_ctas, never more than the row has tiles
+    grid_x = T.min(num_tiles, T.ceildiv(target_ctas, T.ceildiv(num_tokens, G)))
 
     # ---- per-mode pieces (expressions only; the statements live in `body`) ----
     def bounds(tok, grp, src_a, src_b, src_c):
@@ -117,9 +121,44 @@ def build_logits(*, paged: bool, heads: int, dim: int, group: int, block_n: int,
     def page_of(block_table, grp, pos):
         return T.max(block_table[grp, T.min(T.floordiv(pos, P), max_pages - 1)], 0)
 
+    CH = BN * D // 16 // threads            # 16-byte chunks of a K tile per thread
+    assert CH * 16 * threads == BN * D and threads >= BN, (BN, D, threads)
+
+    def chunk_rc(j, tx):
+        """(row, first byte) of a K tile's 16-byte chunk j of thread tx."""
+        c = j * threads + tx
+        return T.floordiv(c, D // 16), T.floormod(c, D // 16) * 16
+
+    @T.macro
+    def load_tile(k_a, k_b, src_b, bg, tx, tile, kreg, ksreg):
+        """Tile `tile`'s K rows (16-byte vectors) and this thread's row scale (threads < BN) into registers."""
+        for j in T.unroll(CH):
+            if paged:
+                pg = T.min(page_of(src_b, bg, tile * BN + chunk_rc(j, tx)[0]), num_pages - 1)
+                for v in T.vectorized(16):
+                    kreg[j * 16 + v] = k_a[pg, T.floormod(tile * BN + chunk_rc(j, tx)[0], P) * D
+                                           + chunk_rc(j, tx)[1] + v]
+            else:
+                for v in T.vectorized(16):
+                    kreg[j * 16 + v] = k_a[T.min(tile * BN + chunk_rc(j, tx)[0], num_k - 1), chunk_rc(j, tx)[1] + v]
+        if tx < BN:
+            if paged:
+                ksreg[0] = k_b[T.min(page_of(src_b, bg, tile * BN + tx), num_pages - 1),
+                               SCALE_OFF + T.floormod(tile * BN + tx, P)]
+            else:
+                ksreg[0] = k_b[T.min(tile * BN + tx, num_k - 1)]
+
+    @T.macro
+    def store_tile(tx, kreg, ksreg, k_shared, ks_shared):
+        for j in T.unroll(CH):
+            for v in T.vectorized(16):
+                k_shared[chunk_rc(j, tx)[0], chunk_rc(j, tx)[1] + v] = kreg[j * 16 + v]
+        if tx < BN:
+            ks_shared[tx] = ksreg[0]
+
     @T.macro
     def body(q, q_scale, weights, k_a, k_b, src_a, src_b, src_c, logits, row_info):
-        with T.Kernel(T.ceildiv(width, CHUNK), T.ceildiv(num_tokens, G), threads=threads) as (bc, bg):
+        with T.Kernel(grid_x, T.ceildiv(num_tokens, G), threads=threads) as (bc, bg):
             q_shared = T.alloc_shared([G * H, D], FP8)
             k_shared = T.alloc_shared([BN, D], FP8)
             ks_frag = T.alloc_fragment([BN], acc)
@@ -129,8 +168,13 @@ def build_logits(*, paged: bool, heads: int, dim: int, group: int, block_n: int,
             l_frag = T.alloc_fragment([BN, G], acc)
             lo_min = T.alloc_local([1], "int32")
             hi_max = T.alloc_local([1], "int32")
+            ks_shared = T.alloc_shared([BN], acc)
+            kreg = T.alloc_local([CH * 16], FP8)
+            ksreg = T.alloc_local([1], acc)
+            tx = T.get_thread_binding()
+            # registers capped for several resident CTAs (unbounded, nvcc took 238 at 128 threads: 2 per SM)
+            T.annotate_min_blocks_per_sm(min_blocks(G * H))
 
-            c0 = bc * CHUNK
             lo_min[0] = 2147483647
             hi_max[0] = 0
             for g in T.serial(G):
@@ -145,44 +189,54 @@ def build_logits(*, paged: bool, heads: int, dim: int, group: int, block_n: int,
                         row_info[bg * G + g, 1] = bounds(bg * G + g, bg, src_a, src_b, src_c)[1]
                         row_info[bg * G + g, 2] = bounds(bg * G + g, bg, src_a, src_b, src_c)[2]
 
-            if lo_min[0] >= hi_max[0] or hi_max[0] <= c0 or lo_min[0] >= c0 + CHUNK:
-                # no valid range reaches this chunk (past the request's length): -inf, no K read, exit
-                for g, n in T.Parallel(G, CHUNK):
-                    if bg * G + g < num_tokens and c0 + n < width:
-                        logits[bg * G + g, c0 + n] = neg_inf
-            else:
-                for gh, d in T.Parallel(G * H, D):
-                    q_shared[gh, d] = q[T.min(bg * G + gh // H, num_tokens - 1), gh % H, d]
-                for g, h in T.Parallel(G, H):
-                    w_frag[g, h] = T.if_then_else(
-                        bg * G + g < num_tokens,
-                        weights[T.min(bg * G + g, num_tokens - 1), h] * q_scale[T.min(bg * G + g, num_tokens - 1)],
-                        0.0)
+            for gh, d in T.Parallel(G * H, D):
+                q_shared[gh, d] = q[T.min(bg * G + gh // H, num_tokens - 1), gh % H, d]
+            for g, h in T.Parallel(G, H):
+                w_frag[g, h] = T.if_then_else(
+                    bg * G + g < num_tokens,
+                    weights[T.min(bg * G + g, num_tokens - 1), h] * q_scale[T.min(bg * G + g, num_tokens - 1)],
+                    0.0)
 
-                for it in T.Pipelined(S, num_stages=stages):
-                    if paged:   # k_a = kv_fp8 [pages, P*(D+4)], k_b = kv_f32 view, src_b = block_table
-                        for n, d in T.Parallel(BN, D):
-                            k_shared[n, d] = k_a[page_of(src_b, bg, c0 + it * BN + n),
-                                                 T.floormod(c0 + it * BN + n, P) * D + d]
-                        for n in T.Parallel(BN):
-                            ks_frag[n] = k_b[page_of(src_b, bg, c0 + it * BN + n),
-                                             SCALE_OFF + T.floormod(c0 + it * BN + n, P)]
-                    else:       # k_a = k [num_k, D], k_b = k_scale [num_k]
-                        for n, d in T.Parallel(BN, D):
-                            k_shared[n, d] = k_a[T.min(c0 + it * BN + n, num_k - 1), d]
-                        for n in T.Parallel(BN):
-                            ks_frag[n] = k_b[T.min(c0 + it * BN + n, num_k - 1)]
-                    T.gemm(k_shared, q_shared, s, transpose_B=True, clear_accum=True,
-                           policy=T.GemmWarpPolicy.FullRow)
-                    for n, g, h in T.Parallel(BN, G, H):
-                        s_r[n, g, h] = T.max(s_r[n, g, h], 0.0) * w_frag[g, h] * ks_frag[n]
-                    T.reduce_sum(s_r, l_frag, dim=-1, clear=True)
+            # the valid tiles of the group: [t_lo, t_hi); this CTA takes t_lo + bc, + gx, ... (balanced), and
+            # writes -inf into its stride's tiles outside them
+            gx = T.alloc_var("int32")
+            t_lo = T.alloc_var("int32")
+            t_hi = T.alloc_var("int32")
+            nv = T.alloc_var("int32")
+            c0 = T.alloc_var("int32")
+            gx = grid_x
+            t_lo = T.floordiv(lo_min[0], BN)
+            t_hi = T.if_then_else(lo_min[0] < hi_max[0], T.ceildiv(hi_max[0], BN), t_lo)
+            nv = T.if_then_else(t_lo + bc < t_hi, T.ceildiv(t_hi - t_lo - bc, gx), 0)
+            for i in T.serial(T.ceildiv(num_tiles - bc, gx)):
+                c0 = (bc + i * gx) * BN
+                if c0 < t_lo * BN or c0 >= t_hi * BN:
                     for g, n in T.Parallel(G, BN):
-                        if bg * G + g < num_tokens and c0 + it * BN + n < width:
-                            logits[bg * G + g, c0 + it * BN + n] = T.if_then_else(
-                                c0 + it * BN + n >= bounds(bg * G + g, bg, src_a, src_b, src_c)[0]
-                                and c0 + it * BN + n < bounds(bg * G + g, bg, src_a, src_b, src_c)[1],
-                                l_frag[n, g], neg_inf)
+                        if bg * G + g < num_tokens and c0 + n < width:
+                            logits[bg * G + g, c0 + n] = neg_inf
+
+            # valid tiles: tile i + 1's K and scales load into registers while tile i is computed (the loop's
+            # trip count is dynamic, so T.Pipelined's cp.async stages are not available)
+            if nv > 0:
+                load_tile(k_a, k_b, src_b, bg, tx, t_lo + bc, kreg, ksreg)
+            for i in T.serial(nv):
+                c0 = (t_lo + bc + i * gx) * BN
+                store_tile(tx, kreg, ksreg, k_shared, ks_shared)
+                if i + 1 < nv:
+                    load_tile(k_a, k_b, src_b, bg, tx, t_lo + bc + (i + 1) * gx, kreg, ksreg)
+                for n in T.Parallel(BN):
+                    ks_frag[n] = ks_shared[n]
+                T.gemm(k_shared, q_shared, s, transpose_B=True, clear_accum=True,
+                       policy=T.GemmWarpPolicy.FullRow)
+                for n, g, h in T.Parallel(BN, G, H):
+                    s_r[n, g, h] = T.max(s_r[n, g, h], 0.0) * w_frag[g, h] * ks_frag[n]
+                T.reduce_sum(s_r, l_frag, dim=-1, clear=True)
+                for g, n in T.Parallel(G, BN):
+                    if bg * G + g < num_tokens and c0 + n < width:
+                        logits[bg * G + g, c0 + n] = T.if_then_else(
+                            c0 + n >= bounds(bg * G + g, bg, src_a, src_b, src_c)[0]
+                            and c0 + n < bounds(bg * G + g, bg, src_a, src_b, src_c)[1],
+                            l_frag[n, g], neg_inf)
 
     if paged:
         @T.prim_func
@@ -228,8 +282,9 @@ class _LogitsSpec(KernelSpec):
         self.check_tokens(num_tokens)
         heads = int_param(self.name, static, "heads", (8, 16, 32, 64))
         dim = int_param(self.name, static, "dim", (64, 128))
-        block_n, stages, threads = SCHEDULES[arch.family]
-        return {"heads": heads, "dim": dim, "block_n": block_n, "stages": stages, "threads": threads}
+        block_n, threads = SCHEDULES[arch.family]
+        return {"heads": heads, "dim": dim, "block_n": block_n, "threads": threads,
+                "target_ctas": CTAS_PER_SM * arch.num_sms_hint}
 
     def smem_bytes(self, variant: Variant) -> int:
         return logits_smem_bytes(variant.p)
@@ -261,14 +316,14 @@ class IndexerDecodeLogitsSpec(_LogitsSpec):
         ratio = int_param(self.name, static, "ratio")
         if p["block_n"] % page_size and page_size % p["block_n"]:
             raise ValueError(f"{self.name}: page_size={page_size} and block_n={p['block_n']} do not nest")
-        p.update(group=next_n, page_size=page_size, ratio=ratio, tiles=tiles_per_cta(-(-num_tokens // next_n)))
+        p.update(group=next_n, page_size=page_size, ratio=ratio)
         return Variant.make(self.name, p, arch, schedule_name(arch))
 
     def build(self, variant: Variant):
         p = variant.p
         return build_logits(paged=True, heads=p["heads"], dim=p["dim"], group=p["group"], block_n=p["block_n"],
-                            stages=p["stages"], threads=p["threads"], tiles=p["tiles"],
-                            page_size=p["page_size"], ratio=p["ratio"])
+                            threads=p["threads"], target_ctas=p["target_ctas"], page_size=p["page_size"],
+                            ratio=p["ratio"])
 
 
 # Prefill query tokens per CTA: two tokens x 64 heads = 128 B-operand rows (the tilelang example's
@@ -288,11 +343,10 @@ class IndexerPrefillLogitsSpec(_LogitsSpec):
 
     def select(self, arch: ArchProfile, static: Mapping[str, Any], num_tokens: int) -> Variant:
         p = self._common(arch, static, num_tokens)
-        # few tokens (a chunk's tail): one tile per CTA spreads long ranges over the SMs
-        p.update(group=prefill_group(p["heads"]), tiles=tiles_per_cta(num_tokens))
+        p.update(group=prefill_group(p["heads"]))
         return Variant.make(self.name, p, arch, schedule_name(arch))
 
     def build(self, variant: Variant):
         p = variant.p
         return build_logits(paged=False, heads=p["heads"], dim=p["dim"], group=p["group"], block_n=p["block_n"],
-                            stages=p["stages"], threads=p["threads"], tiles=p["tiles"])
+                            threads=p["threads"], target_ctas=p["target_ctas"])
