@@ -221,7 +221,7 @@ def indexer_topk(logits, row_info, block_table, *, topk: int, page_size: int, ar
         kernel = get_kernel(get_spec("indexer_topk"), static, tokens)
         kernel(logits, row_info, block_table, indices, lengths)
         return indices, lengths
-    # few rows: each row split over several CTAs, one launch per radix pass over a zeroed histogram workspace
+    # few rows: each row split over several CTAs (one launch, row barriers) over a zeroed histogram workspace
     kernel = get_kernel(get_spec("indexer_topk_split"), static, tokens)
     need = tokens * (PASSES + 1) * (RADIX + 1)
     if workspace is None:
@@ -233,8 +233,7 @@ def indexer_topk(logits, row_info, block_table, *, topk: int, page_size: int, ar
             raise ValueError(f"workspace: needs >= {need} int32 elements at T={tokens} (indexer_topk_workspace_numel)")
     hist = workspace[:need].view(tokens, PASSES + 1, RADIX + 1)
     hist.zero_()
-    for rnd in range(PASSES + 1):
-        kernel(logits, row_info, block_table, hist, indices, lengths, rnd)
+    kernel(logits, row_info, block_table, hist, indices, lengths)
     return indices, lengths
 
 
