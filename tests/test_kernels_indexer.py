@@ -195,9 +195,10 @@ def test_sm120_shared_memory_figures():
     for use in family._uses(m, ParallelConfig()):
         for v in _variants(use.spec.name, use.static, "sm_120a"):
             got[(v.kernel, v.p.get("group"), v.p.get("threads"))] = use.spec.smem_bytes(v)
-    assert got[("indexer_decode_logits", 1, 128)] == 8_192 + 8_192 + 256  # q 64 x 128, a K tile 64 x 128, scales
-    assert got[("indexer_decode_logits", 3, 128)] == 24_576 + 8_192 + 256 == 33_024
-    assert got[("indexer_prefill_logits", 2, 128)] == 16_384 + 8_192 + 256
+    # q (next_n x 64 heads x 128) + 3 stages of a K tile 64 x 128 and its 64 scales
+    assert got[("indexer_decode_logits", 1, 128)] == 8_192 + 3 * (8_192 + 256) == 33_536
+    assert got[("indexer_decode_logits", 3, 128)] == 24_576 + 3 * (8_192 + 256) == 49_920
+    assert got[("indexer_prefill_logits", 2, 128)] == 16_384 + 3 * (8_192 + 256)
     assert got[("indexer_topk", None, 1024)] == 1_104  # histogram 1,040 + scan totals 32 + counters 16 + threshold 16
     assert max(got.values()) <= 101_376
 
@@ -213,7 +214,7 @@ def test_logits_variant_is_one_per_static():
         vs = _variants("indexer_decode_logits", st, arch)
         assert len(vs) == 1
         (v,) = vs
-        assert (v.p["block_n"], v.p["threads"]) == (64, 128)
+        assert (v.p["block_n"], v.p["stages"], v.p["threads"]) == (64, 3, 128)
         assert v.p["target_ctas"] == CTAS_PER_SM * get_profile(arch).num_sms_hint
     assert spec.select(ARCH, st, 2) == spec.select(ARCH, dict(st), 2)
 
@@ -284,3 +285,14 @@ def test_topk_splits_fill_the_gpu_and_stop_at_one_cta_per_row():
     from dsv4_jit.kernels.indexer.topk import topk_splits
     assert [topk_splits(t, 132) for t in (1, 8, 9, 33, 34, 64, 66, 67, 132, 4096)] == [16, 16, 8, 4, 2, 2, 2, 1, 1, 1]
     assert [topk_splits(t, 188) for t in (1, 12, 47, 48, 94, 95)] == [16, 8, 4, 2, 2, 1]
+
+
+def test_decode_logits_page_size_must_tile_the_row_view():
+    """The kernel copies K through a [pages * (P + 4P/D), D] row view: page size 16 at D = 128 (a page of
+    2,112 B, not whole 128-byte rows) is refused by name before any compile."""
+    spec = get_spec("indexer_decode_logits")
+    with pytest.raises(ValueError, match="page_size=16"):
+        spec.select(ARCH, ops.decode_static(64, 128, 1, 16), 1)
+    for page in (32, 64, 128, 256):
+        assert spec.select(ARCH, ops.decode_static(64, 128, 1, page), 1).p["page_size"] == page
+    assert spec.select(ARCH, ops.decode_static(64, 64, 1, 16), 1).p["page_size"] == 16

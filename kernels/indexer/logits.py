@@ -28,8 +28,10 @@ arch's SM count: every token count fills the GPU with one variant (no per-batch 
 q once, then walks the row's column tiles with a stride of the grid width: a tile no valid range of its tokens
 reaches (past the request's length) is written -inf without reading K, so the grid can stay sized to W (CUDA-
 graph capture) while the work follows each request's length (the public SM12x fix: 433 -> 29 us at 28K context).
-Small CTAs (4 warps, 64-column tiles), several per SM, hide the memory latency of the unpipelined tile loop:
-TileLang 0.1.15 cannot pipeline a loop of dynamic trip count (`cp_async_wait` needs a constant). The previous
+Small CTAs (4 warps, 64-column tiles), several per SM, each with a 3-stage cp.async ring written out by hand
+(T.async_copy + constant ptx_wait_group): TileLang 0.1.15's T.Pipelined cannot take the loop's dynamic trip
+count. The cache is read through a row view [pages * (P + 4P/D), D] so a tile's rows are one copy region (page
+sizes with 4P % D == 0: 32-256 at D = 128). The previous
 layout (one 256-column tile per 512-thread CTA, 128 registers: one CTA per SM, 2,048 CTAs at W = 65,600 and
 8 tokens) ran in 16 waves, 30 us at 64K context x 8 (19.5% of copy bandwidth, H100, 2026-11-24).
 
@@ -48,13 +50,14 @@ FP8 = "float8_e4m3"
 SCALE_BYTES = 4
 
 
-# Per schedule family: (block_n, threads). 4 warps along 64 columns (FullRow: each warp owns 16 columns and every
-# head of its tokens, so the head reduction stays inside the warp), mma.sync fp8 only. Shared memory: q (group x
-# heads x D) + one K tile (64 x D): 16,384 B at next_n 1 and 64 heads, so SM12x (101,376 B) holds several CTAs.
+# Per schedule family: (block_n, stages, threads). 4 warps along 64 columns (FullRow: each warp owns 16 columns
+# and every head of its tokens, so the head reduction stays inside the warp), mma.sync fp8 only. Shared memory:
+# q (group x heads x D) + 3 stages of a K tile (64 x D) and its scales: 33,536 B at next_n 1 and 64 heads, so
+# SM12x (101,376 B) holds three CTAs.
 SCHEDULES = {
-    "blackwell_consumer": (64, 128),
-    "hopper": (64, 128),
-    "blackwell_dc": (64, 128),
+    "blackwell_consumer": (64, 3, 128),
+    "hopper": (64, 3, 128),
+    "blackwell_dc": (64, 3, 128),
 }
 # Resident CTAs aimed for per SM (registers allow ~4 at 128 threads): the grid's column width is sized so that
 # rows x CTAs per row reaches this many per SM.
@@ -82,14 +85,14 @@ def logits_smem_bytes(p: Mapping[str, Any]) -> int:
     """Pre-nvcc shared memory: the q tile (group * heads rows of D fp8), one K tile of block_n x D fp8 and its
     block_n fp32 row scales. Weights and the accumulator live in registers; the head reduction stays inside a
     warp (FullRow), so TileLang adds no reduction workspace."""
-    return p["group"] * p["heads"] * p["dim"] + p["block_n"] * (p["dim"] + SCALE_BYTES)
+    return p["group"] * p["heads"] * p["dim"] + p["stages"] * p["block_n"] * (p["dim"] + SCALE_BYTES)
 
 
 def build_logits(*, paged: bool, heads: int, dim: int, group: int, block_n: int, threads: int, target_ctas: int,
-                 page_size: int = 0, ratio: int = 0):
+                 stages: int, page_size: int = 0, ratio: int = 0):
     import tilelang.language as T
 
-    H, D, G, BN = heads, dim, group, block_n
+    H, D, G, BN, NS = heads, dim, group, block_n, stages
     P = page_size
     acc = "float32"
     neg_inf = -T.infinity(acc)
@@ -121,46 +124,32 @@ def build_logits(*, paged: bool, heads: int, dim: int, group: int, block_n: int,
     def page_of(block_table, grp, pos):
         return T.max(block_table[grp, T.min(T.floordiv(pos, P), max_pages - 1)], 0)
 
-    CH = BN * D // 16 // threads            # 16-byte chunks of a K tile per thread
-    assert CH * 16 * threads == BN * D and threads >= BN, (BN, D, threads)
-
-    def chunk_rc(j, tx):
-        """(row, first byte) of a K tile's 16-byte chunk j of thread tx."""
-        c = j * threads + tx
-        return T.floordiv(c, D // 16), T.floormod(c, D // 16) * 16
+    R = min(BN, P) if paged else BN            # rows per async copy (one page's share of a tile)
+    NPT = BN // R                               # async copies per tile
+    RPP = PB // D if paged else 0               # D-byte rows per page in the row view of the cache
+    if paged:
+        assert PB % D == 0 and BN % R == 0, (P, D, BN)
 
     @T.macro
-    def load_tile(k_a, k_b, src_b, bg, tx, tile, kreg, ksreg):
-        """Tile `tile`'s K rows (16-byte vectors) and this thread's row scale (threads < BN) into registers."""
-        for j in T.unroll(CH):
+    def issue_tile(k_rows, k_b, src_b, bg, tile, k_shared, ks_shared, st):
+        """cp.async of tile `tile`'s K rows and scales into one stage (groups are committed per copy)."""
+        for j in T.unroll(NPT):
             if paged:
-                pg = T.min(page_of(src_b, bg, tile * BN + chunk_rc(j, tx)[0]), num_pages - 1)
-                for v in T.vectorized(16):
-                    kreg[j * 16 + v] = k_a[pg, T.floormod(tile * BN + chunk_rc(j, tx)[0], P) * D
-                                           + chunk_rc(j, tx)[1] + v]
+                pg = T.min(page_of(src_b, bg, tile * BN + j * R), num_pages - 1)
+                T.async_copy(k_rows[pg * RPP + T.floormod(tile * BN + j * R, P): pg * RPP + T.floormod(tile * BN + j * R, P) + R, 0:D],
+                             k_shared[st, j * R: j * R + R, 0:D])
+                T.async_copy(k_b[pg, SCALE_OFF + T.floormod(tile * BN + j * R, P): SCALE_OFF + T.floormod(tile * BN + j * R, P) + R],
+                             ks_shared[st, j * R: j * R + R])
             else:
-                for v in T.vectorized(16):
-                    kreg[j * 16 + v] = k_a[T.min(tile * BN + chunk_rc(j, tx)[0], num_k - 1), chunk_rc(j, tx)[1] + v]
-        if tx < BN:
-            if paged:
-                ksreg[0] = k_b[T.min(page_of(src_b, bg, tile * BN + tx), num_pages - 1),
-                               SCALE_OFF + T.floormod(tile * BN + tx, P)]
-            else:
-                ksreg[0] = k_b[T.min(tile * BN + tx, num_k - 1)]
-
-    @T.macro
-    def store_tile(tx, kreg, ksreg, k_shared, ks_shared):
-        for j in T.unroll(CH):
-            for v in T.vectorized(16):
-                k_shared[chunk_rc(j, tx)[0], chunk_rc(j, tx)[1] + v] = kreg[j * 16 + v]
-        if tx < BN:
-            ks_shared[tx] = ksreg[0]
+                T.async_copy(k_rows[tile * BN: tile * BN + BN, 0:D], k_shared[st, 0:BN, 0:D])
+                T.async_copy(k_b[tile * BN: tile * BN + BN], ks_shared[st, 0:BN])
 
     @T.macro
     def body(q, q_scale, weights, k_a, k_b, src_a, src_b, src_c, logits, row_info):
         with T.Kernel(grid_x, T.ceildiv(num_tokens, G), threads=threads) as (bc, bg):
             q_shared = T.alloc_shared([G * H, D], FP8)
-            k_shared = T.alloc_shared([BN, D], FP8)
+            k_shared = T.alloc_shared([NS, BN, D], FP8)
+            k_rows = T.view(k_a, (num_pages * RPP, D)) if paged else k_a
             ks_frag = T.alloc_fragment([BN], acc)
             w_frag = T.alloc_fragment([G, H], acc)
             s = T.alloc_fragment([BN, G * H], acc)
@@ -168,10 +157,7 @@ def build_logits(*, paged: bool, heads: int, dim: int, group: int, block_n: int,
             l_frag = T.alloc_fragment([BN, G], acc)
             lo_min = T.alloc_local([1], "int32")
             hi_max = T.alloc_local([1], "int32")
-            ks_shared = T.alloc_shared([BN], acc)
-            kreg = T.alloc_local([CH * 16], FP8)
-            ksreg = T.alloc_local([1], acc)
-            tx = T.get_thread_binding()
+            ks_shared = T.alloc_shared([NS, BN], acc)
             # registers capped for several resident CTAs (unbounded, nvcc took 238 at 128 threads: 2 per SM)
             T.annotate_min_blocks_per_sm(min_blocks(G * H))
 
@@ -215,18 +201,24 @@ def build_logits(*, paged: bool, heads: int, dim: int, group: int, block_n: int,
                         if bg * G + g < num_tokens and c0 + n < width:
                             logits[bg * G + g, c0 + n] = neg_inf
 
-            # valid tiles: tile i + 1's K and scales load into registers while tile i is computed (the loop's
-            # trip count is dynamic, so T.Pipelined's cp.async stages are not available)
-            if nv > 0:
-                load_tile(k_a, k_b, src_b, bg, tx, t_lo + bc, kreg, ksreg)
+            # valid tiles through an NS-stage cp.async ring: tiles i + 1 .. i + NS - 1 fly while tile i is
+            # computed (T.Pipelined cannot take the loop's dynamic trip count; the waits here are constants)
+            for st in T.serial(NS - 1):
+                if st < nv:
+                    issue_tile(k_rows, k_b, src_b, bg, t_lo + bc + st * gx, k_shared, ks_shared, st)
             for i in T.serial(nv):
                 c0 = (t_lo + bc + i * gx) * BN
-                store_tile(tx, kreg, ksreg, k_shared, ks_shared)
-                if i + 1 < nv:
-                    load_tile(k_a, k_b, src_b, bg, tx, t_lo + bc + (i + 1) * gx, kreg, ksreg)
+                if i + NS - 2 < nv:
+                    T.ptx_wait_group((NS - 2) * 2 * NPT)
+                else:
+                    T.ptx_wait_group(0)
+                T.sync_threads()
+                if i + NS - 1 < nv:
+                    issue_tile(k_rows, k_b, src_b, bg, t_lo + bc + (i + NS - 1) * gx,
+                               k_shared, ks_shared, T.floormod(i + NS - 1, NS))
                 for n in T.Parallel(BN):
-                    ks_frag[n] = ks_shared[n]
-                T.gemm(k_shared, q_shared, s, transpose_B=True, clear_accum=True,
+                    ks_frag[n] = ks_shared[T.floormod(i, NS), n]
+                T.gemm(k_shared[T.floormod(i, NS), :, :], q_shared, s, transpose_B=True, clear_accum=True,
                        policy=T.GemmWarpPolicy.FullRow)
                 for n, g, h in T.Parallel(BN, G, H):
                     s_r[n, g, h] = T.max(s_r[n, g, h], 0.0) * w_frag[g, h] * ks_frag[n]
@@ -282,8 +274,8 @@ class _LogitsSpec(KernelSpec):
         self.check_tokens(num_tokens)
         heads = int_param(self.name, static, "heads", (8, 16, 32, 64))
         dim = int_param(self.name, static, "dim", (64, 128))
-        block_n, threads = SCHEDULES[arch.family]
-        return {"heads": heads, "dim": dim, "block_n": block_n, "threads": threads,
+        block_n, stages, threads = SCHEDULES[arch.family]
+        return {"heads": heads, "dim": dim, "block_n": block_n, "stages": stages, "threads": threads,
                 "target_ctas": CTAS_PER_SM * arch.num_sms_hint}
 
     def smem_bytes(self, variant: Variant) -> int:
@@ -316,14 +308,18 @@ class IndexerDecodeLogitsSpec(_LogitsSpec):
         ratio = int_param(self.name, static, "ratio")
         if p["block_n"] % page_size and page_size % p["block_n"]:
             raise ValueError(f"{self.name}: page_size={page_size} and block_n={p['block_n']} do not nest")
+        if page_size * SCALE_BYTES % p["dim"]:
+            raise ValueError(f"{self.name}: page_size={page_size} at dim={p['dim']}: a page of "
+                             f"{page_size * (p['dim'] + SCALE_BYTES)} B is not a whole number of {p['dim']}-byte K "
+                             f"rows (the kernel's copy view); use a page size that is a multiple of {p['dim'] // SCALE_BYTES}")
         p.update(group=next_n, page_size=page_size, ratio=ratio)
         return Variant.make(self.name, p, arch, schedule_name(arch))
 
     def build(self, variant: Variant):
         p = variant.p
         return build_logits(paged=True, heads=p["heads"], dim=p["dim"], group=p["group"], block_n=p["block_n"],
-                            threads=p["threads"], target_ctas=p["target_ctas"], page_size=p["page_size"],
-                            ratio=p["ratio"])
+                            stages=p["stages"], threads=p["threads"], target_ctas=p["target_ctas"],
+                            page_size=p["page_size"], ratio=p["ratio"])
 
 
 # Prefill query tokens per CTA: two tokens x 64 heads = 128 B-operand rows (the tilelang example's
@@ -349,4 +345,4 @@ class IndexerPrefillLogitsSpec(_LogitsSpec):
     def build(self, variant: Variant):
         p = variant.p
         return build_logits(paged=False, heads=p["heads"], dim=p["dim"], group=p["group"], block_n=p["block_n"],
-                            threads=p["threads"], target_ctas=p["target_ctas"])
+                            stages=p["stages"], threads=p["threads"], target_ctas=p["target_ctas"])
