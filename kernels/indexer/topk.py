@@ -134,6 +134,7 @@ def build_topk(*, topk: int, page_size: int, threads: int):
             keys = T.alloc_local([LOADS_IN_FLIGHT], "uint32")
             vals = T.alloc_local([LOADS_IN_FLIGHT], "float32")
             other = T.alloc_var("int32")
+            done = T.alloc_var("int32")
             wsum = T.alloc_shared([RADIX // 32], "int32")
 
             lanes_below = (T.Cast("uint32", 1) << T.Cast("uint32", tx % 32)) - T.Cast("uint32", 1)
@@ -152,56 +153,62 @@ def build_topk(*, topk: int, page_size: int, threads: int):
                 rem = topk
                 prefix = T.Cast("uint32", 0)
                 mask = T.Cast("uint32", 0)
+                done = 0
                 for rnd in T.serial(PASSES):
-                    for i in T.serial(T.ceildiv(RADIX + 1, threads)):
-                        if i * threads + tx < RADIX + 1:
-                            hist[i * threads + tx] = 0
-                    T.sync_threads()
-                    load_vals(logits, bx, lo, n, 0, tx, vals)
-                    for i in T.serial(T.ceildiv(n, threads * U)):
-                        next_keys(logits, bx, lo, n, i, tx, vals, keys)
-                        for u in T.unroll(U):
-                            digit = T.if_then_else(
-                                (i * U + u) * threads + tx < n and (keys[u] & mask) == prefix,
-                                (keys[u] >> T.Cast("uint32", 24 - 8 * rnd)) & T.Cast("uint32", 255),
-                                T.Cast("uint32", RADIX))  # RADIX = no bin
-                            if rnd == 0:
-                                # the top byte (sign + high exponent bits) is shared by most of a row: lanes
-                                # with the same bin add once (warp-aggregated) instead of serializing
-                                peers = T.match_any_sync(digit)
-                                if digit < T.Cast("uint32", RADIX) and (peers & lanes_below) == T.Cast("uint32", 0):
-                                    T.atomic_add(hist[T.Cast("int32", digit)], T.popcount(peers))
-                            elif digit < T.Cast("uint32", RADIX):
-                                T.atomic_add(hist[T.Cast("int32", digit)], 1)
-                    T.sync_threads()
-                    # suffix sums: hist[b] = #keys (matching the prefix) whose digit is >= b; hist[RADIX] = 0.
-                    # Within each warp by shuffles, then across the RADIX / 32 warps: two barriers, not 16.
-                    if tx < RADIX:
-                        val = hist[tx]
-                        for st in T.unroll(5):
-                            other = T.shfl_down(val, 1 << st)
-                            if tx % 32 + (1 << st) < 32:
-                                val = val + other
-                        if tx % 32 == 0:
-                            wsum[tx // 32] = val
-                    T.sync_threads()
-                    if tx < RADIX:
-                        for w in T.unroll(RADIX // 32):
-                            if w > tx // 32:
-                                val = val + wsum[w]
-                        hist[tx] = val
-                    T.sync_threads()
-                    # the digit of the rem-th largest key: exactly one bin has hist[b] >= rem > hist[b + 1]
-                    if tx < RADIX:
-                        if hist[tx] >= rem and hist[tx + 1] < rem:
-                            s_thr[0] = tx
-                    T.sync_threads()
-                    thr = s_thr[0]
-                    rem = rem - hist[thr + 1]
-                    prefix = prefix | (T.Cast("uint32", thr) << T.Cast("uint32", 24 - 8 * rnd))
-                    mask = mask | (T.Cast("uint32", 255) << T.Cast("uint32", 24 - 8 * rnd))
-                    T.sync_threads()
-                # prefix is now the topk-th largest key; (topk - rem) keys are above it
+                    if done == 0:
+                        for i in T.serial(T.ceildiv(RADIX + 1, threads)):
+                            if i * threads + tx < RADIX + 1:
+                                hist[i * threads + tx] = 0
+                        T.sync_threads()
+                        load_vals(logits, bx, lo, n, 0, tx, vals)
+                        for i in T.serial(T.ceildiv(n, threads * U)):
+                            next_keys(logits, bx, lo, n, i, tx, vals, keys)
+                            for u in T.unroll(U):
+                                digit = T.if_then_else(
+                                    (i * U + u) * threads + tx < n and (keys[u] & mask) == prefix,
+                                    (keys[u] >> T.Cast("uint32", 24 - 8 * rnd)) & T.Cast("uint32", 255),
+                                    T.Cast("uint32", RADIX))  # RADIX = no bin
+                                if rnd == 0:
+                                    # the top byte (sign + high exponent bits) is shared by most of a row: lanes
+                                    # with the same bin add once (warp-aggregated) instead of serializing
+                                    peers = T.match_any_sync(digit)
+                                    if digit < T.Cast("uint32", RADIX) and (peers & lanes_below) == T.Cast("uint32", 0):
+                                        T.atomic_add(hist[T.Cast("int32", digit)], T.popcount(peers))
+                                elif digit < T.Cast("uint32", RADIX):
+                                    T.atomic_add(hist[T.Cast("int32", digit)], 1)
+                        T.sync_threads()
+                        # suffix sums: hist[b] = #keys (matching the prefix) whose digit is >= b; hist[RADIX] = 0.
+                        # Within each warp by shuffles, then across the RADIX / 32 warps: two barriers, not 16.
+                        if tx < RADIX:
+                            val = hist[tx]
+                            for st in T.unroll(5):
+                                other = T.shfl_down(val, 1 << st)
+                                if tx % 32 + (1 << st) < 32:
+                                    val = val + other
+                            if tx % 32 == 0:
+                                wsum[tx // 32] = val
+                        T.sync_threads()
+                        if tx < RADIX:
+                            for w in T.unroll(RADIX // 32):
+                                if w > tx // 32:
+                                    val = val + wsum[w]
+                            hist[tx] = val
+                        T.sync_threads()
+                        # the digit of the rem-th largest key: exactly one bin has hist[b] >= rem > hist[b + 1]
+                        if tx < RADIX:
+                            if hist[tx] >= rem and hist[tx + 1] < rem:
+                                s_thr[0] = tx
+                        T.sync_threads()
+                        thr = s_thr[0]
+                        rem = rem - hist[thr + 1]
+                        # every key of the threshold bin is taken: the prefix so far decides, skip the rest
+                        if hist[thr] - hist[thr + 1] == rem:
+                            done = 1
+                        prefix = prefix | (T.Cast("uint32", thr) << T.Cast("uint32", 24 - 8 * rnd))
+                        mask = mask | (T.Cast("uint32", 255) << T.Cast("uint32", 24 - 8 * rnd))
+                        T.sync_threads()
+                # (key & mask) == prefix is the threshold class (the topk-th largest key, or a whole bin after an
+                # early exit); (topk - rem) keys are above it
                 if tx == 0:
                     s_cnt[0] = 0
                     s_cnt[1] = 0
@@ -213,7 +220,7 @@ def build_topk(*, topk: int, page_size: int, threads: int):
                         # warp-aggregated output slots: one shared atomic per warp and class (above / tie)
                         for c in T.unroll(2):
                             take = (i * U + u) * threads + tx < n and T.if_then_else(
-                                c == 0, keys[u] > prefix, keys[u] == prefix)
+                                c == 0, (keys[u] & mask) > prefix, (keys[u] & mask) == prefix)
                             votes = T.Cast("uint32", T.ballot_sync(take))
                             if votes != T.Cast("uint32", 0):
                                 if (votes & lanes_below) == T.Cast("uint32", 0) and take:
@@ -345,6 +352,7 @@ def build_topk_split(*, topk: int, page_size: int, threads: int, splits: int):
             peers = T.alloc_var("uint32")
             votes = T.alloc_var("uint32")
             lanes_below = T.alloc_var("uint32")
+            done = T.alloc_var("int32")
             keys = T.alloc_local([U], "uint32")
             vals = T.alloc_local([U], "float32")
 
@@ -367,67 +375,74 @@ def build_topk_split(*, topk: int, page_size: int, threads: int, splits: int):
                 rem = topk
                 prefix = T.Cast("uint32", 0)
                 mask = T.Cast("uint32", 0)
-                for rnd in range(PASSES):  # unrolled here: constant shifts, and pass 0's aggregated atomics
-                    if tx < RADIX + 1:
-                        sh[tx] = 0
-                    T.sync_threads()
-                    for i in T.serial(T.ceildiv(T.max(c1 - c0, 0), threads * U)):
-                        for u in T.unroll(U):
-                            vals[u] = logits[bx, lo + T.min(c0 + (i * U + u) * threads + tx, n - 1)]
-                        for u in T.unroll(U):
-                            keys[u] = to_key(vals[u])
-                        for u in T.unroll(U):
-                            digit = T.if_then_else(
-                                c0 + (i * U + u) * threads + tx < c1 and (keys[u] & mask) == prefix,
-                                (keys[u] >> T.Cast("uint32", 24 - 8 * rnd)) & T.Cast("uint32", 255),
-                                T.Cast("uint32", RADIX))
-                            if rnd == 0:
-                                peers = T.match_any_sync(digit)
-                                if digit < T.Cast("uint32", RADIX) and (peers & lanes_below) == T.Cast("uint32", 0):
-                                    T.atomic_add(sh[T.Cast("int32", digit)], T.popcount(peers))
-                            else:
-                                if digit < T.Cast("uint32", RADIX):
-                                    T.atomic_add(sh[T.Cast("int32", digit)], 1)
-                    T.sync_threads()
-                    if tx < RADIX:
-                        if sh[tx] > 0:
-                            T.atomic_add(hist[bx, rnd, tx], sh[tx])
-                    # row barrier: every CTA of the row has added its pass-rnd bins
-                    T.sync_threads()
-                    if tx == 0:
-                        T.atomic_add(hist[bx, PASSES, 2], 1, memory_order="release")
-                        while T.atomic_load(hist[bx, PASSES, 2], memory_order="acquire") < S * (rnd + 1):
-                            T.evaluate(0)
-                    T.sync_threads()
-                    # suffix sums of the row's histogram (warp shuffles, two barriers), the digit of the rem-th
-                    # largest key, folded into prefix / mask / rem
-                    if tx < RADIX:
-                        val = T.atomic_load(hist[bx, rnd, tx], memory_order="relaxed")
-                        for st in T.unroll(5):
-                            other = T.shfl_down(val, 1 << st)
-                            if tx % 32 + (1 << st) < 32:
-                                val = val + other
-                        if tx % 32 == 0:
-                            wsum[tx // 32] = val
-                    T.sync_threads()
-                    if tx < RADIX:
-                        for w in T.unroll(RADIX // 32):
-                            if w > tx // 32:
-                                val = val + wsum[w]
-                        sh[tx] = val
-                    if tx == RADIX:
-                        sh[RADIX] = 0
-                    T.sync_threads()
-                    if tx < RADIX:
-                        if sh[tx] >= rem and sh[tx + 1] < rem:
-                            s_thr[0] = tx
-                    T.sync_threads()
-                    thr = s_thr[0]
-                    rem = rem - sh[thr + 1]
-                    prefix = prefix | (T.Cast("uint32", thr) << T.Cast("uint32", 24 - 8 * rnd))
-                    mask = mask | (T.Cast("uint32", 255) << T.Cast("uint32", 24 - 8 * rnd))
-                    T.sync_threads()
-                # collection: prefix is the topk-th largest key, (topk - rem) keys are above it
+                done = 0
+                for rnd in T.serial(PASSES):
+                    if done == 0:
+                        if tx < RADIX + 1:
+                            sh[tx] = 0
+                        T.sync_threads()
+                        for i in T.serial(T.ceildiv(T.max(c1 - c0, 0), threads * U)):
+                            for u in T.unroll(U):
+                                vals[u] = logits[bx, lo + T.min(c0 + (i * U + u) * threads + tx, n - 1)]
+                            for u in T.unroll(U):
+                                keys[u] = to_key(vals[u])
+                            for u in T.unroll(U):
+                                digit = T.if_then_else(
+                                    c0 + (i * U + u) * threads + tx < c1 and (keys[u] & mask) == prefix,
+                                    (keys[u] >> T.Cast("uint32", 24 - 8 * rnd)) & T.Cast("uint32", 255),
+                                    T.Cast("uint32", RADIX))
+                                if rnd == 0:
+                                    peers = T.match_any_sync(digit)
+                                    if digit < T.Cast("uint32", RADIX) and (peers & lanes_below) == T.Cast("uint32", 0):
+                                        T.atomic_add(sh[T.Cast("int32", digit)], T.popcount(peers))
+                                else:
+                                    if digit < T.Cast("uint32", RADIX):
+                                        T.atomic_add(sh[T.Cast("int32", digit)], 1)
+                        T.sync_threads()
+                        if tx < RADIX:
+                            if sh[tx] > 0:
+                                T.atomic_add(hist[bx, rnd, tx], sh[tx])
+                        # row barrier: every CTA of the row has added its pass-rnd bins
+                        T.sync_threads()
+                        if tx == 0:
+                            T.atomic_add(hist[bx, PASSES, 2], 1, memory_order="release")
+                            while T.atomic_load(hist[bx, PASSES, 2], memory_order="acquire") < S * (rnd + 1):
+                                T.evaluate(0)
+                        T.sync_threads()
+                        # suffix sums of the row's histogram (warp shuffles, two barriers), the digit of the rem-th
+                        # largest key, folded into prefix / mask / rem
+                        if tx < RADIX:
+                            val = T.atomic_load(hist[bx, rnd, tx], memory_order="relaxed")
+                            for st in T.unroll(5):
+                                other = T.shfl_down(val, 1 << st)
+                                if tx % 32 + (1 << st) < 32:
+                                    val = val + other
+                            if tx % 32 == 0:
+                                wsum[tx // 32] = val
+                        T.sync_threads()
+                        if tx < RADIX:
+                            for w in T.unroll(RADIX // 32):
+                                if w > tx // 32:
+                                    val = val + wsum[w]
+                            sh[tx] = val
+                        if tx == RADIX:
+                            sh[RADIX] = 0
+                        T.sync_threads()
+                        if tx < RADIX:
+                            if sh[tx] >= rem and sh[tx + 1] < rem:
+                                s_thr[0] = tx
+                        T.sync_threads()
+                        thr = s_thr[0]
+                        rem = rem - sh[thr + 1]
+                        # every key of the threshold bin is taken: the prefix so far decides, skip the rest (all
+                        # CTAs of the row read the same histogram, so all skip the same barriers)
+                        if sh[thr] - sh[thr + 1] == rem:
+                            done = 1
+                        prefix = prefix | (T.Cast("uint32", thr) << T.Cast("uint32", 24 - 8 * rnd))
+                        mask = mask | (T.Cast("uint32", 255) << T.Cast("uint32", 24 - 8 * rnd))
+                        T.sync_threads()
+                # collection: (key & mask) == prefix is the threshold class (the topk-th largest key, or a whole
+                # bin after an early exit); (topk - rem) keys are above it
                 if sx == 0 and tx == 0:
                     lengths[bx] = topk
                 for i in T.serial(T.ceildiv(T.max(c1 - c0, 0), threads * U)):
@@ -439,7 +454,7 @@ def build_topk_split(*, topk: int, page_size: int, threads: int, splits: int):
                         # warp-aggregated output slots: one global atomic per warp and class (above / tie)
                         for c in T.unroll(2):
                             take = c0 + (i * U + u) * threads + tx < c1 and T.if_then_else(
-                                c == 0, keys[u] > prefix, keys[u] == prefix)
+                                c == 0, (keys[u] & mask) > prefix, (keys[u] & mask) == prefix)
                             votes = T.Cast("uint32", T.ballot_sync(take))
                             if votes != T.Cast("uint32", 0):
                                 if (votes & lanes_below) == T.Cast("uint32", 0) and take:
