@@ -56,6 +56,39 @@ def run_variant(prof, v: Variant, p: dict, scale: float, out: torch.Tensor):
     return f
 
 
+def _compile_one(args: tuple) -> str:
+    name, params, arch, schedule = args
+    prof = get_profile(arch) if schedule == arch else get_profile(schedule).emulated(get_profile(arch))
+    v = Variant.make(name, params, prof, schedule)
+    spec = get_spec(name)
+    try:
+        jit.compile_variant(spec, v)
+        return f"compiled {v.name}"
+    except Exception as e:  # reported again (as skipped) by the timed loop
+        return f"{v.name}: {type(e).__name__}"
+
+
+def precompile(prof, scale: float, args) -> None:
+    """Every candidate forward (and its combine) into the store, in parallel."""
+    from concurrent.futures import ProcessPoolExecutor
+    jobs = []
+    for heads, hb, bi, thr, s in itertools.product(args.heads, args.head_blocks, args.block_i, args.threads,
+                                                  args.splits):
+        params = {"heads": heads, "head_block": hb, "block_i": bi, "threads": thr, "kv_format": "fp8_ds_mla",
+                  "n_splits": s, "softmax_scale": scale}
+        v = Variant.make(FWD.name, params, prof, prof.schedule)
+        if hb > 2 * heads and hb > 16 or FWD.smem_bytes(v) > prof.max_smem_per_block:
+            continue
+        jobs.append((FWD.name, params, prof.name, prof.schedule))
+        if s > 1:
+            jobs.append((COMBINE.name, {"heads": heads, "n_splits": s, "head_block": 4, "threads": 128},
+                         prof.name, prof.schedule))
+    jobs = list({str(j): j for j in jobs}.values())
+    with ProcessPoolExecutor(args.jobs) as ex:
+        for msg in ex.map(_compile_one, jobs):
+            print(msg, flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--schedule", default="sm_120a", help="sm_120a (SM12x budget, compiled for sm_90a) or sm_90a")
@@ -67,6 +100,10 @@ def main() -> int:
     ap.add_argument("--block-i", type=int, nargs="+", default=[32, 64])
     ap.add_argument("--threads", type=int, nargs="+", default=[128, 256])
     ap.add_argument("--splits", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    ap.add_argument("--ratios", type=int, nargs="+", default=None, help="several layer kinds (overrides --ratio)")
+    ap.add_argument("-j", "--jobs", type=int, default=1,
+                    help="compile every candidate first in this many processes (the store's per-key locks make "
+                         "it safe); the timed loop then only loads")
     ap.add_argument("--out", default="bench_out/sweep_attention.json")
     args = ap.parse_args()
 
@@ -75,8 +112,10 @@ def main() -> int:
     scale = D ** -0.5
     g = torch.Generator(device="cuda").manual_seed(0)
     rows = []
-    for heads, batch in itertools.product(args.heads, args.batch):
-        p = make_point(batch, heads, args.ctx, args.ratio, g)
+    if args.jobs > 1:
+        precompile(prof, scale, args)
+    for ratio, heads, batch in itertools.product(args.ratios or [args.ratio], args.heads, args.batch):
+        p = make_point(batch, heads, args.ctx, ratio, g)
         (c1, i1, l1, bs1), (c2, i2, l2, bs2) = p["lists"]
         ref = reference.ref_sparse_mla(p["q"], reference.unpack_fp8_ds_mla(c1, bs1), i1, l1,
                                        reference.unpack_fp8_ds_mla(c2, bs2), i2, l2, p["sink"], scale)
@@ -85,7 +124,7 @@ def main() -> int:
             params = {"heads": heads, "head_block": hb, "block_i": bi, "threads": thr, "kv_format": "fp8_ds_mla",
                       "n_splits": s, "softmax_scale": scale}
             v = Variant.make(FWD.name, params, prof, prof.schedule)
-            row = {"heads": heads, "batch": batch, "ratio": args.ratio, "ctx": args.ctx, "variant": v.name,
+            row = {"heads": heads, "batch": batch, "ratio": ratio, "ctx": args.ctx, "variant": v.name,
                    "selected": v == picked}
             if hb > 2 * heads and hb > 16 or FWD.smem_bytes(v) > prof.max_smem_per_block:
                 row["skipped"] = "over the budget or head block >> heads"
@@ -105,7 +144,7 @@ def main() -> int:
             us, why = graph_us_or_reason(f, reps=1)
             row.update(us=us, why=why, max_token_rel_err=err)
             rows.append(row)
-            print(f"H={heads} B={batch} hb={hb} bi={bi} thr={thr} S={s}: {us if us is None else round(us, 1)} us "
+            print(f"ratio={ratio} H={heads} B={batch} hb={hb} bi={bi} thr={thr} S={s}: {us if us is None else round(us, 1)} us "
                   f"err {err:.1e}{'  <- select' if row['selected'] else ''}", flush=True)
     write_rows(args.out, rows, schedule=prof.schedule, ratio=args.ratio, ctx=args.ctx)
     return 0
