@@ -26,6 +26,9 @@ AMAX_FLOOR = 1e-4
 LOG2E = 1.4426950408889634
 FORMATS = {512: "fp8_ds_mla", 128: "indexer_fp8"}
 STATE_THREADS = 256
+# Window rows gathered per round trip: a row at a time, the pooling walked its window serially, one dependent
+# block-table + state load per row (128 round trips per ratio-128 token, 8 per ratio-4 token).
+GATHER_ROWS = 8
 
 
 def _static(name: str, static: Mapping[str, Any]) -> tuple[int, int]:
@@ -72,6 +75,7 @@ def build_compress(*, ratio: int, head_dim: int, eps: float):
     C, W = COFF * D, COFF * ratio        # state row half-width; rows per window
     NT = D // 4                          # threads: 4 channels each
     NW = max(1, NT // 32)
+    U = min(W, GATHER_ROWS)              # window rows whose loads are issued together
     attention = D == 512
     num_tokens = T.dynamic("num_tokens")
     srows = T.dynamic("state_rows")
@@ -109,14 +113,14 @@ def build_compress(*, ratio: int, head_dim: int, eps: float):
         m = T.alloc_local([4], "float32")
         acc = T.alloc_local([4], "float32")
         den = T.alloc_local([4], "float32")
-        sv = T.alloc_local([4], "float32")
-        kv = T.alloc_local([4], "float32")
+        sv = T.alloc_local([U * 4], "float32")
+        kv = T.alloc_local([U * 4], "float32")
+        pg_r = T.alloc_local([U], "int32")
+        row_r = T.alloc_local([U], "int32")
         mn = T.alloc_local([4], "float32")
         ss = T.alloc_var("float32")
         p = T.alloc_var("int32")
         q = T.alloc_var("int32")
-        page = T.alloc_var("int32")
-        row = T.alloc_var("int32")
         req = T.alloc_var("int32")
         p = positions[t]
         req = req_idx[t]              # in range: the kernel's `ok` checked it
@@ -124,20 +128,33 @@ def build_compress(*, ratio: int, head_dim: int, eps: float):
             m[v] = T.float32(-3.4028234663852886e38)   # -FLT_MAX: a -inf score then weighs 0, not NaN
             acc[v] = T.float32(0)
             den[v] = T.float32(0)
-        for j in T.serial(W):
-            q = p - W + 1 + j
-            if q >= 0:
-                page = state_block_table[req, T.min(T.floordiv(q, state_page), max_pages - 1)]
-                row = page * state_page + T.floormod(q, state_page)
-                if page >= 0 and row < srows:
-                    # overlap windows: the previous window's rows read the first channel half
+        # the window's rows in chunks of U: the chunk's page lookups, then all its state loads, are issued before
+        # any is used (one memory round trip per chunk and kind instead of one per row), then the online softmax
+        # folds the rows in order (the same order and arithmetic as one row at a time)
+        for ch in T.serial(W // U):
+            for u in T.unroll(U):
+                q = p - W + 1 + ch * U + u
+                pg_r[u] = T.if_then_else(
+                    q >= 0, state_block_table[req, T.min(T.floordiv(T.max(q, 0), state_page), max_pages - 1)], -1)
+            for u in T.unroll(U):
+                q = p - W + 1 + ch * U + u
+                row_r[u] = T.if_then_else(pg_r[u] >= 0, pg_r[u] * state_page + T.floormod(T.max(q, 0), state_page),
+                                          srows)
+            for u in T.unroll(U):
+                # overlap windows: the previous window's rows (j < r) read the first channel half
+                for v in T.unroll(4):
+                    sv[u * 4 + v] = T.if_then_else(
+                        row_r[u] < srows,
+                        state[T.min(row_r[u], srows - 1), C + T.if_then_else(ch * U + u >= R, D, 0) + 4 * tx + v], 0)
+                    kv[u * 4 + v] = T.if_then_else(
+                        row_r[u] < srows,
+                        state[T.min(row_r[u], srows - 1), T.if_then_else(ch * U + u >= R, D, 0) + 4 * tx + v], 0)
+            for u in T.unroll(U):
+                if row_r[u] < srows:
                     for v in T.unroll(4):
-                        sv[v] = state[row, C + T.if_then_else(j >= R, D, 0) + 4 * tx + v] * LOG2E
-                        kv[v] = state[row, T.if_then_else(j >= R, D, 0) + 4 * tx + v]
-                    for v in T.unroll(4):
-                        mn[v] = T.max(m[v], sv[v])
-                        acc[v] = acc[v] * T.exp2(m[v] - mn[v]) + kv[v] * T.exp2(sv[v] - mn[v])
-                        den[v] = den[v] * T.exp2(m[v] - mn[v]) + T.exp2(sv[v] - mn[v])
+                        mn[v] = T.max(m[v], sv[u * 4 + v] * LOG2E)
+                        acc[v] = acc[v] * T.exp2(m[v] - mn[v]) + kv[u * 4 + v] * T.exp2(sv[u * 4 + v] * LOG2E - mn[v])
+                        den[v] = den[v] * T.exp2(m[v] - mn[v]) + T.exp2(sv[u * 4 + v] * LOG2E - mn[v])
                         m[v] = mn[v]
         ss = T.float32(0)
         for v in T.unroll(4):
