@@ -7,9 +7,10 @@
                            and write one slot of the compressed cache: an fp8_ds_mla slot (d = 512: 448 e4m3 in 7
                            UE8M0 groups of 64 + 64 bf16) or an index-K slot (d = 128: 128 e4m3 + fp32 scale 2^e)
 
-One CTA per token, d / 4 threads, 4 consecutive channels per thread (so each RoPE pair and each 64-channel quant
-group stays inside one thread or 16 lanes). Tokens that emit nothing exit at once, so a CUDA-graph-sized grid
-costs only its emitting tokens. Registers and a 16-byte cross-warp buffer only: shared memory is 16 B.
+One CTA per token, d / 4 threads per row group, 4 consecutive channels per thread (so each RoPE pair and each
+64-channel quant group stays inside one thread or 16 lanes). Ratio 4 runs one row group (8 rows); ratio 128 runs
+four, each pooling 32 of the 128 rows, merged through shared memory (24,576 B). Window rows are gathered 8 at a
+time. Tokens that emit nothing exit at once, so a CUDA-graph-sized grid costs only its emitting tokens.
 
 Kernel-defining code only (no host code: the artifact key hashes this module).
 """
@@ -29,6 +30,10 @@ STATE_THREADS = 256
 # Window rows gathered per round trip: a row at a time, the pooling walked its window serially, one dependent
 # block-table + state load per row (128 round trips per ratio-128 token, 8 per ratio-4 token).
 GATHER_ROWS = 8
+# Row groups of a ratio-128 window: each group of D/4 threads pools 32 of the 128 rows, then the groups' partial
+# softmax states merge through shared memory. One group left a 512 KB window's gather to 128 threads (73 us per
+# emitting token on the H100, 2026-11-24).
+ROW_GROUPS = {4: 1, 128: 4}
 
 
 def _static(name: str, static: Mapping[str, Any]) -> tuple[int, int]:
@@ -76,6 +81,8 @@ def build_compress(*, ratio: int, head_dim: int, eps: float):
     NT = D // 4                          # threads: 4 channels each
     NW = max(1, NT // 32)
     U = min(W, GATHER_ROWS)              # window rows whose loads are issued together
+    G = ROW_GROUPS[ratio]                # row groups; threads = G * NT, channel thread ct = tx % NT
+    assert W % (U * G) == 0 and (G == 1 or NW > 1), (W, U, G, NW)
     attention = D == 512
     num_tokens = T.dynamic("num_tokens")
     srows = T.dynamic("state_rows")
@@ -108,8 +115,9 @@ def build_compress(*, ratio: int, head_dim: int, eps: float):
 
     @T.macro
     def pool_norm_rope(state, state_block_table, state_page, positions, req_idx, norm_weight, cos_sin, t, tx,
-                       y, red):
-        """y[v] = channel 4 tx + v after pooling, RMSNorm (bf16-rounded) and RoPE (bf16-rounded)"""
+                       y, red, part):
+        """y[v] = channel 4 ct + v after pooling, RMSNorm (bf16-rounded) and RoPE (bf16-rounded), in every row
+        group (ct = tx % NT; group g = tx // NT pools rows [g W/G, (g + 1) W/G) of the window)"""
         m = T.alloc_local([4], "float32")
         acc = T.alloc_local([4], "float32")
         den = T.alloc_local([4], "float32")
@@ -117,13 +125,26 @@ def build_compress(*, ratio: int, head_dim: int, eps: float):
         kv = T.alloc_local([U * 4], "float32")
         pg_r = T.alloc_local([U], "int32")
         row_r = T.alloc_local([U], "int32")
+        nw = T.alloc_local([4], "float32")
+        cs_r = T.alloc_local([4], "float32")
         mn = T.alloc_local([4], "float32")
         ss = T.alloc_var("float32")
+        ct = tx % NT
+        grp = tx // NT
         p = T.alloc_var("int32")
         q = T.alloc_var("int32")
         req = T.alloc_var("int32")
         p = positions[t]
         req = req_idx[t]              # in range: the kernel's `ok` checked it
+        # the norm weights and this thread's RoPE cos / sin depend on nothing the pooling computes: their loads
+        # are issued here, so their latency hides behind the gather instead of following the norm's barrier
+        for v in T.unroll(4):
+            nw[v] = T.Cast("float32", norm_weight[4 * ct + v])
+        rp = T.floordiv(p, R) * R     # in range: the kernel's `ok` checked it
+        if 4 * ct >= D - ROPE:
+            for h in T.unroll(2):
+                cs_r[h] = cos_sin[rp, (4 * ct - (D - ROPE)) // 2 + h]
+                cs_r[2 + h] = cos_sin[rp, ROPE // 2 + (4 * ct - (D - ROPE)) // 2 + h]
         for v in T.unroll(4):
             m[v] = T.float32(-3.4028234663852886e38)   # -FLT_MAX: a -inf score then weighs 0, not NaN
             acc[v] = T.float32(0)
@@ -131,13 +152,13 @@ def build_compress(*, ratio: int, head_dim: int, eps: float):
         # the window's rows in chunks of U: the chunk's page lookups, then all its state loads, are issued before
         # any is used (one memory round trip per chunk and kind instead of one per row), then the online softmax
         # folds the rows in order (the same order and arithmetic as one row at a time)
-        for ch in T.serial(W // U):
+        for ch in T.serial(W // U // G):
             for u in T.unroll(U):
-                q = p - W + 1 + ch * U + u
+                q = p - W + 1 + (grp * (W // U // G) + ch) * U + u
                 pg_r[u] = T.if_then_else(
                     q >= 0, state_block_table[req, T.min(T.floordiv(T.max(q, 0), state_page), max_pages - 1)], -1)
             for u in T.unroll(U):
-                q = p - W + 1 + ch * U + u
+                q = p - W + 1 + (grp * (W // U // G) + ch) * U + u
                 row_r[u] = T.if_then_else(pg_r[u] >= 0, pg_r[u] * state_page + T.floormod(T.max(q, 0), state_page),
                                           srows)
             for u in T.unroll(U):
@@ -145,10 +166,10 @@ def build_compress(*, ratio: int, head_dim: int, eps: float):
                 for v in T.unroll(4):
                     sv[u * 4 + v] = T.if_then_else(
                         row_r[u] < srows,
-                        state[T.min(row_r[u], srows - 1), C + T.if_then_else(ch * U + u >= R, D, 0) + 4 * tx + v], 0)
+                        state[T.min(row_r[u], srows - 1), C + T.if_then_else((grp * (W // U // G) + ch) * U + u >= R, D, 0) + 4 * ct + v], 0)
                     kv[u * 4 + v] = T.if_then_else(
                         row_r[u] < srows,
-                        state[T.min(row_r[u], srows - 1), T.if_then_else(ch * U + u >= R, D, 0) + 4 * tx + v], 0)
+                        state[T.min(row_r[u], srows - 1), T.if_then_else((grp * (W // U // G) + ch) * U + u >= R, D, 0) + 4 * ct + v], 0)
             for u in T.unroll(U):
                 if row_r[u] < srows:
                     for v in T.unroll(4):
@@ -156,6 +177,24 @@ def build_compress(*, ratio: int, head_dim: int, eps: float):
                         acc[v] = acc[v] * T.exp2(m[v] - mn[v]) + kv[u * 4 + v] * T.exp2(sv[u * 4 + v] * LOG2E - mn[v])
                         den[v] = den[v] * T.exp2(m[v] - mn[v]) + T.exp2(sv[u * 4 + v] * LOG2E - mn[v])
                         m[v] = mn[v]
+        if G > 1:
+            # merge the groups' (max, numerator, denominator) per channel, in group order, in every group
+            for v in T.unroll(4):
+                part[grp, 4 * ct + v, 0] = m[v]
+                part[grp, 4 * ct + v, 1] = acc[v]
+                part[grp, 4 * ct + v, 2] = den[v]
+            T.sync_threads()
+            for v in T.unroll(4):
+                m[v] = part[0, 4 * ct + v, 0]
+                acc[v] = part[0, 4 * ct + v, 1]
+                den[v] = part[0, 4 * ct + v, 2]
+                for g2 in T.unroll(1, G):
+                    mn[v] = T.max(m[v], part[g2, 4 * ct + v, 0])
+                    acc[v] = acc[v] * T.exp2(m[v] - mn[v]) + part[g2, 4 * ct + v, 1] * T.exp2(
+                        part[g2, 4 * ct + v, 0] - mn[v])
+                    den[v] = den[v] * T.exp2(m[v] - mn[v]) + part[g2, 4 * ct + v, 2] * T.exp2(
+                        part[g2, 4 * ct + v, 0] - mn[v])
+                    m[v] = mn[v]
         ss = T.float32(0)
         for v in T.unroll(4):
             # den > 0: the window's own rows (positions p - r + 1 .. p >= 0) are valid unless the block table
@@ -165,21 +204,18 @@ def build_compress(*, ratio: int, head_dim: int, eps: float):
         for o in T.unroll(5):
             ss = ss + T.shfl_xor(ss, 16 >> o)
         if NW > 1:
-            if tx % 32 == 0:
+            if tx % 32 == 0 and grp == 0:   # group 0's warps: every group holds the same sums
                 red[tx // 32] = ss
             T.sync_threads()
             ss = T.float32(0)
             for w in T.unroll(NW):
                 ss = ss + red[w]
         for v in T.unroll(4):
-            y[v] = T.Cast("float32", T.Cast("bfloat16", y[v] * T.rsqrt(ss / D + eps)
-                                              * T.Cast("float32", norm_weight[4 * tx + v])))
-        rp = T.floordiv(p, R) * R     # in range: the kernel's `ok` checked it
-        if 4 * tx >= D - ROPE:
+            y[v] = T.Cast("float32", T.Cast("bfloat16", y[v] * T.rsqrt(ss / D + eps) * nw[v]))
+        if 4 * ct >= D - ROPE:
             for h in T.unroll(2):
-                k = (4 * tx - (D - ROPE)) // 2 + h
-                cs = cos_sin[rp, k]
-                sn = cos_sin[rp, ROPE // 2 + k]
+                cs = cs_r[h]
+                sn = cs_r[2 + h]
                 ev = y[2 * h]
                 od = y[2 * h + 1]
                 y[2 * h] = T.Cast("float32", T.Cast("bfloat16", ev * cs - od * sn))
@@ -201,10 +237,12 @@ def build_compress(*, ratio: int, head_dim: int, eps: float):
             cb: T.Tensor[(pages, pbytes // 2), "bfloat16"],
             block_size: T.int32,
         ):
-            with T.Kernel(num_tokens, threads=NT) as t:
+            with T.Kernel(num_tokens, threads=NT * G) as t:
                 tx = T.get_thread_binding()
+                ct = tx % NT
                 y = T.alloc_local([4], "float32")
                 red = T.alloc_shared([4], "float32")
+                part = T.alloc_shared([G, D, 3], "float32")
                 amax = T.alloc_var("float32")
                 e = T.alloc_var("int32")
                 slot = out_slots[t]
@@ -214,7 +252,7 @@ def build_compress(*, ratio: int, head_dim: int, eps: float):
                       and T.floordiv(positions[t], R) * R < max_pos)
                 if ok:
                     pool_norm_rope(state, state_block_table, state_page, positions, req_idx, norm_weight, cos_sin,
-                                   t, tx, y, red)
+                                   t, tx, y, red, part)
                     pg = slot // block_size
                     off = slot % block_size
                     # amax of this thread's 64-channel group: 16 lanes (4 channels each)
@@ -222,15 +260,17 @@ def build_compress(*, ratio: int, head_dim: int, eps: float):
                     for o in T.unroll(4):
                         amax = T.max(amax, T.shfl_xor(amax, 8 >> o))
                     e = scale_exponent(amax)
-                    if 4 * tx < D - ROPE:
-                        for v in T.unroll(4):
-                            cq[pg, off * TOKEN_BYTES + 4 * tx + v] = e4m3(y[v], e)
-                        if tx % 16 == 0:
-                            cu[pg, block_size * TOKEN_BYTES + off * SCALE_BYTES + tx // 16] = T.Cast("uint8", e + 127)
-                    else:
-                        for v in T.unroll(4):
-                            cb[pg, off * (TOKEN_BYTES // 2) + (D - ROPE) // 2 + 4 * tx - (D - ROPE) + v] = T.Cast(
-                                "bfloat16", y[v])
+                    if tx < NT:   # row group 0 writes (every group holds the same entry)
+                        if 4 * ct < D - ROPE:
+                            for v in T.unroll(4):
+                                cq[pg, off * TOKEN_BYTES + 4 * ct + v] = e4m3(y[v], e)
+                            if ct % 16 == 0:
+                                cu[pg, block_size * TOKEN_BYTES + off * SCALE_BYTES + ct // 16] = T.Cast("uint8",
+                                                                                                        e + 127)
+                        else:
+                            for v in T.unroll(4):
+                                cb[pg, off * (TOKEN_BYTES // 2) + (D - ROPE) // 2 + 4 * ct - (D - ROPE) + v] = T.Cast(
+                                    "bfloat16", y[v])
                     if tx == 0:
                         cu[pg, block_size * TOKEN_BYTES + off * SCALE_BYTES + SCALE_BYTES - 1] = T.uint8(0)
 
@@ -250,10 +290,12 @@ def build_compress(*, ratio: int, head_dim: int, eps: float):
         cf: T.Tensor[(pages, pbytes // 4), "float32"],
         block_size: T.int32,
     ):
-        with T.Kernel(num_tokens, threads=NT) as t:
+        with T.Kernel(num_tokens, threads=NT * G) as t:
             tx = T.get_thread_binding()
+            ct = tx % NT
             y = T.alloc_local([4], "float32")
             red = T.alloc_shared([4], "float32")
+            part = T.alloc_shared([G, D, 3], "float32")
             amax = T.alloc_var("float32")
             e = T.alloc_var("int32")
             slot = out_slots[t]
@@ -262,15 +304,16 @@ def build_compress(*, ratio: int, head_dim: int, eps: float):
                   and req_idx[t] >= 0 and req_idx[t] < batch and T.floordiv(positions[t], R) * R < max_pos)
             if ok:
                 pool_norm_rope(state, state_block_table, state_page, positions, req_idx, norm_weight, cos_sin,
-                               t, tx, y, red)
+                               t, tx, y, red, part)
                 pg = slot // block_size
                 off = slot % block_size
                 amax = T.max(T.max(T.abs(y[0]), T.abs(y[1])), T.max(T.abs(y[2]), T.abs(y[3])))
                 for o in T.unroll(5):
                     amax = T.max(amax, T.shfl_xor(amax, 16 >> o))
                 e = scale_exponent(amax)
-                for v in T.unroll(4):
-                    cq[pg, off * D + 4 * tx + v] = e4m3(y[v], e)
+                if tx < NT:
+                    for v in T.unroll(4):
+                        cq[pg, off * D + 4 * ct + v] = e4m3(y[v], e)
                 if tx == 0:
                     cf[pg, block_size * (D // 4) + off] = exp2i(e)
 
@@ -328,7 +371,9 @@ class CompressorCompressSpec(_CompressorSpec):
         return Variant.make(self.name, {"ratio": ratio, "head_dim": d, "eps": eps}, arch, schedule_name(arch))
 
     def smem_bytes(self, variant: Variant) -> int:
-        return 16 if variant.p["head_dim"] == 512 else 0   # the cross-warp sum of squares (4 fp32)
+        # the cross-warp sum of squares (4 fp32) at d 512; the row groups' partial softmax states (G x d x 3 fp32)
+        d, g = variant.p["head_dim"], ROW_GROUPS[variant.p["ratio"]]
+        return (16 if d == 512 else 0) + (12 * g * d if g > 1 else 0)
 
     def build(self, variant: Variant):
         return build_compress(**variant.p)
