@@ -23,8 +23,9 @@ Valid columns per token: [lo_t, hi_t). Every other column of the logits row, up 
 * prefill (ragged): k [Nk, D] fp8 + k_scale [Nk] fp32 contiguous (the engine's gathered compressed K);
   token t sees columns [ks[t], ke[t]) of k (DeepGEMM `fp8_mqa_logits` convention), logits [T, W].
 
-Grid: (min(ceil(W / block_n), ceil(target_ctas / token groups)), token groups), target_ctas = CTAS_PER_SM x the
-arch's SM count: every token count fills the GPU with one variant (no per-batch compile). A CTA stages its group's
+Grid: (min(ceil(W / block_n), max(ceil(target_ctas / token groups), ceil(W / block_n / max_tiles))), token groups),
+target_ctas = CTAS_PER_SM x the arch's SM count: every token count fills the GPU with one variant (no per-batch
+compile), and at large batch no CTA walks more than max_tiles tiles. A CTA stages its group's
 q once, then walks the row's column tiles with a stride of the grid width: a tile no valid range of its tokens
 reaches (past the request's length) is written -inf without reading K, so the grid can stay sized to W (CUDA-
 graph capture) while the work follows each request's length (the public SM12x fix: 433 -> 29 us at 28K context).
@@ -60,8 +61,14 @@ SCHEDULES = {
     "blackwell_dc": (64, 3, 128),
 }
 # Resident CTAs aimed for per SM (registers allow ~4 at 128 threads): the grid's column width is sized so that
-# rows x CTAs per row reaches this many per SM.
+# rows x CTAs per row reaches this many per SM. MIN_BLOCKS: the CTAs per SM the registers are capped for.
 CTAS_PER_SM = 4
+MIN_BLOCKS = 4
+# Tiles one CTA walks at most: at large batch the CTAs per row grow past CTAS_PER_SM's share so no CTA walks more
+# than this many (valid or -inf) tiles. H100, 256K-context width (1,025 tiles), batch 64: 411 us with 9 CTAs per
+# row (114 tiles each), 320 us with 33 (32 each); batch 8 was fastest at CTAS_PER_SM 4 (50.6 us against 52.9 at
+# 8 and 55.5 at 16), 2026-11-24, benchmarks/sweep_indexer_logits.py.
+MAX_TILES_PER_CTA = 32
 
 
 def int_param(name: str, static: Mapping[str, Any], key: str, allowed=None, lo: int = 1) -> int:
@@ -78,7 +85,7 @@ def int_param(name: str, static: Mapping[str, Any], key: str, allowed=None, lo: 
 def min_blocks(rows: int) -> int:
     """Resident CTAs per SM the registers are capped for: 4 (128 registers) while a warp's accumulator is 16 x 64
     heads; 3 (168) for more query rows per CTA (next_n > 1, prefill's two tokens), where 128 spilled 160-480 B."""
-    return CTAS_PER_SM if rows <= 64 else 3
+    return MIN_BLOCKS if rows <= 64 else 3
 
 
 def logits_smem_bytes(p: Mapping[str, Any]) -> int:
@@ -89,7 +96,7 @@ def logits_smem_bytes(p: Mapping[str, Any]) -> int:
 
 
 def build_logits(*, paged: bool, heads: int, dim: int, group: int, block_n: int, threads: int, target_ctas: int,
-                 stages: int, page_size: int = 0, ratio: int = 0):
+                 max_tiles: int, stages: int, page_size: int = 0, ratio: int = 0):
     import tilelang.language as T
 
     H, D, G, BN, NS = heads, dim, group, block_n, stages
@@ -107,8 +114,9 @@ def build_logits(*, paged: bool, heads: int, dim: int, group: int, block_n: int,
     SCALE_OFF = P * D // SCALE_BYTES         # first fp32 scale of a page, in fp32 elements
 
     num_tiles = T.ceildiv(width, BN)
-    # CTAs per token group: enough that groups x this reaches target_ctas, never more than the row has tiles
-    grid_x = T.min(num_tiles, T.ceildiv(target_ctas, T.ceildiv(num_tokens, G)))
+    # CTAs per token group: enough that groups x this reaches target_ctas and that none walks more than
+    # max_tiles tiles, never more than the row has tiles
+    grid_x = T.min(num_tiles, T.max(T.ceildiv(target_ctas, T.ceildiv(num_tokens, G)), T.ceildiv(num_tiles, max_tiles)))
 
     # ---- per-mode pieces (expressions only; the statements live in `body`) ----
     def bounds(tok, grp, src_a, src_b, src_c):
@@ -276,7 +284,7 @@ class _LogitsSpec(KernelSpec):
         dim = int_param(self.name, static, "dim", (64, 128))
         block_n, stages, threads = SCHEDULES[arch.family]
         return {"heads": heads, "dim": dim, "block_n": block_n, "stages": stages, "threads": threads,
-                "target_ctas": CTAS_PER_SM * arch.num_sms_hint}
+                "target_ctas": CTAS_PER_SM * arch.num_sms_hint, "max_tiles": MAX_TILES_PER_CTA}
 
     def smem_bytes(self, variant: Variant) -> int:
         return logits_smem_bytes(variant.p)
@@ -319,7 +327,7 @@ class IndexerDecodeLogitsSpec(_LogitsSpec):
         p = variant.p
         return build_logits(paged=True, heads=p["heads"], dim=p["dim"], group=p["group"], block_n=p["block_n"],
                             stages=p["stages"], threads=p["threads"], target_ctas=p["target_ctas"],
-                            page_size=p["page_size"], ratio=p["ratio"])
+                            max_tiles=p["max_tiles"], page_size=p["page_size"], ratio=p["ratio"])
 
 
 # Prefill query tokens per CTA: two tokens x 64 heads = 128 B-operand rows (the tilelang example's
@@ -345,4 +353,5 @@ class IndexerPrefillLogitsSpec(_LogitsSpec):
     def build(self, variant: Variant):
         p = variant.p
         return build_logits(paged=False, heads=p["heads"], dim=p["dim"], group=p["group"], block_n=p["block_n"],
-                            stages=p["stages"], threads=p["threads"], target_ctas=p["target_ctas"])
+                            stages=p["stages"], threads=p["threads"], target_ctas=p["target_ctas"],
+                            max_tiles=p["max_tiles"])

@@ -1,0 +1,63 @@
+"""Grid-width sweep for `indexer_decode_logits`: the logits kernel's target CTAs per SM (logits.CTAS_PER_SM, which
+sizes each row's CTA count as ceil(target / token groups); MAX_TILES_PER_CTA raises it at large batch), timed at
+bench_indexer's points. Each value is a
+separate variant (target_ctas is a kernel parameter), compiled on first use.
+
+    python benchmarks/sweep_indexer_logits.py --ctas-per-sm 2 4 8 16 --out bench_out/sweep_indexer_logits.json
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_indexer import RATIO, cold_us, make_inputs  # noqa: E402
+from mhc_bench_common import copy_bandwidth_gbs, write_rows  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ctas-per-sm", type=int, nargs="+", default=[2, 4, 8, 16])
+    ap.add_argument("--contexts", type=int, nargs="+", default=[65536, 262144])
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 8, 64])
+    ap.add_argument("--max-tiles", type=int, default=None, help="logits.MAX_TILES_PER_CTA for every run (default: "
+                    "the module's); a large value reproduces the CTAS_PER_SM-only grid")
+    ap.add_argument("--out", default="bench_out/sweep_indexer_logits.json")
+    args = ap.parse_args()
+
+    import dsv4_jit
+    from dsv4_jit import jit
+    from dsv4_jit.arch import detect_arch
+    from dsv4_jit.kernels.indexer import logits as lg_mod
+    arch = detect_arch()
+    bw = copy_bandwidth_gbs()
+    width = max(args.contexts) // RATIO + 64
+    g = torch.Generator(device="cuda").manual_seed(0)
+    points = [(ctx, b, make_inputs(b, ctx, width, g)) for ctx in args.contexts for b in args.batch]
+    rows = []
+    print(f"{torch.cuda.get_device_name()}; copy bandwidth {bw:,.0f} GB/s")
+    for c in args.ctas_per_sm:
+        lg_mod.CTAS_PER_SM = c
+        if args.max_tiles:
+            lg_mod.MAX_TILES_PER_CTA = args.max_tiles
+        jit._SELECT_MEMO.clear()   # select reads the constant: drop the memoised variants
+        for ctx, b, d in points:
+            out = torch.empty(b, width, dtype=torch.float32, device="cuda")
+            info = torch.empty(b, 3, dtype=torch.int32, device="cuda")
+            a = (d["q"], d["q_scale"], d["weights"], d["kv_cache"], d["seq_lens"], d["block_table"])
+            us, why = cold_us(lambda: dsv4_jit.indexer_decode_logits(*a, out=out, row_info=info, next_n=1, arch=arch))
+            kbytes = b * d["comp"] * 132
+            pct = 100 * kbytes / (us * 1e-6) / 1e9 / bw if us else None
+            rows.append({"ctas_per_sm": c, "max_tiles": lg_mod.MAX_TILES_PER_CTA, "ctx": ctx, "batch": b, "us": us,
+                         "why": why, "pct_copy": pct})
+            print(f"CTAS_PER_SM={c:>2} ctx={ctx:>6} B={b:>2}: {us:7.1f} us  {pct:5.1f}% of copy", flush=True)
+    write_rows(args.out, rows, width=width)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
