@@ -8,7 +8,9 @@ indexer_topk, one CTA per query token (row):
   * otherwise an exact radix select of the topk-th largest fp32 key, 8 bits per pass over 4 passes (order-
     preserving uint32 keys; a 257-bin suffix-summed histogram in shared memory per pass, restricted to the
     keys that match the prefix chosen so far), then one collection pass: every key above the threshold and
-    the first (topk - #above) keys equal to it (ties broken by atomic order: any tie order is valid).
+    the first (topk - #above) keys equal to it (ties broken by atomic order: any tie order is valid). The
+    passes stop early once the threshold bin holds exactly the keys still needed (the whole bin is taken; keys
+    are then compared under the mask of the passes run): continuous logits usually stop after pass 3.
   The first pass's histogram atomics are warp-aggregated (match_any): logits of one row share their top key
   byte (sign + high exponent bits), so plain per-key atomics would all hit one bin and serialize. The
   collection's output slots are warp-aggregated too (ballot + popc, one shared atomic per warp). Suffix
