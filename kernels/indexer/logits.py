@@ -53,8 +53,9 @@ SCALE_BYTES = 4
 
 # Per schedule family: (block_n, stages, threads). 4 warps along 64 columns (FullRow: each warp owns 16 columns
 # and every head of its tokens, so the head reduction stays inside the warp), mma.sync fp8 only. Shared memory:
-# q (group x heads x D) + 3 stages of a K tile (64 x D) and its scales: 33,536 B at next_n 1 and 64 heads, so
-# SM12x (101,376 B) holds three CTAs.
+# q (group x heads x D) + 3 stages of a K tile (64 x D) and its scales: 33,536 B at next_n 1 and 64 heads. An SM12x
+# SM (100 KB of shared memory, 1 KB reserved per CTA) holds two such CTAs, a Hopper SM the four the registers
+# allow. Two stages would let SM12x hold three; which is faster there is unmeasured (no SM12x GPU here).
 SCHEDULES = {
     "blackwell_consumer": (64, 3, 128),
     "hopper": (64, 3, 128),
