@@ -107,12 +107,6 @@ def build_compress(*, ratio: int, head_dim: int, eps: float):
         """x / 2^e clamped to +-448, as e4m3"""
         return T.Cast("float8_e4m3fn", T.max(T.min(x * exp2i(-e), T.float32(FP8_MAX)), T.float32(-FP8_MAX)))
 
-    if attention:
-        cache_args = {"cq": ((pages, pbytes), "float8_e4m3fn"), "cu": ((pages, pbytes), "uint8"),
-                      "cb": ((pages, pbytes // 2), "bfloat16")}
-    else:
-        cache_args = {"cq": ((pages, pbytes), "float8_e4m3fn"), "cf": ((pages, pbytes // 4), "float32")}
-
     @T.macro
     def pool_norm_rope(state, state_block_table, state_page, positions, req_idx, norm_weight, cos_sin, t, tx,
                        y, red, part):
