@@ -68,6 +68,20 @@ def topk_smem_bytes(p: Mapping[str, Any]) -> int:
     return a16(4 * (RADIX + 1)) + a16(4 * (RADIX // 32)) + a16(4 * 2) + a16(4 * 1)
 
 
+def _key_and_slot(T, P: int, max_pages):
+    """Expression helpers both top-k kernels use: to_key(x) = the order-preserving uint32 key of fp32 x;
+    slot(block_table, req, pos) = the compressed-cache slot of position pos of request req (-1 for a -1 page)."""
+    def to_key(x):
+        bits = T.reinterpret(x, "uint32")
+        return T.if_then_else(x < 0, ~bits, bits | T.Cast("uint32", 0x80000000))
+
+    def slot(block_table, req, pos):
+        page = block_table[req, T.min(T.floordiv(pos, P), max_pages - 1)]
+        return T.if_then_else(page < 0, -1, page * P + T.floormod(pos, P))
+
+    return to_key, slot
+
+
 def build_topk(*, topk: int, page_size: int, threads: int):
     import tilelang.language as T
 
@@ -77,13 +91,7 @@ def build_topk(*, topk: int, page_size: int, threads: int):
     batch = T.dynamic("batch")
     max_pages = T.dynamic("max_pages")
 
-    def to_key(x):
-        bits = T.reinterpret(x, "uint32")
-        return T.if_then_else(x < 0, ~bits, bits | T.Cast("uint32", 0x80000000))
-
-    def slot(block_table, req, pos):
-        page = block_table[req, T.min(T.floordiv(pos, P), max_pages - 1)]
-        return T.if_then_else(page < 0, -1, page * P + T.floormod(pos, P))
+    to_key, slot = _key_and_slot(T, P, max_pages)
 
     U = LOADS_IN_FLIGHT
 
@@ -315,13 +323,7 @@ def build_topk_split(*, topk: int, page_size: int, threads: int, splits: int):
     max_pages = T.dynamic("max_pages")
     U = LOADS_IN_FLIGHT
 
-    def to_key(x):
-        bits = T.reinterpret(x, "uint32")
-        return T.if_then_else(x < 0, ~bits, bits | T.Cast("uint32", 0x80000000))
-
-    def slot(block_table, req, pos):
-        page = block_table[req, T.min(T.floordiv(pos, P), max_pages - 1)]
-        return T.if_then_else(page < 0, -1, page * P + T.floormod(pos, P))
+    to_key, slot = _key_and_slot(T, P, max_pages)
 
     @T.prim_func
     def indexer_topk_split(
