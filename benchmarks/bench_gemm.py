@@ -12,6 +12,10 @@ a weight is read from DRAM every call, as in a forward pass where 43+ layers' we
                   a cheaper, NOT equivalent scaling, shown as a speed reference, marked "rowwise"); otherwise the
                   reason. torch._scaled_mm needs M, N, K multiples of 16 for the rowwise path: smaller M is padded to
                   16 and marked "pad16". The grouped wo_a runs as `groups` torch calls in one graph.
+  ours/L, %copy/L, torch/L   decode rows: --layers (8) distinct copies of the weight run back to back in one graph,
+                  per GEMM: what a forward pass's successive layers see (no L2 reuse; the ~5 us floor of timing one
+                  launch by itself is paid once per graph, not per GEMM; our ring GEMMs overlap the previous
+                  layer's tail through PDL)
 What torch supports is probed once per run and printed (torch 2.x: per-tensor and rowwise fp32 scales on sm_89+;
 blockwise 1x128 x 128x128 only on newer torch builds for sm_90 / sm_100, not on SM12x).
 
@@ -120,6 +124,9 @@ def main() -> None:
     ap.add_argument("--decode", type=int, nargs="+", default=[1, 8, 32, 64])
     ap.add_argument("--prefill", type=int, nargs="+", default=[2048, 8192])
     ap.add_argument("--arch", default=None, help="schedule to run: native (default) or sm_120a (emulated)")
+    ap.add_argument("--layers", type=int, default=8, help="decode rows also time this many distinct copies of the "
+                    "weight back to back in one graph (a forward pass's successive layers: no L2 reuse, and no "
+                    "single-launch timer floor), reported per GEMM; 0 = off")
     ap.add_argument("--out", default="bench_out/gemm.json")
     args = ap.parse_args()
 
@@ -146,13 +153,14 @@ def main() -> None:
             continue
         print(f"  torch._scaled_mm {k_}: {'supported' if v_ is None else 'unsupported (' + v_ + ')'}")
     print(f"{'shape':<44} {'M':>5} {'ours us':>8} {'GB/s':>7} {'%copy':>6} {'TFLOP/s':>8} {'torch us':>9} "
-          f"{'torch':>16}  variant")
+          f"{'torch':>16} {'ours/L':>8} {'%copy/L':>6} {'torch/L':>8}  variant   (/L: per layer of --layers)")
     rows = []
     g = torch.Generator(device=dev).manual_seed(0)
     for s in shapes:
         n, k, groups = s["n"], s["k"], s["groups"]
         b, sb = make_weights(groups, n, k, g, dev)
         wbytes = b.numel() + sb.numel() * 4
+        copies = [(b, sb)] + [(b.clone(), sb.clone()) for _ in range(max(0, args.layers - 1))]
         for m in list(args.decode) + list(args.prefill):
             a, sa = make_activations(m, groups * k, g, dev)
             c = torch.empty(m, groups * n, dtype=torch.bfloat16, device=dev)
@@ -179,6 +187,20 @@ def main() -> None:
                    "variant": variant, "weight_bytes": wbytes, "gbs": gbs, "pct_copy": 100 * gbs / bw if gbs else None,
                    "tflops": flops / (us * 1e-6) / 1e12 if us else None, "torch_us": t_us, "torch_mode": t_note,
                    "torch_tflops": flops / (t_us * 1e-6) / 1e12 if t_us else None}
+            if m <= 64 and args.layers > 1:
+                L = len(copies)
+                lus, _ = graph_us_or_reason(lambda: [dsv4_jit.fp8_gemm(a, sa, w, ws_, arch=arch, groups=groups, out=c,
+                                                                        workspace=ws) for w, ws_ in copies], reps=1)
+                row["layers"] = L
+                row["ours_per_layer_us"] = lus / L if lus else None
+                row["pct_copy_per_layer"] = 100 * wbytes / (lus / L * 1e-6) / 1e9 / bw if lus else None
+                if mode is not None and t_us is not None:
+                    try:
+                        runs = [torch_scaled_mm(a, sa, w, ws_, groups, mode) for w, ws_ in copies]
+                        tl_us, _ = graph_us_or_reason(lambda: [r() for r in runs], reps=1)
+                        row["torch_per_layer_us"] = tl_us / L if tl_us else None
+                    except Exception as e:  # shape unsupported by torch: already noted
+                        row["torch_per_layer_error"] = _reason(e)
             rows.append(row)
             label = f"{s['label'][:24]} {groups * k}->{groups * n}"
             dec = m <= 64
@@ -187,8 +209,11 @@ def main() -> None:
                 return f"{v:>{w}.{p}f}" if v is not None else f"{'-':>{w}}"
             print(f"{label:<44} {m:>5} {f(us, 8, 1)} {f(gbs if dec else None, 7, 0)} "
                   f"{f(row['pct_copy'] if dec else None, 6, 1)} {f(row['tflops'] if not dec else None, 8, 1)} "
-                  f"{f(t_us, 9, 1)} {str(t_note or '')[:16]:>16}  {variant.split('@')[0]}")
+                  f"{f(t_us, 9, 1)} {str(t_note or '')[:16]:>16} {f(row.get('ours_per_layer_us'), 8, 1)} "
+                  f"{f(row.get('pct_copy_per_layer'), 6, 1)} {f(row.get('torch_per_layer_us'), 8, 1)}  "
+                  f"{variant.split('@')[0]}")
             del a, sa, c, ws
+        del copies
         torch.cuda.empty_cache()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -227,11 +227,43 @@ def test_sm120_shared_memory_figures():
     """The pre-nvcc formulas of the SM12x schedules (lowered figures measured: README)."""
     spec = get_spec("fp8_gemm")
     st = gops.gemm_static(4096, 8192)
-    assert spec.smem_bytes(spec.select(SM120, st, 1)) == 4 * (16 * 128 + 64 * 128 + 64)
-    assert spec.smem_bytes(spec.select(SM120, st, 64)) == 4 * (64 * 128 + 64 * 128 + 256)
+    # decode: the ring, 2 K blocks per stage (4 stages at M <= 16, 2 at M <= 64) + the split's scale products
+    assert spec.smem_bytes(spec.select(SM120, st, 1)) == 4 * 2 * (16 + 64) * 128 + 4 * 16 * 16 == 82_944
+    assert spec.smem_bytes(spec.select(SM120, st, 64)) == 2 * 2 * (64 + 64) * 128 + 4 * 64 * 16 == 69_632
     assert spec.smem_bytes(spec.select(SM120, st, 2049)) == 3 * (128 * 128 + 128 * 128 + 512) == 99_840
     q = get_spec("act_quant_fp8")
     assert q.smem_bytes(q.select(SM120, {"n": 4096}, 7)) == 32 * 128 * 2 + 32 * 4 + 128 * 4
+
+
+def test_decode_ring_waits_never_exceed_the_replayed_pending_count():
+    """The ring's constant cp.async waits (fp8_gemm.ring_wait mirrors the kernel's three branches) against a
+    replay of its commit order: waiting for fewer pending groups than the replay allows would be a race."""
+    from dsv4_jit.kernels.gemm.fp8_gemm import ring_pending, ring_wait
+    for stages in range(1, 8):
+        for n_iters in range(1, 80):
+            pending = ring_pending(stages, n_iters)
+            assert len(pending) == n_iters
+            for i in range(n_iters):
+                assert 0 <= ring_wait(stages, n_iters, i) <= pending[i], (stages, n_iters, i)
+            if n_iters >= 2 * stages:   # the steady state waits exactly
+                assert ring_wait(stages, n_iters, stages - 1) == pending[stages - 1] == 2 * (stages - 1)
+    # 4 stages, 32 iterations: the replay (prologue: B0-B2 then A0-A2 around the grid dependency sync)
+    assert ring_pending(4, 32)[:3] == [4, 5, 6] and ring_pending(4, 32)[-3:] == [4, 2, 0]
+
+
+def test_decode_selects_the_ring_within_budget():
+    spec = get_spec("fp8_gemm")
+    for arch in PROFILES.values():
+        for model in EMBEDDED:
+            for tp in (1, 2, 4, 8):
+                for s in gemm_shapes(load_model_config(model), tp):
+                    st = gops.gemm_static(s["n"], s["k"], s["groups"])
+                    for t in (1, 16, 17, 64):
+                        p = spec.select(arch, st, t).p
+                        kps = s["k"] // 128 // p["split"]
+                        assert p["ring"] and kps % p["k_stage"] == 0 and 1 <= p["stages"] <= kps // p["k_stage"]
+                        assert spec.smem_bytes(spec.select(arch, st, t)) <= arch.max_smem_per_block
+                    assert "ring" not in spec.select(arch, st, 65).p
 
 
 def test_pass_configs_disable_wgmma_everywhere():

@@ -17,14 +17,18 @@ Schedules (per arch family; `select` picks one of four by the token count):
   * decode, M <= 16 / M <= 64: one M tile (16 / 64 rows), N tiles of 128 columns, or 64 when 128-column tiles
     alone would leave SMs idle, and split-K over a divisor of the K blocks until (N tiles x splits) reaches
     the SM count, so small-M GEMMs stream the weight with the whole GPU. Split > 1 writes fp32 partials
-    [split, M, N] to a workspace and `fp8_gemm_reduce` sums them into bf16 C.
+    [split, M, N] to a workspace and `fp8_gemm_reduce` sums them into bf16 C. The main loop is a cp.async ring
+    (`ring`, k_stage K blocks per stage) that requests its first weight stages before the grid dependency sync:
+    launched with programmatic dependent launch (PDL) behind the previous kernel (which lets dependents launch
+    as soon as all its CTAs run), a GEMM streams its weight while that kernel drains, so back-to-back layers
+    leave no launch gap in the weight stream. All the CTA's scale products load once, not per K block.
   * batched decode, 64 < M <= 256: the same 64-row tiles (2..4 M tiles), split-K counted for 2 M tiles and
     capped so the partials (split x 256 x N fp32) never outweigh the weight (N x K fp8): a 128 x 128 tile
     would give e.g. the fused wq_a+wkv (N = 1,536) only 12..24 CTAs.
   * large M (> 256): 128 x 128 tiles (K block 128), no split; 3 cp.async stages on SM12x (99,840 B of the 101,376),
     4 elsewhere.
 
-Rows past M read the last row (clamped index) and are never stored.
+Rows past M read the last row (clamped index; the ring's copies zero-fill them instead) and are never stored.
 
 Kernel-defining code only (no host code: the artifact key hashes this module).
 """
@@ -54,8 +58,13 @@ def stage_bytes(block_m: int, block_n: int) -> int:
 
 
 def gemm_smem_bytes(p: Mapping[str, Any]) -> int:
-    """Pre-nvcc shared memory: `stages` copies of a stage (see stage_bytes); the accumulators live in registers
-    and C is stored from them."""
+    """Pre-nvcc shared memory: `stages` copies of a stage (see stage_bytes; a ring stage holds k_stage K blocks,
+    and the ring holds its block_m x K-blocks-per-split fp32 scale products once); the accumulators live in
+    registers and C is stored from them."""
+    if p.get("ring"):
+        ks = p.get("k_stage", 1)
+        return (p["stages"] * ks * (p["block_m"] + p["block_n"]) * BLOCK_K
+                + 4 * p["block_m"] * (p["k"] // BLOCK_K // p["split"]))
     return p["stages"] * stage_bytes(p["block_m"], p["block_n"])
 
 
@@ -93,12 +102,63 @@ def gemm_params(arch: ArchProfile, n: int, k: int, num_tokens: int, groups: int 
         if n % block_n:
             block_n = 64
         split = 1
-    return {"n": n, "k": k, "groups": groups, "block_m": block_m, "block_n": block_n, "split": split, "threads": threads,
-            "stages": _stages(arch.family, block_m, block_n, kb // split)}
+    p = {"n": n, "k": k, "groups": groups, "block_m": block_m, "block_n": block_n, "split": split, "threads": threads,
+         "stages": _stages(arch.family, block_m, block_n, kb // split)}
+    if num_tokens <= DECODE_MAX_M:
+        p.update(ring_stages(arch.family, p))
+    return p
+
+
+def ring_stages(family: str, p: Mapping[str, Any]) -> dict:
+    """The decode ring's depth: two K blocks per stage (256 B runs of each weight row per request) where K
+    per split is even and two such stages fit the budget, else one; then as many stages as fit (at most the
+    ring's iterations). Picked from the SM12x-schedule sweep (benchmarks/sweep_gemm_decode.py), where it is
+    within 5% of the best candidate at every V4-Flash shape, M 1 and 64."""
+    budget, most = _STAGE_BUDGET[family]
+    kps = p["k"] // BLOCK_K // p["split"]
+    for ks in (2, 1):
+        q = {**p, "ring": True, "k_stage": ks, "stages": 0}
+        fixed = gemm_smem_bytes(q)
+        per = gemm_smem_bytes({**q, "stages": 1}) - fixed
+        fit = min(most, (budget - fixed) // per, kps // ks)
+        if kps % ks == 0 and (fit >= 2 or ks == 1):
+            return {"ring": True, "k_stage": ks, "stages": max(1, fit)}
+    raise AssertionError("unreachable: k_stage 1 always returns")
+
+
+def ring_pending(stages: int, n_iters: int) -> list[int]:
+    """cp.async groups the ring may leave pending at each iteration and still have its stage's tiles landed.
+    Commit order (one group per async copy): the prologue's weight tiles B_0..B_{P-1} (before the grid dependency
+    sync), then the activation tiles A_0..A_{P-1} (P = min(stages - 1, n_iters)); iteration i issues B_{i+S-1},
+    A_{i+S-1} (while any remain) before it waits for B_i and A_i. The kernel's constant waits must never exceed
+    these (tests replay it)."""
+    s, n = stages, n_iters
+    p = min(s - 1, n)
+    order = [("B", i) for i in range(p)] + [("A", i) for i in range(p)]
+    pending = []
+    for i in range(n):
+        if i + s - 1 < n:
+            order += [("B", i + s - 1), ("A", i + s - 1)]
+        pending.append(len(order) - 1 - max(order.index(("B", i)), order.index(("A", i))))
+    return pending
+
+
+def ring_head_steady_waits(stages: int) -> tuple[int, int]:
+    """The ring's two constant waits while stages remain to issue: the first stages - 1 iterations (which wait
+    for one stage more than they need), then the steady state (exact)."""
+    return stages, 2 * (stages - 1)
+
+
+def ring_wait(stages: int, n_iters: int, i: int) -> int:
+    """The wait_group the kernel issues at iteration i (its three branches, in Python)."""
+    head, steady = ring_head_steady_waits(stages)
+    if i + stages - 1 < n_iters:
+        return head if i < stages - 1 else steady
+    return 0
 
 
 def build_fp8_gemm(*, n: int, k: int, block_m: int, block_n: int, split: int, stages: int, threads: int,
-                   groups: int = 1):
+                   groups: int = 1, ring: bool = False, k_stage: int = 1):
     import tilelang.language as T
 
     BM, BN, BK = block_m, block_n, BLOCK_K
@@ -109,9 +169,13 @@ def build_fp8_gemm(*, n: int, k: int, block_m: int, block_n: int, split: int, st
     f32 = "float32"
     M = T.dynamic("num_tokens")
     policy = T.GemmWarpPolicy.FullCol if BM <= 64 else T.GemmWarpPolicy.Square
+    KS, S = k_stage, stages
+    W = KS * BK                      # K columns per ring stage
+    NK = KPS // KS                   # ring iterations per CTA
+    HEAD_WAIT, STEADY_WAIT = ring_head_steady_waits(S)   # never above ring_pending's replay (tests)
 
     @T.macro
-    def mainloop(a, sa, b, sb, acc, bx, by, g, sp):
+    def mainloop_pipelined(a, sa, b, sb, acc, bx, by, g, sp):
         a_s = T.alloc_shared((BM, BK), FP8)
         b_s = T.alloc_shared((BN, BK), FP8)
         sc_s = T.alloc_shared((BM,), f32)
@@ -127,6 +191,56 @@ def build_fp8_gemm(*, n: int, k: int, block_m: int, block_n: int, split: int, st
             T.gemm(a_s, b_s, part, transpose_B=True, clear_accum=True, policy=policy)
             for i, j in T.Parallel(BM, BN):
                 acc[i, j] += part[i, j] * sc_s[i]
+
+    @T.macro
+    def issue(src, rows, row0, col0, dst, slot):
+        T.async_copy(src[row0: row0 + rows, col0: col0 + W], dst[slot, :, :])
+
+    @T.macro
+    def mainloop_ring(a, sa, b, sb, acc, bx, by, g, sp):
+        # Decode: the weight is the only big operand and nothing upstream writes it, so its first S - 1 stages
+        # are requested before the grid dependency sync (PDL): launched behind the previous kernel, this CTA
+        # streams weights while that kernel drains. Activations, scales and every global write come after
+        # the sync. A hand-written cp.async ring (T.async_copy + constant waits, see ring_waits); rows of the
+        # activation tile past M are zero-filled by the copy's bounds check and never stored.
+        a_w = T.alloc_shared((S, BM, W), FP8)
+        b_w = T.alloc_shared((S, BN, W), FP8)
+        sc_all = T.alloc_shared((BM, KPS), f32)
+        part = T.alloc_fragment((BM, BN), f32)
+        T.pdl_trigger()   # this kernel's dependents may launch (and prefetch) once all its CTAs run
+        T.clear(acc)
+        b_row = g * n + bx * BN
+        k_col = (sp * KPS) * BK
+        for st in T.unroll(min(S - 1, NK)):
+            issue(b, BN, b_row, k_col + st * W, b_w, st)
+        T.pdl_sync()
+        for st in T.unroll(min(S - 1, NK)):
+            issue(a, BM, by * BM, g * k + k_col + st * W, a_w, st)
+        for i, c in T.Parallel(BM, KPS):
+            sc_all[i, c] = (sa[T.min(by * BM + i, M - 1), g * KB + sp * KPS + c]
+                            * sb[g * NQ + (bx * BN) // QBLOCK, sp * KPS + c])
+        for ks in T.serial(NK):
+            T.sync_threads()   # every warp is done with the slot the next issue overwrites
+            if ks + S - 1 < NK:
+                issue(b, BN, b_row, k_col + (ks + S - 1) * W, b_w, T.floormod(ks + S - 1, S))
+                issue(a, BM, by * BM, g * k + k_col + (ks + S - 1) * W, a_w, T.floormod(ks + S - 1, S))
+            # one branch (each `if` gets a barrier of its own from TileLang): the steady state waits exactly;
+            # the first S - 2 iterations wait for one stage more than they need, the last S - 1 for everything
+            if ks + S - 1 < NK:
+                if ks < S - 1:
+                    T.ptx_wait_group(HEAD_WAIT)
+                else:
+                    T.ptx_wait_group(STEADY_WAIT)
+            else:
+                T.ptx_wait_group(0)
+            T.sync_threads()
+            for u in T.unroll(KS):
+                T.gemm(a_w[T.floormod(ks, S), :, u * BK:(u + 1) * BK], b_w[T.floormod(ks, S), :, u * BK:(u + 1) * BK],
+                       part, transpose_B=True, clear_accum=True, policy=policy)
+                for i, j in T.Parallel(BM, BN):
+                    acc[i, j] += part[i, j] * sc_all[i, ks * KS + u]
+
+    mainloop = mainloop_ring if ring else mainloop_pipelined
 
     if split == 1:
         @T.prim_func
@@ -183,6 +297,8 @@ def build_gemm_reduce(*, cols: int = REDUCE_COLS, threads: int = REDUCE_THREADS)
     ):
         with T.Kernel(T.ceildiv(N, cols), M, threads=threads) as (bx, m):
             acc = T.alloc_fragment((cols,), "float32")
+            T.pdl_trigger()   # the next layer's GEMM may launch and start streaming its weight
+            T.pdl_sync()      # launched behind the split GEMM (PDL): its partials are complete past here
             T.clear(acc)
             for s in T.serial(S):
                 for j in T.Parallel(cols):
@@ -237,7 +353,8 @@ class Fp8GemmSpec(_GemmSpecBase):
     def build(self, variant: Variant):
         p = variant.p
         return build_fp8_gemm(n=p["n"], k=p["k"], block_m=p["block_m"], block_n=p["block_n"], split=p["split"],
-                              stages=p["stages"], threads=p["threads"], groups=p["groups"])
+                              stages=p["stages"], threads=p["threads"], groups=p["groups"],
+                              ring=p.get("ring", False), k_stage=p.get("k_stage", 1))
 
 
 @register
