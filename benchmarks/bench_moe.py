@@ -42,14 +42,13 @@ def main() -> None:
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--tokens", type=int, nargs="+", default=[1, 8, 64, 512, 4096])
     ap.add_argument("--arch", default=None, help="schedule to run: native (default) or sm_120a (emulated)")
+    ap.add_argument("--block-n", type=int, nargs="+", default=None,
+                    help="sweep: run every listed block_n (patched into the kernel module; default: the schedule's)")
+    ap.add_argument("--stages", type=int, nargs="+", default=None, help="sweep: every listed stage count")
     ap.add_argument("--out", default="bench_out/moe.json")
     args = ap.parse_args()
 
-    import dsv4_jit
     from dsv4_jit.arch import detect_arch, get_profile
-    from dsv4_jit.kernels.gemm.family import make_activations
-    from dsv4_jit.kernels.moe import ops, reference
-    from dsv4_jit.kernels.moe.family import moe_shapes
     from dsv4_jit.model_config import load_model_config
 
     native = detect_arch()
@@ -62,6 +61,32 @@ def main() -> None:
           f"{experts} experts, top-{topk}; copy bandwidth {bw:,.0f} GB/s")
     print(f"{'GEMM':>6} {'T':>5} {'experts':>7} {'bm':>3} {'ours':>8} {'GB/s':>7} {'%copy':>6} {'TFLOP/s':>7} "
           f"{'torch':>9} {'err':>8}")
+    rows = []
+    from dsv4_jit import jit
+    from dsv4_jit.kernels.moe import fp4_moe_gemm as kmod
+    settings = [(bn, st) for bn in (args.block_n or [None]) for st in (args.stages or [None])]
+    for bn, st in settings:
+        if bn is not None:   # the sweep: every row-block size runs these (the schedule's own split is bypassed)
+            kmod.BLOCK_N = kmod.DECODE_BLOCK_N = bn
+        if st is not None:
+            kmod.STAGES, kmod.DECODE_STAGES = {**kmod.STAGES, arch.family: st}, st
+        jit._SELECT_MEMO.clear()   # select reads the constants: drop the memoised variants
+        if len(settings) > 1:
+            print(f"-- block_n {bn}, stages {st}")
+        rows += run_shapes(args, m, arch, experts, topk, g, bw)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "schedule": arch.schedule, "arch": arch.name,
+                               "model": args.model, "tp": args.tp, "copy_gbs": bw, "rows": rows}, indent=1))
+    print(f"wrote {out}")
+
+
+def run_shapes(args, m, arch, experts: int, topk: int, g, bw: float) -> list:
+    import dsv4_jit
+    from dsv4_jit.kernels.gemm.family import make_activations
+    from dsv4_jit.kernels.moe import ops, reference
+    from dsv4_jit.kernels.moe.family import moe_shapes
+    from dsv4_jit.spec import get_spec
     rows = []
     for shape in moe_shapes(m, args.tp):
         n, k = shape["n"], shape["k"]
@@ -99,7 +124,9 @@ def main() -> None:
             t_torch, _ = graph_us_or_reason(torch_step, reps=1)
             gbs = nbytes / (ours * 1e-6) / 1e9 if ours else None
             tflops = 2 * real * n * k / (ours * 1e-6) / 1e12 if ours else None
+            p = get_spec("fp4_moe_gemm").select(arch, ops.moe_static(n, k), t).p
             row = {"gemm": name, "n": n, "k": k, "tokens": t, "experts_touched": len(touched), "block_m": bm,
+                   "block_n": p["block_n"], "stages": p["stages"],
                    "rows": a.shape[0], "bytes": nbytes, "ours_us": ours, "ours_gbs": gbs,
                    "ours_pct_copy": 100 * gbs / bw if gbs else None, "ours_tflops": tflops, "torch_us": t_torch,
                    "max_row_rel_err": err, "notes": [why] if why else []}
@@ -110,11 +137,7 @@ def main() -> None:
             del deq
             torch.cuda.empty_cache()
         del w, sw
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "schedule": arch.schedule, "arch": arch.name,
-                               "model": args.model, "tp": args.tp, "copy_gbs": bw, "rows": rows}, indent=1))
-    print(f"wrote {out}")
+    return rows
 
 
 if __name__ == "__main__":

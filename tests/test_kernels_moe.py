@@ -184,7 +184,11 @@ def test_select_rejects_bad_statics(static, match):
 
 def test_stages_never_exceed_the_k_blocks():
     spec = get_spec("fp4_moe_gemm")
-    assert [spec.select(SM120, {"n": 4096, "k": k}, 1).p["stages"] for k in (128, 256, 384, 512, 7168)] == [1, 2, 3, 4, 4]
+    # decode (16-row blocks) runs 2 stages of 64-column tiles, larger row blocks 4 stages of 128 columns
+    assert [spec.select(SM120, {"n": 4096, "k": k}, 1).p["stages"] for k in (128, 256, 7168)] == [1, 2, 2]
+    assert spec.select(SM120, {"n": 4096, "k": 7168}, 1).p["block_n"] == 64
+    assert [spec.select(SM120, {"n": 4096, "k": k}, 4096).p["stages"] for k in (128, 256, 384, 512, 7168)] == [1, 2, 3, 4, 4]
+    assert spec.select(SM120, {"n": 4096, "k": 7168}, 4096).p["block_n"] == 128
 
 
 def test_op_refuses_misaligned_views(cpu_tensors_ok):

@@ -36,6 +36,7 @@ FP8 = "float8_e4m3"
 SLICE = 32            # weight scale group along K (MXFP4), and the K of one fp8 mma.sync
 ACT_BLOCK = 128       # activation scale group along K
 BLOCK_N = 128
+DECODE_BLOCK_N, DECODE_STAGES = 64, 2   # 16-row blocks (benchmarks/bench_moe.py --block-n --stages sweep)
 THREADS = 128
 # Token-count thresholds of the three row-block sizes (see the module doc).
 BLOCK_M_BY_TOKENS = ((512, 16), (2048, 32))
@@ -90,9 +91,14 @@ def moe_smem_bytes(p: Mapping[str, Any]) -> int:
 
 
 def moe_params(arch: ArchProfile, n: int, k: int, num_tokens: int) -> dict:
+    bm = moe_block_m(num_tokens)
+    # decode (16-row blocks): 64-column tiles and 2 stages. Twice the CTAs per touched expert and more of them
+    # resident: at 1 token the 6 experts x 32 tiles of 128 left the H100's 132 SMs unevenly loaded (SM12x
+    # schedule on sm_90a, V4-Flash w13: 78 -> 62 us at 1 token, 1,560 -> 1,525 us at 64; deeper rings were slower)
+    bn, stages = (DECODE_BLOCK_N, DECODE_STAGES) if bm == 16 else (BLOCK_N, STAGES[arch.family])
     # never more stages than K blocks (w2 at TP 8: K = 256 / 384 is 2 / 3 blocks)
-    return {"n": n, "k": k, "block_m": moe_block_m(num_tokens), "block_n": BLOCK_N, "threads": THREADS,
-            "stages": max(1, min(STAGES[arch.family], k // ACT_BLOCK))}
+    return {"n": n, "k": k, "block_m": bm, "block_n": bn, "threads": THREADS,
+            "stages": max(1, min(stages, k // ACT_BLOCK))}
 
 
 def build_fp4_moe_gemm(*, n: int, k: int, block_m: int, block_n: int, stages: int, threads: int):
