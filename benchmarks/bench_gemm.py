@@ -16,6 +16,7 @@ a weight is read from DRAM every call, as in a forward pass where 43+ layers' we
                   per GEMM: what a forward pass's successive layers see (no L2 reuse; the ~5 us floor of timing one
                   launch by itself is paid once per graph, not per GEMM; our ring GEMMs overlap the previous
                   layer's tail through PDL)
+  q/L, q+ours/L   decode rows: act_quant_fp8 of the bf16 activation alone, and act_quant_fp8 then ours, per layer
 What torch supports is probed once per run and printed (torch 2.x: per-tensor and rowwise fp32 scales on sm_89+;
 blockwise 1x128 x 128x128 only on newer torch builds for sm_90 / sm_100, not on SM12x).
 
@@ -153,7 +154,8 @@ def main() -> None:
             continue
         print(f"  torch._scaled_mm {k_}: {'supported' if v_ is None else 'unsupported (' + v_ + ')'}")
     print(f"{'shape':<44} {'M':>5} {'ours us':>8} {'GB/s':>7} {'%copy':>6} {'TFLOP/s':>8} {'torch us':>9} "
-          f"{'torch':>16} {'ours/L':>8} {'%copy/L':>6} {'torch/L':>8}  variant   (/L: per layer of --layers)")
+          f"{'torch':>16} {'ours/L':>8} {'%copy/L':>6} {'torch/L':>8} {'q/L':>7} {'q+ours/L':>7}  variant   "
+          f"(/L: per layer of --layers)")
     rows = []
     g = torch.Generator(device=dev).manual_seed(0)
     for s in shapes:
@@ -194,6 +196,16 @@ def main() -> None:
                 row["layers"] = L
                 row["ours_per_layer_us"] = lus / L if lus else None
                 row["pct_copy_per_layer"] = 100 * wbytes / (lus / L * 1e-6) / 1e9 / bw if lus else None
+                # a decode layer's quantize-then-GEMM pair, L times: act_quant_fp8 lets the GEMM launch early
+                # (PDL), so the pair should cost less than the two measured apart
+                x = torch.randn(m, groups * k, generator=g, device=dev).to(torch.bfloat16)
+                aq, saq = torch.empty_like(a), torch.empty_like(sa)
+                quant = lambda: dsv4_jit.act_quant_fp8(x, arch=arch, out=aq, scales=saq)  # noqa: E731
+                q_us, _ = graph_us_or_reason(lambda: [quant() for _ in copies], reps=1)
+                qg_us, _ = graph_us_or_reason(lambda: [(quant(), dsv4_jit.fp8_gemm(
+                    aq, saq, w, ws_, arch=arch, groups=groups, out=c, workspace=ws)) for w, ws_ in copies], reps=1)
+                row["quant_per_layer_us"] = q_us / L if q_us else None
+                row["quant_gemm_per_layer_us"] = qg_us / L if qg_us else None
                 if mode is not None and t_us is not None:
                     try:
                         runs = [torch_scaled_mm(a, sa, w, ws_, groups, mode) for w, ws_ in copies]
@@ -210,7 +222,8 @@ def main() -> None:
             print(f"{label:<44} {m:>5} {f(us, 8, 1)} {f(gbs if dec else None, 7, 0)} "
                   f"{f(row['pct_copy'] if dec else None, 6, 1)} {f(row['tflops'] if not dec else None, 8, 1)} "
                   f"{f(t_us, 9, 1)} {str(t_note or '')[:16]:>16} {f(row.get('ours_per_layer_us'), 8, 1)} "
-                  f"{f(row.get('pct_copy_per_layer'), 6, 1)} {f(row.get('torch_per_layer_us'), 8, 1)}  "
+                  f"{f(row.get('pct_copy_per_layer'), 6, 1)} {f(row.get('torch_per_layer_us'), 8, 1)} "
+                  f"{f(row.get('quant_per_layer_us'), 7, 1)} {f(row.get('quant_gemm_per_layer_us'), 7, 1)}  "
                   f"{variant.split('@')[0]}")
             del a, sa, c, ws
         del copies
