@@ -18,10 +18,12 @@ Schedules (per arch family; `select` picks one of four by the token count):
     alone would leave SMs idle, and split-K over a divisor of the K blocks until (N tiles x splits) reaches
     the SM count, so small-M GEMMs stream the weight with the whole GPU. Split > 1 writes fp32 partials
     [split, M, N] to a workspace and `fp8_gemm_reduce` sums them into bf16 C. The main loop is a cp.async ring
-    (`ring`, k_stage K blocks per stage) that requests its first weight stages before the grid dependency sync:
-    launched with programmatic dependent launch (PDL) behind the previous kernel (which lets dependents launch
-    as soon as all its CTAs run), a GEMM streams its weight while that kernel drains, so back-to-back layers
-    leave no launch gap in the weight stream. All the CTA's scale products load once, not per K block.
+    (`ring`, k_stage K blocks per stage: 256 B runs of each weight row) that requests its first weight stages
+    before the grid dependency sync, so under programmatic dependent launch (PDL; the ring GEMM and the reduce
+    trigger their dependents at start) a GEMM may begin streaming its weight while the previous one drains. All
+    the CTA's scale products load once, not per K block. Measured as a whole (benchmarks/sweep_gemm_decode.py):
+    the share of the gain due to PDL rather than the ring was not isolated, and a PDL trigger in act_quant_fp8
+    (the GEMM's usual predecessor) gave no measurable overlap, so it is not there.
   * batched decode, 64 < M <= 256: the same 64-row tiles (2..4 M tiles), split-K counted for 2 M tiles and
     capped so the partials (split x 256 x N fp32) never outweigh the weight (N x K fp8): a 128 x 128 tile
     would give e.g. the fused wq_a+wkv (N = 1,536) only 12..24 CTAs.

@@ -178,9 +178,6 @@ def build_quant(*, mode: str, n: int, group: int, stride: int = 0, limit: float 
             s_shared = T.alloc_shared((BM,), f32)
             x_frag = T.alloc_fragment((BM, G), f32)
             amax = T.alloc_fragment((BM,), f32)
-            # the FP8 GEMM that reads y is launched with PDL: it may start (and stream its weight) as soon as
-            # every CTA here runs; it reads y only after its grid dependency sync (this grid's completion)
-            T.pdl_trigger()
             stage(x, x_shared, x_frag, s_shared, bm, bg)
             scales(x_frag, amax, s_shared)
             for i, j in T.Parallel(BM, G):
