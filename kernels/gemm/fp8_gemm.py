@@ -111,12 +111,19 @@ def gemm_params(arch: ArchProfile, n: int, k: int, num_tokens: int, groups: int 
     return p
 
 
+# The decode ring's shared-memory budget and most stages, on every family: the SM12x figures. On the H100 the
+# Hopper budget's deeper rings (fewer CTAs resident) were slower: wq_b at M = 64 took 34.2 us per layer with
+# them, 19.3 us with these (benchmarks/bench_gemm.py, 8 layers per graph, 2026-11-24).
+_RING_BUDGET = _STAGE_BUDGET["blackwell_consumer"]
+
+
 def ring_stages(family: str, p: Mapping[str, Any]) -> dict:
     """The decode ring's depth: two K blocks per stage (256 B runs of each weight row per request) where K
     per split is even and two such stages fit the budget, else one; then as many stages as fit (at most the
     ring's iterations). Picked from the SM12x-schedule sweep (benchmarks/sweep_gemm_decode.py), where it is
-    within 5% of the best candidate at every V4-Flash shape, M 1 and 64."""
-    budget, most = _STAGE_BUDGET[family]
+    within 5% of the best candidate at every V4-Flash shape, M 1 and 64. `family` is kept for the signature:
+    every family uses _RING_BUDGET."""
+    budget, most = _RING_BUDGET
     kps = p["k"] // BLOCK_K // p["split"]
     for ks in (2, 1):
         q = {**p, "ring": True, "k_stage": ks, "stages": 0}
