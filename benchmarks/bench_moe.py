@@ -45,6 +45,7 @@ def main() -> None:
     ap.add_argument("--block-n", type=int, nargs="+", default=None,
                     help="sweep: run every listed block_n (patched into the kernel module; default: the schedule's)")
     ap.add_argument("--stages", type=int, nargs="+", default=None, help="sweep: every listed stage count")
+    ap.add_argument("--k-stage", type=int, nargs="+", default=None, help="sweep: K blocks per stage (decode blocks)")
     ap.add_argument("--out", default="bench_out/moe.json")
     args = ap.parse_args()
 
@@ -64,15 +65,18 @@ def main() -> None:
     rows = []
     from dsv4_jit import jit
     from dsv4_jit.kernels.moe import fp4_moe_gemm as kmod
-    settings = [(bn, st) for bn in (args.block_n or [None]) for st in (args.stages or [None])]
-    for bn, st in settings:
+    settings = [(bn, st, ks) for bn in (args.block_n or [None]) for st in (args.stages or [None])
+                for ks in (args.k_stage or [None])]
+    for bn, st, ks in settings:
+        if ks is not None:
+            kmod.DECODE_K_STAGE = ks
         if bn is not None:   # the sweep: every row-block size runs these (the schedule's own split is bypassed)
             kmod.BLOCK_N = kmod.DECODE_BLOCK_N = bn
         if st is not None:
             kmod.STAGES, kmod.DECODE_STAGES = {**kmod.STAGES, arch.family: st}, st
         jit._SELECT_MEMO.clear()   # select reads the constants: drop the memoised variants
         if len(settings) > 1:
-            print(f"-- block_n {bn}, stages {st}")
+            print(f"-- block_n {bn}, stages {st}, k_stage {ks}")
         rows += run_shapes(args, m, arch, experts, topk, g, bw)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -126,7 +130,7 @@ def run_shapes(args, m, arch, experts: int, topk: int, g, bw: float) -> list:
             tflops = 2 * real * n * k / (ours * 1e-6) / 1e12 if ours else None
             p = get_spec("fp4_moe_gemm").select(arch, ops.moe_static(n, k), t).p
             row = {"gemm": name, "n": n, "k": k, "tokens": t, "experts_touched": len(touched), "block_m": bm,
-                   "block_n": p["block_n"], "stages": p["stages"],
+                   "block_n": p["block_n"], "stages": p["stages"], "k_stage": p.get("k_stage", 1),
                    "rows": a.shape[0], "bytes": nbytes, "ours_us": ours, "ours_gbs": gbs,
                    "ours_pct_copy": 100 * gbs / bw if gbs else None, "ours_tflops": tflops, "torch_us": t_torch,
                    "max_row_rel_err": err, "notes": [why] if why else []}

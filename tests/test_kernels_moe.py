@@ -185,8 +185,16 @@ def test_select_rejects_bad_statics(static, match):
 def test_stages_never_exceed_the_k_blocks():
     spec = get_spec("fp4_moe_gemm")
     # decode (16-row blocks) runs 2 stages of 64-column tiles, larger row blocks 4 stages of 128 columns
-    assert [spec.select(SM120, {"n": 4096, "k": k}, 1).p["stages"] for k in (128, 256, 7168)] == [1, 2, 2]
-    assert spec.select(SM120, {"n": 4096, "k": 7168}, 1).p["block_n"] == 64
+    dec = [spec.select(SM120, {"n": 4096, "k": k}, 1).p for k in (128, 256, 7168)]
+    assert [p["stages"] for p in dec] == [1, 2, 2] and all(p["block_n"] == 64 and "k_stage" not in p for p in dec)
+    # the k_stage option (swept, not selected): the stage holds k_stage K blocks, and the formula follows
+    kmod.DECODE_K_STAGE = 2
+    try:
+        swept = [kmod.moe_params(SM120, 4096, k, 1) for k in (256, 384, 512)]
+    finally:
+        kmod.DECODE_K_STAGE = 1
+    assert [(p["stages"], p.get("k_stage", 1)) for p in swept] == [(1, 2), (2, 1), (2, 2)]
+    assert kmod.moe_smem_bytes(swept[2]) == 2 * (2 * kmod.stage_bytes(16, 64) + 64 * 128) == 42_240
     assert [spec.select(SM120, {"n": 4096, "k": k}, 4096).p["stages"] for k in (128, 256, 384, 512, 7168)] == [1, 2, 3, 4, 4]
     assert spec.select(SM120, {"n": 4096, "k": 7168}, 4096).p["block_n"] == 128
 
