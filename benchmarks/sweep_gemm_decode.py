@@ -47,9 +47,7 @@ def candidates(prof, n: int, k: int, groups: int, m: int, args) -> list[dict]:
              "stages": 1}
         if pre:
             p.update(ring=True, k_stage=ks)
-        per = gk.gemm_smem_bytes({**p, "stages": 1}) - gk.gemm_smem_bytes({**p, "stages": 0})
-        p["stages"] = max(1, min(most, (budget - gk.gemm_smem_bytes({**p, "stages": 0})) // per,
-                                 kb // split // ks))
+        p["stages"] = gk.fitting_stages(p, budget, most)
         if gk.gemm_smem_bytes(p) <= min(budget, prof.max_smem_per_block):
             out.append(p)
     return list({str(sorted(p.items())): p for p in out}.values())

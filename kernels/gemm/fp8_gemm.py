@@ -107,7 +107,7 @@ def gemm_params(arch: ArchProfile, n: int, k: int, num_tokens: int, groups: int 
     p = {"n": n, "k": k, "groups": groups, "block_m": block_m, "block_n": block_n, "split": split, "threads": threads,
          "stages": _stages(arch.family, block_m, block_n, kb // split)}
     if num_tokens <= DECODE_MAX_M:
-        p.update(ring_stages(arch.family, p))
+        p.update(ring_stages(p))
     return p
 
 
@@ -117,22 +117,24 @@ def gemm_params(arch: ArchProfile, n: int, k: int, num_tokens: int, groups: int 
 _RING_BUDGET = _STAGE_BUDGET["blackwell_consumer"]
 
 
-def ring_stages(family: str, p: Mapping[str, Any]) -> dict:
+def fitting_stages(p: Mapping[str, Any], budget: int, most: int) -> int:
+    """The most pipeline stages of variant params `p` (its stage count ignored) within `budget` bytes of shared
+    memory, never above `most` nor the stage-sized K blocks one CTA walks; at least 1."""
+    fixed = gemm_smem_bytes({**p, "stages": 0})
+    per = gemm_smem_bytes({**p, "stages": 1}) - fixed
+    return max(1, min(most, (budget - fixed) // per, p["k"] // BLOCK_K // p["split"] // p.get("k_stage", 1)))
+
+
+def ring_stages(p: Mapping[str, Any]) -> dict:
     """The decode ring's depth: two K blocks per stage (256 B runs of each weight row per request) where K
-    per split is even and two such stages fit the budget, else one; then as many stages as fit (at most the
-    ring's iterations). Picked from the SM12x-schedule sweep (benchmarks/sweep_gemm_decode.py), where it is
-    within 5% of the best candidate at every V4-Flash shape, M 1 and 64. `family` is kept for the signature:
-    every family uses _RING_BUDGET."""
-    budget, most = _RING_BUDGET
+    per split is even and two such stages fit _RING_BUDGET, else one; then as many stages as fit. Picked from
+    the SM12x-schedule sweep (benchmarks/sweep_gemm_decode.py), where it is within 5% of the best candidate at
+    every V4-Flash shape, M 1 and 64."""
     kps = p["k"] // BLOCK_K // p["split"]
-    for ks in (2, 1):
-        q = {**p, "ring": True, "k_stage": ks, "stages": 0}
-        fixed = gemm_smem_bytes(q)
-        per = gemm_smem_bytes({**q, "stages": 1}) - fixed
-        fit = min(most, (budget - fixed) // per, kps // ks)
-        if kps % ks == 0 and (fit >= 2 or ks == 1):
-            return {"ring": True, "k_stage": ks, "stages": max(1, fit)}
-    raise AssertionError("unreachable: k_stage 1 always returns")
+    two = {**p, "ring": True, "k_stage": 2}
+    ks = 2 if kps % 2 == 0 and fitting_stages(two, *_RING_BUDGET) >= 2 else 1
+    q = {**p, "ring": True, "k_stage": ks}
+    return {"ring": True, "k_stage": ks, "stages": fitting_stages(q, *_RING_BUDGET)}
 
 
 def ring_pending(stages: int, n_iters: int) -> list[int]:
@@ -209,8 +211,8 @@ def build_fp8_gemm(*, n: int, k: int, block_m: int, block_n: int, split: int, st
     def mainloop_ring(a, sa, b, sb, acc, bx, by, g, sp):
         # Decode: the weight is the only big operand and nothing upstream writes it, so its first S - 1 stages
         # are requested before the grid dependency sync (PDL): launched behind the previous kernel, this CTA
-        # streams weights while that kernel drains. Activations, scales and every global write come after
-        # the sync. A hand-written cp.async ring (T.async_copy + constant waits, see ring_waits); rows of the
+        # may stream weights while that kernel drains. Activations, scales and every global write come after
+        # the sync. A hand-written cp.async ring (T.async_copy + constant waits, see ring_pending); rows of the
         # activation tile past M are zero-filled by the copy's bounds check and never stored.
         a_w = T.alloc_shared((S, BM, W), FP8)
         b_w = T.alloc_shared((S, BN, W), FP8)
