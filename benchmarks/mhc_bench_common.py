@@ -98,3 +98,20 @@ def write_rows(path: str, rows: list, **extra) -> Path:
     out.write_text(json.dumps({"device": torch.cuda.get_device_name(), **extra, "rows": rows}, indent=1))
     print(f"wrote {out}")
     return out
+
+
+def compile_job(job: tuple) -> str:
+    """(kernel name, params, arch, schedule) -> compiled into the default store; for a ProcessPoolExecutor map
+    (the store's per-key locks make parallel compiles safe). A schedule other than the arch is compiled emulated
+    on it. A failure is only named: the caller's timed loop reports it again."""
+    from dsv4_jit import jit
+    from dsv4_jit.arch import get_profile
+    from dsv4_jit.spec import Variant, get_spec
+    name, params, arch, schedule = job
+    prof = get_profile(arch) if schedule == arch else get_profile(schedule).emulated(get_profile(arch))
+    v = Variant.make(name, params, prof, schedule)
+    try:
+        jit.compile_variant(get_spec(name), v)
+        return f"compiled {v.name}"
+    except Exception as e:  # reported again (as skipped) by the timed loop
+        return f"{v.name}: {type(e).__name__}"

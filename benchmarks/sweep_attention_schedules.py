@@ -20,7 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_attention import make_point  # noqa: E402
-from mhc_bench_common import graph_us_or_reason, write_rows  # noqa: E402
+from mhc_bench_common import compile_job, graph_us_or_reason, write_rows  # noqa: E402
 
 from dsv4_jit import jit  # noqa: E402
 from dsv4_jit.arch import get_profile  # noqa: E402
@@ -56,18 +56,6 @@ def run_variant(prof, v: Variant, p: dict, scale: float, out: torch.Tensor):
     return f
 
 
-def _compile_one(args: tuple) -> str:
-    name, params, arch, schedule = args
-    prof = get_profile(arch) if schedule == arch else get_profile(schedule).emulated(get_profile(arch))
-    v = Variant.make(name, params, prof, schedule)
-    spec = get_spec(name)
-    try:
-        jit.compile_variant(spec, v)
-        return f"compiled {v.name}"
-    except Exception as e:  # reported again (as skipped) by the timed loop
-        return f"{v.name}: {type(e).__name__}"
-
-
 def precompile(prof, scale: float, args) -> None:
     """Every candidate forward (and its combine) into the store, in parallel."""
     from concurrent.futures import ProcessPoolExecutor
@@ -85,7 +73,7 @@ def precompile(prof, scale: float, args) -> None:
                          prof.name, prof.schedule))
     jobs = list({str(j): j for j in jobs}.values())
     with ProcessPoolExecutor(args.jobs) as ex:
-        for msg in ex.map(_compile_one, jobs):
+        for msg in ex.map(compile_job, jobs):
             print(msg, flush=True)
 
 

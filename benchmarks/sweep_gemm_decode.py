@@ -1,5 +1,5 @@
 """Schedule sweep on the GPU for decode-size `fp8_gemm` (M <= 64): candidate N tiles, split-K counts, pipeline
-stages and the scale prefetch, each checked against the float64 reference and timed, for every FP8 weight shape
+stages and the main loop (T.Pipelined or the cp.async ring), each checked against the float64 reference and timed, for every FP8 weight shape
 of a model at one TP (kernels/gemm/family.py: gemm_shapes).
 
 Candidates are Variants built by hand (not through `select`), compiled for this GPU with the schedule family
@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from mhc_bench_common import copy_bandwidth_gbs, graph_us_or_reason, write_rows  # noqa: E402
+from mhc_bench_common import compile_job, copy_bandwidth_gbs, graph_us_or_reason, write_rows  # noqa: E402
 
 from dsv4_jit import jit  # noqa: E402
 from dsv4_jit.arch import get_profile  # noqa: E402
@@ -36,32 +36,21 @@ def candidates(prof, n: int, k: int, groups: int, m: int, args) -> list[dict]:
     picked = gk.gemm_params(prof, n, k, m, groups)
     out = [picked]
     budget, most = gk._STAGE_BUDGET[prof.family]
-    for bn, split, pre, ks, thr in itertools.product(args.block_n, [d for d in range(1, kb + 1) if kb % d == 0],
-                                                     args.prefetch, args.k_stage, args.threads):
+    for bn, split, ring, ks, thr in itertools.product(args.block_n, [d for d in range(1, kb + 1) if kb % d == 0],
+                                                      args.ring, args.k_stage, args.threads):
         ctas = groups * (n // bn) * split
-        if n % bn or (kb // split) % ks or (ks > 1 and not pre) or (thr > 128 and bn < 128) or (thr > 128 and not pre):
+        if n % bn or (kb // split) % ks or (ks > 1 and not ring) or (thr > 128 and bn < 128) or (thr > 128 and not ring):
             continue
         if not prof.num_sms_hint // 2 <= ctas <= args.max_waves * prof.num_sms_hint and split != 1:
             continue
         p = {"n": n, "k": k, "groups": groups, "block_m": block_m, "block_n": bn, "split": split, "threads": thr,
              "stages": 1}
-        if pre:
+        if ring:
             p.update(ring=True, k_stage=ks)
         p["stages"] = gk.fitting_stages(p, budget, most)
         if gk.gemm_smem_bytes(p) <= min(budget, prof.max_smem_per_block):
             out.append(p)
     return list({str(sorted(p.items())): p for p in out}.values())
-
-
-def _compile_one(job: tuple) -> str:
-    name, params, arch, schedule = job
-    prof = get_profile(arch) if schedule == arch else get_profile(schedule).emulated(get_profile(arch))
-    v = Variant.make(name, params, prof, schedule)
-    try:
-        jit.compile_variant(get_spec(name), v)
-        return f"compiled {v.name}"
-    except Exception as e:  # reported again by the timed loop
-        return f"{v.name}: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
 
 
 def floor_us() -> float:
@@ -77,9 +66,9 @@ def main() -> int:
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--m", type=int, nargs="+", default=[1, 64])
     ap.add_argument("--block-n", type=int, nargs="+", default=[64, 128])
-    ap.add_argument("--prefetch", type=int, nargs="+", default=[0, 1],
+    ap.add_argument("--ring", type=int, nargs="+", default=[0, 1],
                     help="0: the T.Pipelined main loop; 1: the PDL cp.async ring with the scale prefetch")
-    ap.add_argument("--k-stage", type=int, nargs="+", default=[1, 2, 4], help="K blocks per stage (prefetch only)")
+    ap.add_argument("--k-stage", type=int, nargs="+", default=[1, 2, 4], help="K blocks per stage (ring only)")
     ap.add_argument("--threads", type=int, nargs="+", default=[128, 256])
     ap.add_argument("--layers", type=int, default=8, help="also time this many distinct weights back to back in one "
                     "graph (a forward pass's successive layers; no L2 reuse), per GEMM")
@@ -100,7 +89,7 @@ def main() -> int:
         jobs = [(GEMM.name, p, prof.name, prof.schedule) for _, _, cs in plan for p in cs]
         jobs.append((REDUCE.name, {"cols": gk.REDUCE_COLS, "threads": gk.REDUCE_THREADS}, prof.name, prof.schedule))
         with ProcessPoolExecutor(args.jobs) as ex:
-            for msg in ex.map(_compile_one, jobs):
+            for msg in ex.map(compile_job, jobs):
                 print(msg, flush=True)
     bw = copy_bandwidth_gbs()
     fl = floor_us()
