@@ -5,6 +5,8 @@ next_n = 1, V4-Flash shapes (64 heads x 128, page 64).
 Columns (us, median of triton's do_bench over one CUDA-graph replay of one call, L2 flushed before each, so
 small contexts are not served from L2 across repeated calls; a step that cannot be captured is timed eagerly):
   ours logits / ours +topk   dsv4_jit.indexer_decode_logits / indexer_decode_topk (TileLang, both steps)
+  ours topk                  dsv4_jit.indexer_topk alone on those logits (read from HBM here: L2 is flushed, where
+                             in the step they are still in L2)
   GB/s, %copy                index-K bytes read by the logits kernel (batch * ctx/4 * 132 B) / its time, and that
                              against a measured device-to-device copy (256 MiB, read + write)
   torch logits / torch +topk gather + dequantise + einsum + relu/weights in fp32, then torch.topk (the baseline)
@@ -97,7 +99,7 @@ def main() -> None:
     g = torch.Generator(device="cuda").manual_seed(0)
     bw = copy_bandwidth_gbs()
     rows = []
-    hdr = (f"{'ctx':>7} {'B':>3} {'ours logits':>11} {'ours +topk':>10} {'GB/s':>7} {'%copy':>6} "
+    hdr = (f"{'ctx':>7} {'B':>3} {'ours logits':>11} {'ours topk':>9} {'ours +topk':>10} {'GB/s':>7} {'%copy':>6} "
            f"{'torch logits':>12} {'torch +topk':>11} {'vllm logits':>11} {'vllm +topk':>10}")
     print(f"{torch.cuda.get_device_name()}; schedule {arch.schedule} on {arch.name}; copy bandwidth {bw:,.0f} GB/s")
     print(hdr)
@@ -111,6 +113,8 @@ def main() -> None:
             lens = torch.empty(b, dtype=torch.int32, device="cuda")
             args_ = (d["q"], d["q_scale"], d["weights"], d["kv_cache"], d["seq_lens"], d["block_table"])
             ours_l, r1 = cold_us(lambda: dsv4_jit.indexer_decode_logits(*args_, out=lg, row_info=info, **kw))
+            ours_k, r3 = cold_us(lambda: dsv4_jit.indexer_topk(lg, info, d["block_table"], topk=TOPK, page_size=PAGE,
+                                                               arch=arch, out=(idx, lens)))
             ours_t, r2 = cold_us(lambda: dsv4_jit.indexer_decode_topk(*args_, topk=TOPK, workspace=(lg, info),
                                                                                 out=(idx, lens), **kw))
             tl = torch.empty_like(lg)
@@ -130,13 +134,13 @@ def main() -> None:
             kbytes = b * d["comp"] * (DIM + 4)
             gbs = kbytes / (ours_l * 1e-6) / 1e9 if ours_l else None
             row = {"ctx": ctx, "compressed": d["comp"], "batch": b, "width": width, "index_k_bytes": kbytes,
-                   "ours_logits_us": ours_l, "ours_logits_topk_us": ours_t, "ours_gbs": gbs,
+                   "ours_logits_us": ours_l, "ours_topk_us": ours_k, "ours_logits_topk_us": ours_t, "ours_gbs": gbs,
                    "ours_pct_copy": (100 * gbs / bw) if gbs else None, "torch_logits_us": t_l, "torch_logits_topk_us": t_t,
                    "vllm_logits_us": v_l, "vllm_logits_topk_us": v_t,
-                   "notes": [r for r in (r1, r2, v_reason) if r]}
+                   "notes": [r for r in (r1, r3, r2, v_reason) if r]}
             rows.append(row)
             f = lambda x, w_=10: f"{x:>{w_}.1f}" if isinstance(x, float) else f"{'-':>{w_}}"  # noqa: E731
-            print(f"{ctx:>7} {b:>3} {f(ours_l, 11)} {f(ours_t)} {f(gbs, 7)} {f(row['ours_pct_copy'], 6)} "
+            print(f"{ctx:>7} {b:>3} {f(ours_l, 11)} {f(ours_k, 9)} {f(ours_t)} {f(gbs, 7)} {f(row['ours_pct_copy'], 6)} "
                   f"{f(t_l, 12)} {f(t_t, 11)} {f(v_l, 11)} {f(v_t)}")
             del d
             torch.cuda.empty_cache()

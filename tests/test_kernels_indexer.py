@@ -199,7 +199,11 @@ def test_sm120_shared_memory_figures():
     assert got[("indexer_decode_logits", 1, 128)] == 8_192 + 3 * (8_192 + 256) == 33_536
     assert got[("indexer_decode_logits", 3, 128)] == 24_576 + 3 * (8_192 + 256) == 49_920
     assert got[("indexer_prefill_logits", 2, 128)] == 16_384 + 3 * (8_192 + 256)
-    assert got[("indexer_topk", None, 1024)] == 1_104  # histogram 1,040 + scan totals 32 + counters 16 + threshold 16
+    # histogram 1,040 + scan totals 32 + counters 16 + threshold 16, then the resident row: 11,264 keys (two CTAs
+    # per SM: 2 x (48,208 + 1 KB reserved) <= 102,400), or SPLIT_RESIDENT_MAX keys for the split kernel, and the
+    # 512 selected columns
+    assert got[("indexer_topk", None, 1024)] == got[("indexer_topk", None, 512)] == 1_104 + 4 * 11_264 + 4 * 512 == 48_208
+    assert got[("indexer_topk_split", None, 512)] == 1_040 + 32 + 16 + 16 + 4 * 8_192 + 4 * 512 == 35_920
     assert max(got.values()) <= 101_376
 
 
@@ -281,6 +285,18 @@ def test_row_split_radix_select_model_is_an_exact_top_k(n, splits):
     # Gaussian rows stop early: after 2-3 passes the threshold bin holds exactly the keys still needed, so the
     # last passes (and their row barriers) are skipped. Ties (quantized, all-equal rows) need all four passes.
     assert passes[0] <= 3 and passes[3] <= 3 and passes[2] == 4
+
+
+def test_resident_row_fits_the_sm_and_is_whole_kilo_keys():
+    from dsv4_jit.kernels.indexer.topk import resident_keys
+    sm120, h100 = get_profile("sm_120a"), get_profile("sm_90a")
+    assert resident_keys(sm120, 1_104, ctas_per_sm=1) == 24_576     # 99,408 B <= 101,376
+    assert resident_keys(sm120, 1_104, ctas_per_sm=2) == 11_264     # 2 x (46,160 + 1,024) <= 102,400
+    assert resident_keys(h100, 1_104, ctas_per_sm=1) == 57_344      # 230,480 B <= 232,448: 229K-token context
+    for arch in (sm120, h100):
+        for ctas in (1, 2, 3):
+            r = resident_keys(arch, 1_104, ctas)
+            assert r % 1024 == 0 and ctas * (1_104 + 4 * r + 1_024) <= arch.max_smem_per_block + 1_024
 
 
 def test_topk_splits_fill_the_gpu_and_stop_at_one_cta_per_row():

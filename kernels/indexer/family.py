@@ -276,16 +276,18 @@ def _prefill_logits_case(m) -> GpuCase:
 
 def _topk_inputs(m, t: int, device, g) -> dict:
     """Rows as the logits kernels leave them: short rows (< topk), exactly topk, topk + 1, long rows; some
-    rows start past column 0 (prefill); some rows full of ties; -1 pages past each row's length."""
+    rows start past column 0 (prefill); some rows full of ties; -1 pages past each row's length. Up to 100
+    rows, rows of 7,000 columns are selected from shared memory by both kernels on both schedules (split:
+    <= SPLIT_RESIDENT_MAX) and rows of 65,613 by none, so both paths of both kernels run."""
     import torch
     k = m.index_topk
-    width = (65_536 if t <= 64 else 4_096) + 77
+    width = (65_536 if t <= 100 else 4_096) + 77
     cg = _cuda_gen(g, device)
     lens, starts = [], []
     for i in range(t):
         kind = i % 6
         n = {0: width, 1: int(torch.randint(1, k, (1,), generator=g)), 2: k, 3: k + 1,
-             4: int(torch.randint(k, width, (1,), generator=g)), 5: width // 2}[kind]
+             4: int(torch.randint(k, width, (1,), generator=g)), 5: min(width // 3, 7_000)}[kind]
         lo = int(torch.randint(0, width - n + 1, (1,), generator=g)) if kind == 4 else 0
         lens.append(n)
         starts.append(lo)

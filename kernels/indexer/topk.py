@@ -49,9 +49,26 @@ from .logits import check_arch, int_param, schedule_name
 
 RADIX = 256
 PASSES = 4  # 8 bits each over the 32-bit key
+# Both top-k kernels place every barrier they need themselves (T.sync_threads). TileLang's automatic barrier
+# insertion sees all shared buffers as one merged allocation, so a data-dependent histogram atomic next to a
+# resident-key read put two __syncthreads() inside every per-key loop iteration (~30 instructions and two
+# block-wide barriers per key: 25 us for a 16K-column row on the H100, 2026-11-24).
+_OWN_BARRIERS = {"tl.disable_thread_storage_sync": True}
 # Keys each thread loads before it uses any of them (registers), so the L2 latency of a pass is paid once
 # per 8 keys, and the next 8 load while these are counted (next_keys).
 LOADS_IN_FLIGHT = 8
+
+
+# Bytes of shared memory an SM has beyond one block's opt-in maximum (the 1 KB the driver reserves per block).
+_SM_RESERVED = 1024
+
+
+def resident_keys(arch: ArchProfile, fixed: int, ctas_per_sm: int) -> int:
+    """Keys (uint32) of one row the CTA keeps in shared memory, a multiple of 1024: the most that fit next to
+    `fixed` bytes with `ctas_per_sm` CTAs on one SM (per SM: the per-block maximum + the 1 KB reserve). A row
+    that fits is read from global memory once instead of once per radix pass."""
+    per_cta = min(arch.max_smem_per_block, (arch.max_smem_per_block + _SM_RESERVED) // ctas_per_sm - _SM_RESERVED)
+    return max(0, (per_cta - fixed) // 4 // 1024 * 1024)
 
 
 def topk_threads(num_tokens: int, num_sms: int) -> int:
@@ -60,12 +77,16 @@ def topk_threads(num_tokens: int, num_sms: int) -> int:
     return 1024 if num_tokens < num_sms else 512
 
 
+def _a16(n: int) -> int:
+    return -(-n // 16) * 16
+
+
 def topk_smem_bytes(p: Mapping[str, Any]) -> int:
     """Histogram (RADIX + 1 bins), per-warp scan totals (RADIX / 32), two collection counters and the
-    threshold, int32, each buffer placed at a 16-byte boundary in the merged dynamic allocation."""
-    def a16(n: int) -> int:
-        return -(-n // 16) * 16
-    return a16(4 * (RADIX + 1)) + a16(4 * (RADIX // 32)) + a16(4 * 2) + a16(4 * 1)
+    threshold, int32, then the resident row (p["resident"] uint32 keys) and its topk selected columns, each
+    buffer placed at a 16-byte boundary in the merged dynamic allocation."""
+    return (_a16(4 * (RADIX + 1)) + _a16(4 * (RADIX // 32)) + _a16(4 * 2) + _a16(4 * 1)
+            + _a16(4 * p.get("resident", 0)) + _a16(4 * p["topk"]))
 
 
 def _key_and_slot(T, P: int, max_pages):
@@ -82,16 +103,144 @@ def _key_and_slot(T, P: int, max_pages):
     return to_key, slot
 
 
-def build_topk(*, topk: int, page_size: int, threads: int):
+def _resident_select(T, *, threads: int, topk: int, to_key, slot):
+    """The select of a row that fits in shared memory (topk < n <= the resident size), by one CTA; both kernels
+    run it. The row is read from global memory once (LOADS_IN_FLIGHT loads per thread in flight), its keys kept
+    in `skeys`, and pass 0's histogram counted as it lands; passes 1-3 and the collection walk `skeys` one key
+    per thread per step. The streaming path's unrolled loads and per-slot guards cost ~30 instructions per key
+    and pass, and one CTA's passes were latency-bound on them (64K context: ~25 us for a 16K-column row,
+    whether it re-read global memory or not, H100 ncu, 2026-11-24)."""
+    U = LOADS_IN_FLIGHT
+
+    @T.macro
+    def resident_select(logits, bx, lo, n, req, tx, block_table, indices, skeys, hist, wsum, s_thr, s_cnt, s_pos):
+        rem = T.alloc_var("int32")
+        val = T.alloc_var("int32")
+        other = T.alloc_var("int32")
+        thr = T.alloc_var("int32")
+        done = T.alloc_var("int32")
+        pos_out = T.alloc_var("int32")
+        base = T.alloc_var("int32")
+        prefix = T.alloc_var("uint32")
+        mask = T.alloc_var("uint32")
+        digit = T.alloc_var("uint32")
+        peers = T.alloc_var("uint32")
+        votes = T.alloc_var("uint32")
+        kk = T.alloc_var("uint32")
+        lanes_below = T.alloc_var("uint32")
+        vals = T.alloc_local([U], "float32")
+
+        lanes_below = (T.Cast("uint32", 1) << T.Cast("uint32", tx % 32)) - T.Cast("uint32", 1)
+        rem = topk
+        prefix = T.Cast("uint32", 0)
+        mask = T.Cast("uint32", 0)
+        done = 0
+        if tx < RADIX + 1:
+            hist[tx] = 0
+        T.sync_threads()
+        # pass 0 while the row lands: keep every key, count its top byte (warp-aggregated: most of a row shares
+        # its top byte, sign + high exponent bits)
+        for i in T.serial(T.ceildiv(n, threads * U)):
+            for u in T.unroll(U):
+                vals[u] = logits[bx, lo + T.min((i * U + u) * threads + tx, n - 1)]
+            for u in T.unroll(U):
+                if (i * U + u) * threads + tx - tx % 32 < n:  # warp-uniform: match_any needs the whole warp
+                    kk = to_key(vals[u])
+                    digit = T.Cast("uint32", RADIX)
+                    if (i * U + u) * threads + tx < n:
+                        skeys[(i * U + u) * threads + tx] = kk
+                        digit = kk >> T.Cast("uint32", 24)
+                    peers = T.match_any_sync(digit)
+                    if digit < T.Cast("uint32", RADIX) and (peers & lanes_below) == T.Cast("uint32", 0):
+                        T.atomic_add(hist[T.Cast("int32", digit)], T.popcount(peers))
+        T.sync_threads()
+        for rnd in T.serial(PASSES):
+            if done == 0:
+                if rnd > 0:
+                    if tx < RADIX + 1:
+                        hist[tx] = 0
+                    T.sync_threads()
+                    for j in T.serial(T.ceildiv(n, threads)):
+                        if j * threads + tx < n:
+                            kk = skeys[j * threads + tx]
+                            if (kk & mask) == prefix:
+                                T.atomic_add(hist[T.Cast("int32", (kk >> T.Cast("uint32", 24 - 8 * rnd))
+                                                       & T.Cast("uint32", 255))], 1)
+                    T.sync_threads()
+                # suffix sums (warp shuffles, then the RADIX / 32 warp totals), the digit of the rem-th largest key
+                if tx < RADIX:
+                    val = hist[tx]
+                    for st in T.unroll(5):
+                        other = T.shfl_down(val, 1 << st)
+                        if tx % 32 + (1 << st) < 32:
+                            val = val + other
+                    if tx % 32 == 0:
+                        wsum[tx // 32] = val
+                T.sync_threads()
+                if tx < RADIX:
+                    for w in T.unroll(RADIX // 32):
+                        if w > tx // 32:
+                            val = val + wsum[w]
+                    hist[tx] = val
+                if tx == RADIX:
+                    hist[RADIX] = 0
+                T.sync_threads()
+                if tx < RADIX:
+                    if hist[tx] >= rem and hist[tx + 1] < rem:
+                        s_thr[0] = tx
+                T.sync_threads()
+                thr = s_thr[0]
+                rem = rem - hist[thr + 1]
+                if hist[thr] - hist[thr + 1] == rem:  # the whole threshold bin is taken
+                    done = 1
+                prefix = prefix | (T.Cast("uint32", thr) << T.Cast("uint32", 24 - 8 * rnd))
+                mask = mask | (T.Cast("uint32", 255) << T.Cast("uint32", 24 - 8 * rnd))
+                T.sync_threads()
+        # collection: the columns of the keys above the threshold class, then of the first rem keys of it, into
+        # s_pos (warp-aggregated slots; a shared atomicAdd, not TileLang's device-scope atomic_ref, which is a
+        # generic-address ATOM); then all topk page-table lookups at once. Looking each one up as it was found
+        # chained a global load, an atomic and a store per key into every step of the loop.
+        if tx == 0:
+            s_cnt[0] = 0
+            s_cnt[1] = 0
+        T.sync_threads()
+        for j in T.serial(T.ceildiv(n, threads)):
+            if j * threads + tx - tx % 32 < n:  # warp-uniform: the ballots need the whole warp
+                kk = skeys[T.min(j * threads + tx, n - 1)]
+                for c in T.unroll(2):
+                    take = j * threads + tx < n and T.if_then_else(
+                        c == 0, (kk & mask) > prefix, (kk & mask) == prefix)
+                    votes = T.Cast("uint32", T.ballot_sync(take))
+                    if votes != T.Cast("uint32", 0):
+                        if (votes & lanes_below) == T.Cast("uint32", 0) and take:
+                            base = T.call_extern("int32", "atomicAdd", T.address_of(s_cnt[c]),
+                                                 T.popcount(votes))
+                        base = T.shfl_sync(base, T.__ffs(T.Cast("int32", votes)) - 1)
+                        pos_out = base + T.popcount(votes & lanes_below)
+                        if take:
+                            if c == 0:
+                                s_pos[pos_out] = j * threads + tx
+                            elif pos_out < rem:
+                                s_pos[topk - rem + pos_out] = j * threads + tx
+        T.sync_threads()
+        for t in T.serial(T.ceildiv(topk, threads)):
+            if t * threads + tx < topk:
+                indices[bx, t * threads + tx] = slot(block_table, req, s_pos[t * threads + tx])
+
+    return resident_select
+
+
+def build_topk(*, topk: int, page_size: int, threads: int, resident: int):
     import tilelang.language as T
 
-    P = page_size
+    P, R = page_size, resident
     num_tokens = T.dynamic("num_tokens")
     width = T.dynamic("width")
     batch = T.dynamic("batch")
     max_pages = T.dynamic("max_pages")
 
     to_key, slot = _key_and_slot(T, P, max_pages)
+    resident_select = _resident_select(T, threads=threads, topk=topk, to_key=to_key, slot=slot)
 
     U = LOADS_IN_FLIGHT
 
@@ -146,6 +295,8 @@ def build_topk(*, topk: int, page_size: int, threads: int):
             other = T.alloc_var("int32")
             done = T.alloc_var("int32")
             wsum = T.alloc_shared([RADIX // 32], "int32")
+            skeys = T.alloc_shared([R], "uint32")
+            s_pos = T.alloc_shared([topk], "int32")
 
             lanes_below = (T.Cast("uint32", 1) << T.Cast("uint32", tx % 32)) - T.Cast("uint32", 1)
             lo = T.min(T.max(row_info[bx, 0], 0), width)
@@ -159,6 +310,9 @@ def build_topk(*, topk: int, page_size: int, threads: int):
                     if i * threads + tx < topk:
                         indices[bx, i * threads + tx] = T.if_then_else(
                             i * threads + tx < n, slot(block_table, req, i * threads + tx), -1)
+            elif n <= R:
+                resident_select(logits, bx, lo, n, req, tx, block_table, indices, skeys, hist, wsum, s_thr, s_cnt,
+                                s_pos)
             else:
                 rem = topk
                 prefix = T.Cast("uint32", 0)
@@ -264,6 +418,8 @@ class IndexerTopkSpec(KernelSpec):
             raise ValueError(f"{self.name}: topk={topk} is out of range (1..4096)")
         page_size = int_param(self.name, static, "page_size", (16, 32, 64, 128, 256))
         p = {"topk": topk, "page_size": page_size, "threads": topk_threads(num_tokens, arch.num_sms_hint)}
+        # many rows: two CTAs per SM, so the resident row is half an SM's shared memory
+        p["resident"] = resident_keys(arch, topk_smem_bytes(p), ctas_per_sm=2)
         return Variant.make(self.name, p, arch, schedule_name(arch))
 
     def smem_bytes(self, variant: Variant) -> int:
@@ -273,7 +429,7 @@ class IndexerTopkSpec(KernelSpec):
         return build_topk(**variant.p)
 
     def pass_configs(self, variant: Variant) -> dict[str, Any]:
-        return dict(get_profile(variant.schedule).pass_configs)
+        return {**get_profile(variant.schedule).pass_configs, **_OWN_BARRIERS}
 
 
 # =============================================================================================
@@ -281,6 +437,11 @@ class IndexerTopkSpec(KernelSpec):
 # =============================================================================================
 MAX_SPLITS = 16
 SPLIT_THREADS = 512
+# Longest row the split kernel selects in one CTA from shared memory; longer rows are split over CTAs. From
+# benchmarks/sweep_topk.py (H100, sm_90a, graph time per call incl. the workspace memset, 2026-11-24): a 2K-column
+# row took 7.9 us resident against 13.3 split 16 ways, 8K columns 14.1 against 15.5, but 16K columns 22.2 against
+# 13.7-15.3 (four to sixteen CTAs each read a slice, where one CTA's passes over 16K keys are latency-bound).
+SPLIT_RESIDENT_MAX = 8192
 
 
 def topk_splits(num_tokens: int, num_sms: int) -> int:
@@ -294,13 +455,14 @@ def topk_splits(num_tokens: int, num_sms: int) -> int:
 
 
 def topk_split_smem_bytes(p: Mapping[str, Any]) -> int:
-    """The single kernel's buffers: histogram / scan (RADIX + 1), per-warp totals, threshold (16-byte aligned)."""
-    def a16(n: int) -> int:
-        return -(-n // 16) * 16
-    return a16(4 * (RADIX + 1)) + a16(4 * (RADIX // 32)) + a16(4 * 1)
+    """The single kernel's buffers: histogram / scan (RADIX + 1), per-warp totals, the resident select's two
+    output counters, threshold, the resident row (p["resident"] uint32 keys) and its topk selected columns,
+    16-byte aligned."""
+    return (_a16(4 * (RADIX + 1)) + _a16(4 * (RADIX // 32)) + _a16(4 * 2) + _a16(4 * 1)
+            + _a16(4 * p.get("resident", 0)) + _a16(4 * p["topk"]))
 
 
-def build_topk_split(*, topk: int, page_size: int, threads: int, splits: int):
+def build_topk_split(*, topk: int, page_size: int, threads: int, splits: int, resident: int):
     """The split radix select in one launch: the row's `splits` CTAs meet at a row barrier after each pass, over a
     zeroed workspace hist [T, PASSES + 1, RADIX + 1]:
       hist[t, r, b]         keys of row t (matching the prefix of passes < r) whose pass-r digit is b, summed by
@@ -316,7 +478,7 @@ def build_topk_split(*, topk: int, page_size: int, threads: int, splits: int):
     on)."""
     import tilelang.language as T
 
-    P, S = page_size, splits
+    P, S, R = page_size, splits, resident
     num_tokens = T.dynamic("num_tokens")
     width = T.dynamic("width")
     batch = T.dynamic("batch")
@@ -324,6 +486,7 @@ def build_topk_split(*, topk: int, page_size: int, threads: int, splits: int):
     U = LOADS_IN_FLIGHT
 
     to_key, slot = _key_and_slot(T, P, max_pages)
+    resident_select = _resident_select(T, threads=threads, topk=topk, to_key=to_key, slot=slot)
 
     @T.prim_func
     def indexer_topk_split(
@@ -334,9 +497,13 @@ def build_topk_split(*, topk: int, page_size: int, threads: int, splits: int):
         indices: T.Tensor[(num_tokens, topk), "int32"],
         lengths: T.Tensor[(num_tokens,), "int32"],
     ):
-        with T.Kernel(num_tokens, S, threads=threads) as (bx, sx):
+        # the split index is blockIdx.x: a row's CTAs are dispatched together (forward progress, above)
+        with T.Kernel(S, num_tokens, threads=threads) as (sx, bx):
             tx = T.get_thread_binding()
             sh = T.alloc_shared([RADIX + 1], "int32")
+            s_cnt = T.alloc_shared([2], "int32")
+            skeys = T.alloc_shared([R], "uint32")
+            s_pos = T.alloc_shared([topk], "int32")
             wsum = T.alloc_shared([RADIX // 32], "int32")
             s_thr = T.alloc_shared([1], "int32")
             lo = T.alloc_var("int32")
@@ -372,6 +539,13 @@ def build_topk_split(*, topk: int, page_size: int, threads: int, splits: int):
                         if i * threads + tx < topk:
                             indices[bx, i * threads + tx] = T.if_then_else(
                                 i * threads + tx < n, slot(block_table, req, i * threads + tx), -1)
+            elif n <= R:
+                # the row fits in shared memory: its first CTA selects it alone (no row barriers), the others exit
+                if sx == 0:
+                    if tx == 0:
+                        lengths[bx] = topk
+                    resident_select(logits, bx, lo, n, req, tx, block_table, indices, skeys, sh, wsum, s_thr,
+                                    s_cnt, s_pos)
             else:
                 # this CTA's columns [c0, c1): an equal share, a multiple of threads * U
                 c0 = sx * T.ceildiv(T.ceildiv(n, S), threads * U) * (threads * U)
@@ -497,6 +671,7 @@ class IndexerTopkSplitSpec(KernelSpec):
         page_size = int_param(self.name, static, "page_size", (16, 32, 64, 128, 256))
         p = {"topk": topk, "page_size": page_size, "threads": SPLIT_THREADS,
              "splits": max(2, topk_splits(num_tokens, arch.num_sms_hint))}
+        p["resident"] = min(SPLIT_RESIDENT_MAX, resident_keys(arch, topk_split_smem_bytes(p), ctas_per_sm=1))
         return Variant.make(self.name, p, arch, schedule_name(arch))
 
     def smem_bytes(self, variant: Variant) -> int:
@@ -506,7 +681,7 @@ class IndexerTopkSplitSpec(KernelSpec):
         return build_topk_split(**variant.p)
 
     def pass_configs(self, variant: Variant) -> dict[str, Any]:
-        return dict(get_profile(variant.schedule).pass_configs)
+        return {**get_profile(variant.schedule).pass_configs, **_OWN_BARRIERS}
 
 
 # =============================================================================================
