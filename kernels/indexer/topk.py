@@ -103,6 +103,38 @@ def _key_and_slot(T, P: int, max_pages):
     return to_key, slot
 
 
+def _scan_threshold(T):
+    """scan_threshold(hist, wsum, s_thr, tx, rem), both kernels' one-CTA histograms: hist[b] becomes the number of
+    keys whose digit is >= b (suffix sums; hist[RADIX] stays 0), then s_thr[0] the digit of the rem-th largest key
+    (exactly one bin has hist[b] >= rem > hist[b + 1]). Within each warp by shuffles, then across the RADIX / 32
+    warp totals: three barriers, the last before s_thr is read."""
+    @T.macro
+    def scan_threshold(hist, wsum, s_thr, tx, rem):
+        val = T.alloc_var("int32")
+        other = T.alloc_var("int32")
+        if tx < RADIX:
+            val = hist[tx]
+            for st in T.unroll(5):
+                other = T.shfl_down(val, 1 << st)
+                if tx % 32 + (1 << st) < 32:
+                    val = val + other
+            if tx % 32 == 0:
+                wsum[tx // 32] = val
+        T.sync_threads()
+        if tx < RADIX:
+            for w in T.unroll(RADIX // 32):
+                if w > tx // 32:
+                    val = val + wsum[w]
+            hist[tx] = val
+        T.sync_threads()
+        if tx < RADIX:
+            if hist[tx] >= rem and hist[tx + 1] < rem:
+                s_thr[0] = tx
+        T.sync_threads()
+
+    return scan_threshold
+
+
 def _resident_select(T, *, threads: int, topk: int, to_key, slot):
     """The select of a row that fits in shared memory (topk < n <= the resident size), by one CTA; both kernels
     run it. The row is read from global memory once (LOADS_IN_FLIGHT loads per thread in flight), its keys kept
@@ -111,12 +143,11 @@ def _resident_select(T, *, threads: int, topk: int, to_key, slot):
     and pass, and one CTA's passes were latency-bound on them (64K context: ~25 us for a 16K-column row,
     whether it re-read global memory or not, H100 ncu, 2026-11-24)."""
     U = LOADS_IN_FLIGHT
+    scan_threshold = _scan_threshold(T)
 
     @T.macro
     def resident_select(logits, bx, lo, n, req, tx, block_table, indices, skeys, hist, wsum, s_thr, s_cnt, s_pos):
         rem = T.alloc_var("int32")
-        val = T.alloc_var("int32")
-        other = T.alloc_var("int32")
         thr = T.alloc_var("int32")
         done = T.alloc_var("int32")
         pos_out = T.alloc_var("int32")
@@ -167,28 +198,7 @@ def _resident_select(T, *, threads: int, topk: int, to_key, slot):
                                 T.atomic_add(hist[T.Cast("int32", (kk >> T.Cast("uint32", 24 - 8 * rnd))
                                                        & T.Cast("uint32", 255))], 1)
                     T.sync_threads()
-                # suffix sums (warp shuffles, then the RADIX / 32 warp totals), the digit of the rem-th largest key
-                if tx < RADIX:
-                    val = hist[tx]
-                    for st in T.unroll(5):
-                        other = T.shfl_down(val, 1 << st)
-                        if tx % 32 + (1 << st) < 32:
-                            val = val + other
-                    if tx % 32 == 0:
-                        wsum[tx // 32] = val
-                T.sync_threads()
-                if tx < RADIX:
-                    for w in T.unroll(RADIX // 32):
-                        if w > tx // 32:
-                            val = val + wsum[w]
-                    hist[tx] = val
-                if tx == RADIX:
-                    hist[RADIX] = 0
-                T.sync_threads()
-                if tx < RADIX:
-                    if hist[tx] >= rem and hist[tx + 1] < rem:
-                        s_thr[0] = tx
-                T.sync_threads()
+                scan_threshold(hist, wsum, s_thr, tx, rem)
                 thr = s_thr[0]
                 rem = rem - hist[thr + 1]
                 if hist[thr] - hist[thr + 1] == rem:  # the whole threshold bin is taken
@@ -241,6 +251,7 @@ def build_topk(*, topk: int, page_size: int, threads: int, resident: int):
 
     to_key, slot = _key_and_slot(T, P, max_pages)
     resident_select = _resident_select(T, threads=threads, topk=topk, to_key=to_key, slot=slot)
+    scan_threshold = _scan_threshold(T)
 
     U = LOADS_IN_FLIGHT
 
@@ -280,7 +291,6 @@ def build_topk(*, topk: int, page_size: int, threads: int, resident: int):
             n = T.alloc_var("int32")
             req = T.alloc_var("int32")
             rem = T.alloc_var("int32")
-            val = T.alloc_var("int32")
             thr = T.alloc_var("int32")
             pos_out = T.alloc_var("int32")
             prefix = T.alloc_var("uint32")
@@ -292,7 +302,6 @@ def build_topk(*, topk: int, page_size: int, threads: int, resident: int):
             lanes_below = T.alloc_var("uint32")  # bits of the lanes below this one in its warp
             keys = T.alloc_local([LOADS_IN_FLIGHT], "uint32")
             vals = T.alloc_local([LOADS_IN_FLIGHT], "float32")
-            other = T.alloc_var("int32")
             done = T.alloc_var("int32")
             wsum = T.alloc_shared([RADIX // 32], "int32")
             skeys = T.alloc_shared([R], "uint32")
@@ -341,28 +350,7 @@ def build_topk(*, topk: int, page_size: int, threads: int, resident: int):
                                 elif digit < T.Cast("uint32", RADIX):
                                     T.atomic_add(hist[T.Cast("int32", digit)], 1)
                         T.sync_threads()
-                        # suffix sums: hist[b] = #keys (matching the prefix) whose digit is >= b; hist[RADIX] = 0.
-                        # Within each warp by shuffles, then across the RADIX / 32 warps: two barriers, not 16.
-                        if tx < RADIX:
-                            val = hist[tx]
-                            for st in T.unroll(5):
-                                other = T.shfl_down(val, 1 << st)
-                                if tx % 32 + (1 << st) < 32:
-                                    val = val + other
-                            if tx % 32 == 0:
-                                wsum[tx // 32] = val
-                        T.sync_threads()
-                        if tx < RADIX:
-                            for w in T.unroll(RADIX // 32):
-                                if w > tx // 32:
-                                    val = val + wsum[w]
-                            hist[tx] = val
-                        T.sync_threads()
-                        # the digit of the rem-th largest key: exactly one bin has hist[b] >= rem > hist[b + 1]
-                        if tx < RADIX:
-                            if hist[tx] >= rem and hist[tx + 1] < rem:
-                                s_thr[0] = tx
-                        T.sync_threads()
+                        scan_threshold(hist, wsum, s_thr, tx, rem)
                         thr = s_thr[0]
                         rem = rem - hist[thr + 1]
                         # every key of the threshold bin is taken: the prefix so far decides, skip the rest
