@@ -154,8 +154,6 @@ def _resident_select(T, *, threads: int, topk: int, to_key, slot):
         base = T.alloc_var("int32")
         prefix = T.alloc_var("uint32")
         mask = T.alloc_var("uint32")
-        digit = T.alloc_var("uint32")
-        peers = T.alloc_var("uint32")
         votes = T.alloc_var("uint32")
         kk = T.alloc_var("uint32")
         lanes_below = T.alloc_var("uint32")
@@ -169,21 +167,17 @@ def _resident_select(T, *, threads: int, topk: int, to_key, slot):
         if tx < RADIX + 1:
             hist[tx] = 0
         T.sync_threads()
-        # pass 0 while the row lands: keep every key, count its top byte (warp-aggregated: most of a row shares
-        # its top byte, sign + high exponent bits)
+        # pass 0 while the row lands: keep every key, count its top byte. Plain shared atomics: the streamed
+        # select's warp aggregation (match_any) made this pass slower here, 16K keys 22.2 -> 18.3 us without it
+        # (sweep_topk, H100, 2026-11-24)
         for i in T.serial(T.ceildiv(n, threads * U)):
             for u in T.unroll(U):
                 vals[u] = logits[bx, lo + T.min((i * U + u) * threads + tx, n - 1)]
             for u in T.unroll(U):
-                if (i * U + u) * threads + tx - tx % 32 < n:  # warp-uniform: match_any needs the whole warp
+                if (i * U + u) * threads + tx < n:
                     kk = to_key(vals[u])
-                    digit = T.Cast("uint32", RADIX)
-                    if (i * U + u) * threads + tx < n:
-                        skeys[(i * U + u) * threads + tx] = kk
-                        digit = kk >> T.Cast("uint32", 24)
-                    peers = T.match_any_sync(digit)
-                    if digit < T.Cast("uint32", RADIX) and (peers & lanes_below) == T.Cast("uint32", 0):
-                        T.atomic_add(hist[T.Cast("int32", digit)], T.popcount(peers))
+                    skeys[(i * U + u) * threads + tx] = kk
+                    T.atomic_add(hist[T.Cast("int32", kk >> T.Cast("uint32", 24))], 1)
         T.sync_threads()
         for rnd in T.serial(PASSES):
             if done == 0:
@@ -426,9 +420,10 @@ class IndexerTopkSpec(KernelSpec):
 MAX_SPLITS = 16
 SPLIT_THREADS = 512
 # Longest row the split kernel selects in one CTA from shared memory; longer rows are split over CTAs. From
-# benchmarks/sweep_topk.py (H100, sm_90a, graph time per call incl. the workspace memset, 2026-11-24): a 2K-column
-# row took 7.9 us resident against 13.3 split 16 ways, 8K columns 14.1 against 15.5, but 16K columns 22.2 against
-# 13.7-15.3 (four to sixteen CTAs each read a slice, where one CTA's passes over 16K keys are latency-bound).
+# benchmarks/sweep_topk.py (H100, sm_90a, graph time per call incl. the workspace memset, 2026-11-24), 512 threads:
+# a 2K-column row took 7.2 us resident against 12.8 split 16 ways, 8K columns 12.3 against 14.5, but 16K columns
+# 18.3 against 14.9-15.3 (four to sixteen CTAs each read a slice). 1,024 threads would take 16K columns resident
+# in 14.7 us but streamed 64K-column rows 3.5 us slower (256K context), so the split kernel keeps 512.
 SPLIT_RESIDENT_MAX = 8192
 
 
