@@ -45,6 +45,20 @@ def graph_us(fn, reps: int = 20) -> float:
     return bench_us(g.replay) / reps
 
 
+def events_us(fn, launches: int) -> float:
+    """Mean time of `launches` eager calls between two CUDA events, after one warm-up call (L2 warm, host overhead
+    included): what the profiler launchers print when no profiler is attached."""
+    fn()
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(launches):
+        fn()
+    b.record()
+    torch.cuda.synchronize()
+    return a.elapsed_time(b) * 1e3 / launches
+
+
 def graph_us_or_reason(fn, reps: int = 20) -> tuple[float | None, str | None]:
     """graph_us, or (None, why) when capture or replay fails: a peer that cannot be captured must
     not end the run. The device is synchronized again so that a failed capture leaves nothing behind."""

@@ -17,6 +17,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_attention import make_fns, make_point  # noqa: E402
+from mhc_bench_common import events_us  # noqa: E402
 
 from dsv4_jit.arch import get_profile  # noqa: E402
 from dsv4_jit.kernels.attention.sparse_mla import D  # noqa: E402
@@ -36,16 +37,8 @@ def main() -> int:
     g = torch.Generator(device="cuda").manual_seed(0)
     p = make_point(args.batch, args.heads, args.ctx, args.ratio, g)
     f, _ = make_fns(p, args.heads, args.batch, {"ours": prof}, None, D ** -0.5)["ours"]
-    f()
-    torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(args.launches):
-        f()
-    b.record()
-    torch.cuda.synchronize()
     print(f"{args.schedule} H={args.heads} B={args.batch} ratio={args.ratio} ctx={args.ctx}: "
-          f"{a.elapsed_time(b) * 1e3 / args.launches:.1f} us per call (events, L2 warm)")
+          f"{events_us(f, args.launches):.1f} us per call (events, L2 warm)")
     return 0
 
 

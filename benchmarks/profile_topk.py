@@ -19,6 +19,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_indexer import PAGE, RATIO, TOPK, make_inputs  # noqa: E402
+from mhc_bench_common import events_us  # noqa: E402
 
 
 def main() -> int:
@@ -58,15 +59,7 @@ def main() -> int:
         def fn():
             h3.zero_()
             kern(lg, info, d["block_table"], h3, idx, lens)
-    fn()
-    torch.cuda.synchronize()
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    e0.record()
-    for _ in range(args.launches):
-        fn()
-    e1.record()
-    torch.cuda.synchronize()
-    print(f"{args.kernel} {p} ctx={args.ctx} B={b}: {e0.elapsed_time(e1) * 1e3 / args.launches:.1f} us per call "
+    print(f"{args.kernel} {p} ctx={args.ctx} B={b}: {events_us(fn, args.launches):.1f} us per call "
           f"(events, L2 warm)")
     return 0
 

@@ -99,20 +99,21 @@ def main() -> int:
                                            d["block_table"], next_n=1, arch=arch, out=lg, row_info=info)
             idx = torch.empty(b, TOPK, dtype=torch.int32, device="cuda")
             lens = torch.empty(b, dtype=torch.int32, device="cuda")
+            bt = d["block_table"]
             best = None
             for kname, p in candidates(arch, b, args.resident):
                 v = Variant.make(kname, p, arch, schedule_name(arch))
                 kern = jit.load(get_spec(kname), v)
                 if kname == "indexer_topk":
-                    fn = lambda: kern(lg, info, d["block_table"], idx, lens)  # noqa: E731
+                    fn = lambda: kern(lg, info, bt, idx, lens)  # noqa: E731
                 else:
                     hist = torch.empty(b * (ops.PASSES + 1) * (ops.RADIX + 1), dtype=torch.int32, device="cuda")
                     h3 = hist.view(b, ops.PASSES + 1, ops.RADIX + 1)
-                    fn = lambda: (h3.zero_(), kern(lg, info, d["block_table"], h3, idx, lens))  # noqa: E731
+                    fn = lambda: (h3.zero_(), kern(lg, info, bt, h3, idx, lens))  # noqa: E731
                 idx.fill_(-7)
                 fn()
                 torch.cuda.synchronize()
-                want = reference.check_topk_sets(idx, lg, info.long(), d["block_table"], TOPK, PAGE)
+                want = reference.check_topk_sets(idx, lg, info.long(), bt, TOPK, PAGE)
                 ok = bool(torch.equal(want, idx.long())) and bool((lens == min(TOPK, d["comp"])).all())
                 gus, why = graph_us_or_reason(fn, reps=20)
                 kus = kernel_us(fn, kname)

@@ -104,16 +104,18 @@ def _key_and_slot(T, P: int, max_pages):
 
 
 def _scan_threshold(T):
-    """scan_threshold(hist, wsum, s_thr, tx, rem), both kernels' one-CTA histograms: hist[b] becomes the number of
-    keys whose digit is >= b (suffix sums; hist[RADIX] stays 0), then s_thr[0] the digit of the rem-th largest key
-    (exactly one bin has hist[b] >= rem > hist[b + 1]). Within each warp by shuffles, then across the RADIX / 32
-    warp totals: three barriers, the last before s_thr is read."""
+    """scan_threshold(hist, wsum, s_thr, tx, rem, count), every select's scan: given thread tx's bin count `count`
+    (bin tx < RADIX: hist[tx] in one CTA, the row's global histogram in the split kernel; the argument is evaluated
+    by every thread, so its index must stay in bounds for tx >= RADIX too), hist[b] becomes the
+    number of keys whose digit is >= b (suffix sums; hist[RADIX] stays 0), then s_thr[0] the digit of the rem-th
+    largest key (exactly one bin has hist[b] >= rem > hist[b + 1]). Within each warp by shuffles, then across the
+    RADIX / 32 warp totals: three barriers, the last before s_thr is read."""
     @T.macro
-    def scan_threshold(hist, wsum, s_thr, tx, rem):
+    def scan_threshold(hist, wsum, s_thr, tx, rem, count):
         val = T.alloc_var("int32")
         other = T.alloc_var("int32")
         if tx < RADIX:
-            val = hist[tx]
+            val = count
             for st in T.unroll(5):
                 other = T.shfl_down(val, 1 << st)
                 if tx % 32 + (1 << st) < 32:
@@ -192,7 +194,7 @@ def _resident_select(T, *, threads: int, topk: int, to_key, slot):
                                 T.atomic_add(hist[T.Cast("int32", (kk >> T.Cast("uint32", 24 - 8 * rnd))
                                                        & T.Cast("uint32", 255))], 1)
                     T.sync_threads()
-                scan_threshold(hist, wsum, s_thr, tx, rem)
+                scan_threshold(hist, wsum, s_thr, tx, rem, hist[T.min(tx, RADIX)])
                 thr = s_thr[0]
                 rem = rem - hist[thr + 1]
                 if hist[thr] - hist[thr + 1] == rem:  # the whole threshold bin is taken
@@ -344,7 +346,7 @@ def build_topk(*, topk: int, page_size: int, threads: int, resident: int):
                                 elif digit < T.Cast("uint32", RADIX):
                                     T.atomic_add(hist[T.Cast("int32", digit)], 1)
                         T.sync_threads()
-                        scan_threshold(hist, wsum, s_thr, tx, rem)
+                        scan_threshold(hist, wsum, s_thr, tx, rem, hist[T.min(tx, RADIX)])
                         thr = s_thr[0]
                         rem = rem - hist[thr + 1]
                         # every key of the threshold bin is taken: the prefix so far decides, skip the rest
@@ -470,6 +472,7 @@ def build_topk_split(*, topk: int, page_size: int, threads: int, splits: int, re
 
     to_key, slot = _key_and_slot(T, P, max_pages)
     resident_select = _resident_select(T, threads=threads, topk=topk, to_key=to_key, slot=slot)
+    scan_threshold = _scan_threshold(T)
 
     @T.prim_func
     def indexer_topk_split(
@@ -495,8 +498,6 @@ def build_topk_split(*, topk: int, page_size: int, threads: int, splits: int, re
             c0 = T.alloc_var("int32")
             c1 = T.alloc_var("int32")
             rem = T.alloc_var("int32")
-            val = T.alloc_var("int32")
-            other = T.alloc_var("int32")
             thr = T.alloc_var("int32")
             base = T.alloc_var("int32")
             pos_out = T.alloc_var("int32")
@@ -570,29 +571,10 @@ def build_topk_split(*, topk: int, page_size: int, threads: int, splits: int, re
                             while T.atomic_load(hist[bx, PASSES, 2], memory_order="acquire") < S * (rnd + 1):
                                 T.evaluate(0)
                         T.sync_threads()
-                        # suffix sums of the row's histogram (warp shuffles, two barriers), the digit of the rem-th
-                        # largest key, folded into prefix / mask / rem
-                        if tx < RADIX:
-                            val = T.atomic_load(hist[bx, rnd, tx], memory_order="relaxed")
-                            for st in T.unroll(5):
-                                other = T.shfl_down(val, 1 << st)
-                                if tx % 32 + (1 << st) < 32:
-                                    val = val + other
-                            if tx % 32 == 0:
-                                wsum[tx // 32] = val
-                        T.sync_threads()
-                        if tx < RADIX:
-                            for w in T.unroll(RADIX // 32):
-                                if w > tx // 32:
-                                    val = val + wsum[w]
-                            sh[tx] = val
-                        if tx == RADIX:
-                            sh[RADIX] = 0
-                        T.sync_threads()
-                        if tx < RADIX:
-                            if sh[tx] >= rem and sh[tx + 1] < rem:
-                                s_thr[0] = tx
-                        T.sync_threads()
+                        # suffix sums of the row's finished histogram into sh, the digit of the rem-th largest key,
+                        # folded into prefix / mask / rem (sh[RADIX] was zeroed with the pass's counts)
+                        scan_threshold(sh, wsum, s_thr, tx, rem,
+                                       T.atomic_load(hist[bx, rnd, tx], memory_order="relaxed"))
                         thr = s_thr[0]
                         rem = rem - sh[thr + 1]
                         # every key of the threshold bin is taken: the prefix so far decides, skip the rest (all
