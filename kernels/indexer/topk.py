@@ -440,11 +440,9 @@ def topk_splits(num_tokens: int, num_sms: int) -> int:
 
 
 def topk_split_smem_bytes(p: Mapping[str, Any]) -> int:
-    """The single kernel's buffers: histogram / scan (RADIX + 1), per-warp totals, the resident select's two
-    output counters, threshold, the resident row (p["resident"] uint32 keys) and its topk selected columns,
-    16-byte aligned."""
-    return (_a16(4 * (RADIX + 1)) + _a16(4 * (RADIX // 32)) + _a16(4 * 2) + _a16(4 * 1)
-            + _a16(4 * p.get("resident", 0)) + _a16(4 * p["topk"]))
+    """The same shared buffers as the one-CTA kernel (topk_smem_bytes): histogram, per-warp totals, the resident
+    select's output counters, threshold, the resident row and its selected columns."""
+    return topk_smem_bytes(p)
 
 
 def build_topk_split(*, topk: int, page_size: int, threads: int, splits: int, resident: int):
