@@ -147,14 +147,41 @@ def build_sparse_mla(heads: int, head_block: int, block_i: int, threads: int, kv
         else:
             T.copy(q[t, hb * HB:(hb + 1) * HB, :], q_s)
 
+    NACC = 2 if HB >= 64 else 4  # score accumulators (registers: 255 a thread at HB = 64 already)
+    QK_SLICE = 64
     TPR = threads // HB          # threads per head row in the softmax
     CPT = BI // TPR              # score columns per thread
     TPR_LOG = TPR.bit_length() - 1
 
     @T.macro
-    def scores_to_shared(acc_s, s_s):
+    def scores(q_s, kv_s, acc_s, acc_b, acc_c, acc_d, s_s):
+        # S = Q K^T over 512 dims. A warp holds only 1-2 mma tiles of S, so one accumulator is a chain of 32
+        # dependent mma (ncu, H100: the top stall). NACC accumulators take alternate 64-dim slices, so the
+        # chains interleave; they are summed into s_s.
+        T.clear(acc_s)
+        if NACC >= 2:
+            T.clear(acc_b)
+        if NACC == 4:
+            T.clear(acc_c)
+            T.clear(acc_d)
+        for c in T.unroll(D // (QK_SLICE * NACC)):
+            k0 = c * QK_SLICE * NACC
+            T.gemm(q_s[:, k0:k0 + QK_SLICE], kv_s[:, k0:k0 + QK_SLICE], acc_s, transpose_B=True)
+            if NACC >= 2:
+                T.gemm(q_s[:, k0 + QK_SLICE:k0 + 2 * QK_SLICE], kv_s[:, k0 + QK_SLICE:k0 + 2 * QK_SLICE], acc_b,
+                       transpose_B=True)
+            if NACC == 4:
+                T.gemm(q_s[:, k0 + 2 * QK_SLICE:k0 + 3 * QK_SLICE], kv_s[:, k0 + 2 * QK_SLICE:k0 + 3 * QK_SLICE],
+                       acc_c, transpose_B=True)
+                T.gemm(q_s[:, k0 + 3 * QK_SLICE:k0 + 4 * QK_SLICE], kv_s[:, k0 + 3 * QK_SLICE:k0 + 4 * QK_SLICE],
+                       acc_d, transpose_B=True)
         for h, j in T.Parallel(HB, BI):
-            s_s[h, j] = acc_s[h, j]
+            if NACC == 1:
+                s_s[h, j] = acc_s[h, j]
+            elif NACC == 2:
+                s_s[h, j] = acc_s[h, j] + acc_b[h, j]
+            else:
+                s_s[h, j] = (acc_s[h, j] + acc_b[h, j]) + (acc_c[h, j] + acc_d[h, j])
 
     @T.macro
     def row_softmax(s_s, valid_s, p_s, alpha_s, st, tx):
@@ -349,6 +376,9 @@ def build_sparse_mla(heads: int, head_block: int, block_i: int, threads: int, kv
                 rope_r = T.alloc_fragment([BI, ROPE], "bfloat16")
                 e_r = T.alloc_fragment([BI, 8], "uint8")
                 acc_s = T.alloc_fragment([HB, BI], "float32")
+                acc_b = T.alloc_fragment([HB, BI], "float32")
+                acc_c = T.alloc_fragment([HB, BI], "float32")
+                acc_d = T.alloc_fragment([HB, BI], "float32")
                 acc_o = T.alloc_fragment([HB, D], "float32")
                 st = T.alloc_local([2], "float32")
                 rng = T.alloc_local([3], "int32")
@@ -386,8 +416,7 @@ def build_sparse_mla(heads: int, head_block: int, block_i: int, threads: int, kv
                         else:
                             load_fp8(kvq2, kvs2, kvr2, pg_s, off_s, nope_r, rope_r, e_r, block_size2)
                     if it > 0:
-                        T.gemm(q_s, kv_s, acc_s, transpose_B=True, clear_accum=True)
-                        scores_to_shared(acc_s, s_s)
+                        scores(q_s, kv_s, acc_s, acc_b, acc_c, acc_d, s_s)
                         T.sync_threads()  # D
                         row_softmax(s_s, valid_s, p_s, alpha_s, st, tx)
                         T.sync_threads()  # E
@@ -424,6 +453,9 @@ def build_sparse_mla(heads: int, head_block: int, block_i: int, threads: int, kv
             valid_s = T.alloc_shared([BI], "int32")
             raw_r = T.alloc_fragment([BI, D], "bfloat16")
             acc_s = T.alloc_fragment([HB, BI], "float32")
+            acc_b = T.alloc_fragment([HB, BI], "float32")
+            acc_c = T.alloc_fragment([HB, BI], "float32")
+            acc_d = T.alloc_fragment([HB, BI], "float32")
             acc_o = T.alloc_fragment([HB, D], "float32")
             st = T.alloc_local([2], "float32")
             rng = T.alloc_local([3], "int32")
@@ -453,8 +485,7 @@ def build_sparse_mla(heads: int, head_block: int, block_i: int, threads: int, kv
                     else:
                         load_bf16(kv2, pg_s, raw_r)
                 if it > 0:
-                    T.gemm(q_s, kv_s, acc_s, transpose_B=True, clear_accum=True)
-                    scores_to_shared(acc_s, s_s)
+                    scores(q_s, kv_s, acc_s, acc_b, acc_c, acc_d, s_s)
                     T.sync_threads()  # D
                     row_softmax(s_s, valid_s, p_s, alpha_s, st, tx)
                     T.sync_threads()  # E
@@ -475,6 +506,7 @@ def build_combine(heads: int, n_splits: int, head_block: int, threads: int):
     H, S, HC = heads, n_splits, head_block
     TPH = threads // HC          # threads per head
     VD = D // TPH                # dims per thread (contiguous: one 16-byte load per split at 128 threads)
+    CH = min(S, 16)              # splits loaded at once
     num_tokens = T.dynamic("num_tokens")
 
     @T.prim_func
@@ -492,7 +524,7 @@ def build_combine(heads: int, n_splits: int, head_block: int, threads: int):
             w = T.alloc_local([S], "float32")
             st = T.alloc_local([2], "float32")   # running max, then the denominator
             acc = T.alloc_local([VD], "float32")
-            part = T.alloc_local([VD], "float32")
+            part = T.alloc_local([CH * VD], "float32")
             ob = T.alloc_local([VD], "bfloat16")
             st[0] = sink[hh] * LOG2E
             for s in T.unroll(S):
@@ -503,12 +535,16 @@ def build_combine(heads: int, n_splits: int, head_block: int, threads: int):
                 st[1] = st[1] + w[s]
             for v in T.unroll(VD):
                 acc[v] = T.float32(0)
-            for s in T.unroll(S):
-                if w[s] > 0:
+            # CH splits' loads are issued before any is used (predicated off for empty splits): loads inside
+            # a branch per split ran one DRAM round trip after another (14 us for 64 splits, ncu, H100)
+            for c in T.unroll(S // CH):
+                for s in T.unroll(CH):
                     for v in T.vectorized(VD):
-                        part[v] = o_part[s, t, hh, d0 + v]
+                        part[s * VD + v] = T.if_then_else(w[c * CH + s] > 0, o_part[c * CH + s, t, hh, d0 + v],
+                                                          T.float32(0))
+                for s in T.unroll(CH):
                     for v in T.unroll(VD):
-                        acc[v] = acc[v] + w[s] * part[v]
+                        acc[v] = acc[v] + w[c * CH + s] * part[s * VD + v]
             for v in T.unroll(VD):
                 ob[v] = T.Cast("bfloat16", acc[v] / st[1])
             if h < H:
