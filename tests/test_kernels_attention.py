@@ -92,6 +92,34 @@ def test_schedule_fits_and_splits_only_small_batches(arch, heads):
         assert FWD.select(prof, static, 1).p["head_block"] <= 32
 
 
+def test_softmax_row_groups_fit_every_selected_variant_and_bad_ones_are_refused():
+    # the softmax gives each head row threads / head_block adjacent lanes (shuffles stay in one warp), so
+    # every variant select can return must split its rows evenly; the builder refuses one that cannot
+    for arch in sorted(PROFILES):
+        for heads in (8, 16, 32, 64, 128):
+            for t in (1, 2, 8, 64, 4096):
+                p = FWD.select(get_profile(arch), {"heads": heads, "softmax_scale": SCALE}, t).p
+                tpr = p["threads"] // p["head_block"]
+                assert p["threads"] % p["head_block"] == 0 and tpr in (1, 2, 4, 8, 16, 32)
+                assert p["block_i"] % tpr == 0
+                c = COMBINE.select(get_profile(arch), {"heads": heads, "softmax_scale": SCALE}, t).p
+                assert c["head_block"] == 1 and sparse_mla.D % c["threads"] == 0
+    pytest.importorskip("tilelang")
+    with pytest.raises(ValueError, match="cannot share 64 head rows"):
+        sparse_mla.build_sparse_mla(heads=64, head_block=64, block_i=32, threads=96, kv_format="fp8_ds_mla",
+                                    n_splits=1, softmax_scale=SCALE)
+    with pytest.raises(ValueError, match="cannot share 16 head rows"):   # 64 lanes a row: beyond one warp
+        sparse_mla.build_sparse_mla(heads=16, head_block=16, block_i=32, threads=1024, kv_format="fp8_ds_mla",
+                                    n_splits=1, softmax_scale=SCALE)
+
+
+def test_one_token_splits_up_to_64_and_never_past_the_sms():
+    for arch in sorted(PROFILES):
+        prof = get_profile(arch)
+        v = FWD.select(prof, {"heads": 16, "softmax_scale": SCALE}, 1)
+        assert v.p["n_splits"] == min(64, 1 << (prof.num_sms_hint.bit_length() - 1))
+
+
 def test_workspace_is_bounded_and_zero_without_splits():
     prof = get_profile("sm_120a")
     assert ops.sparse_mla_workspace_numel(prof, 64, 4096) == 0

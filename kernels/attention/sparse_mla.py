@@ -17,21 +17,27 @@ A slot is page * block_size + offset. Out-of-range slots, holes and positions pa
 masked in the kernel (never read), so a bad index can never become an illegal access.
 
 One CTA = (query token, block of HB heads, split). Q [HB, 512] and one KV tile [BI, 512] live in shared
-memory (bf16), the scores and O in registers (mma.sync through T.gemm). With n_splits > 1 each split
-takes an even share of the token's tiles (computed from its real lengths at run time, so short requests
-do no work past their length) and writes O normalised within the split and its log2-sum-exp; the combine
-kernel merges splits and applies the sink. With n_splits == 1 the kernel writes `out` itself.
+memory (bf16), O in registers (mma.sync through T.gemm). The scores go through shared memory (fp32) to a
+row-per-thread-group softmax: the TPR = threads / HB threads of a head row are adjacent lanes, so the row max is
+a few shuffles; the row sum stays per thread and is reduced once at the end. With n_splits > 1 each split takes
+an even share of the token's tiles (computed from its real lengths at run time, so short requests do no work
+past their length) and writes O normalised within the split and its log2-sum-exp (a split with no candidate
+writes only lse = -inf); the combine kernel merges splits and applies the sink. With n_splits == 1 the kernel
+writes `out` itself.
 
 Shared memory, per CTA:  2*512*(HB + BI)  Q and KV tiles (bf16)
                        + 2*HB*BI          P (bf16, the second GEMM's A operand)
+                       + 4*HB*(BI + 4)    the scores (fp32, rows padded)
+                       + 4*HB*3           per-row rescale, sum and max
                        + 4*BI*(3 + 8)     page / offset / validity per row and 8 scales per row (fp32)
-                       + 8*threads        cross-warp row reductions
-SM12x: HB <= 32, BI = 32, 256 threads -> 71,040 B at most (the lowered figure; HB = 16 -> 52,608 B); H = 64
-runs as 2 head blocks (the public one-CTA-per-64-heads tiling needs 141,312 B, which SM120 cannot launch).
-sm_90a / sm_100a: HB = 64 (one CTA reads a candidate tile for all 64 heads), BI = 32 -> 105,856 B.
+SM12x: HB <= 32, BI = 32, 256 threads -> 73,984 B (HB = 16, 128 threads -> 54,080 B); H = 64 runs as 2 head
+blocks (the public one-CTA-per-64-heads tiling needs 141,312 B, which SM120 cannot launch).
+sm_90a / sm_100a: HB = 64 (one CTA reads a candidate tile for all 64 heads), BI = 32 -> 113,792 B.
 
 The gather is software-pipelined through registers: tile k+1's bytes are loaded (every load issued before
-any is used) while tile k is dequantized into shared memory and multiplied.
+any is used) while tile k is dequantized into shared memory and multiplied. Every barrier is explicit, four per
+tile (TileLang's automatic ones were ~36: a block-wide reduction per row held by a thread, and one in each step
+of the dequantize loop).
 """
 # No `from __future__ import annotations`: TileLang evaluates the T.Tensor annotations.
 import math
