@@ -82,7 +82,8 @@ def test_schedule_fits_and_splits_only_small_batches(arch, heads):
         assert FWD.smem_bytes(v) <= prof.max_smem_per_block
         assert v.p["n_splits"] in sparse_mla.SPLITS
         nhb = math.ceil(heads / v.p["head_block"])
-        assert t * nhb * v.p["n_splits"] <= max(prof.num_sms_hint, t * nhb)  # never more CTAs than SMs
+        per_sm = sparse_mla.ctas_per_sm(prof, FWD.smem_bytes(v), v.p["threads"])
+        assert t * nhb * v.p["n_splits"] <= max(prof.num_sms_hint * per_sm, t * nhb)  # one wave at most
         c = COMBINE.select(prof, static, t)
         assert c.p["n_splits"] == max(2, v.p["n_splits"])
         splits.append(v.p["n_splits"])
@@ -111,6 +112,19 @@ def test_softmax_row_groups_fit_every_selected_variant_and_bad_ones_are_refused(
     with pytest.raises(ValueError, match="cannot share 16 head rows"):   # 64 lanes a row: beyond one warp
         sparse_mla.build_sparse_mla(heads=16, head_block=16, block_i=32, threads=1024, kv_format="fp8_ds_mla",
                                     n_splits=1, softmax_scale=SCALE)
+
+
+def test_ctas_per_sm_counts_registers_and_shared_memory():
+    # 128 threads at 255 registers: two CTAs by registers; the 54 KB 16-head tile: four fit a Hopper SM's
+    # shared memory, one an SM12x SM's (100 KB)
+    v16 = FWD.select(get_profile("sm_90a"), {"heads": 16, "softmax_scale": SCALE}, 64)
+    assert (v16.p["head_block"], v16.p["threads"]) == (16, 128)
+    assert sparse_mla.ctas_per_sm(get_profile("sm_90a"), FWD.smem_bytes(v16), 128) == 2
+    assert sparse_mla.ctas_per_sm(get_profile("sm_120a"), FWD.smem_bytes(v16), 128) == 1
+    assert v16.p["n_splits"] == 4          # 64 tokens x 4 splits = 256 CTAs = 132 SMs x 2, one wave
+    assert FWD.select(get_profile("sm_120a"), {"heads": 16, "softmax_scale": SCALE}, 64).p["n_splits"] == 2
+    v64 = FWD.select(get_profile("sm_90a"), {"heads": 64, "softmax_scale": SCALE}, 64)
+    assert sparse_mla.ctas_per_sm(get_profile("sm_90a"), FWD.smem_bytes(v64), 256) == 1
 
 
 def test_one_token_splits_up_to_64_and_never_past_the_sms():

@@ -55,6 +55,7 @@ SCALE_BYTES = 8    # 7 scales + 1 pad, per token, after the page's token data
 KV_FORMATS = ("fp8_ds_mla", "bf16")
 SPLITS = (1, 2, 4, 8, 16, 32, 64)
 LOG2E = 1.4426950408889634
+SMEM_RESERVED = 1024  # shared memory the driver reserves per CTA
 SPAD = 4           # fp32 pad per score row in shared memory (spreads the fragment stores over banks)
 
 
@@ -101,12 +102,21 @@ def kv_tile(arch: ArchProfile) -> int:
     return 32
 
 
-def num_splits(num_tokens: int, head_blocks: int, num_sms: int) -> int:
+def ctas_per_sm(arch: ArchProfile, smem: int, threads: int) -> int:
+    """CTAs of this variant one SM holds: __launch_bounds__(threads, 1) lets nvcc take 255 registers a thread
+    (it does, at every head block), and each CTA also reserves 1 KB of shared memory."""
+    by_regs = 65536 // (threads * 256)
+    by_smem = (arch.max_smem_per_block + SMEM_RESERVED) // (smem + SMEM_RESERVED)
+    return max(1, min(by_regs, by_smem))
+
+
+def num_splits(num_tokens: int, head_blocks: int, num_sms: int, per_sm: int = 1) -> int:
     """Splits of each token's candidate list: the largest of SPLITS (1 .. 64) that keeps
-    tokens x head blocks x splits within the SM count, so a small decode batch still fills the GPU and a
-    large one pays no combine. Depends on the token count only (never on context length), so the planner
-    enumerates every value."""
-    per = num_sms // max(1, num_tokens * head_blocks)
+    tokens x head blocks x splits within what the SMs hold at once (per_sm CTAs each), so a small decode batch
+    still fills the GPU and a large one pays no combine. Depends on the token count only (never on context
+    length), so the planner enumerates every value. H100, 16 heads (two CTAs an SM), batch 64: 4 splits took
+    39.4 / 94.2 us at ratio 4 / 128 where 2 took 51.8 / 142.8 (2026-11-24, sweep_attention_schedules)."""
+    per = num_sms * per_sm // max(1, num_tokens * head_blocks)
     s = 1
     while s * 2 <= min(per, SPLITS[-1]):
         s *= 2
@@ -597,9 +607,10 @@ class SparseMlaSpec(KernelSpec):
         nhb = math.ceil(heads / hb)
         # 8 warps hide the gather's latency; a 16-row head block splits over 4 (mma.sync needs 16 rows x 8
         # columns per warp, and the 32-wide score tile has only 4 such column blocks)
-        params = {"heads": heads, "head_block": hb, "block_i": kv_tile(arch), "threads": 128 if hb == 16 else 256,
-                  "kv_format": fmt, "n_splits": num_splits(num_tokens, nhb, arch.num_sms_hint),
-                  "softmax_scale": scale}
+        bi, threads = kv_tile(arch), 128 if hb == 16 else 256
+        per_sm = ctas_per_sm(arch, smem_bytes_for(hb, bi, threads), threads)
+        params = {"heads": heads, "head_block": hb, "block_i": bi, "threads": threads, "kv_format": fmt,
+                  "n_splits": num_splits(num_tokens, nhb, arch.num_sms_hint, per_sm), "softmax_scale": scale}
         return Variant.make(self.name, params, arch, schedule_name(arch))
 
     def build(self, variant: Variant):
