@@ -228,19 +228,15 @@ def build_sparse_mla(heads: int, head_block: int, block_i: int, threads: int, kv
             p_s[r, c0 + c] = T.Cast("bfloat16", vals[c])
 
     @T.macro
-    def pv_step(acc_o, p_s, kv_s, alpha_s):
+    def attend_tile(q_s, kv_s, acc_s, acc_b, acc_c, acc_d, s_s, valid_s, p_s, alpha_s, acc_o, st, tx):
+        # the tile in kv_s (and its validity) is in place: scores, softmax, O = alpha O + P V
+        scores(q_s, kv_s, acc_s, acc_b, acc_c, acc_d, s_s)
+        T.sync_threads()  # D: the scores in s_s
+        row_softmax(s_s, valid_s, p_s, alpha_s, st, tx)
+        T.sync_threads()  # E: p_s and alpha_s
         for h, d in T.Parallel(HB, D):
             acc_o[h, d] = acc_o[h, d] * alpha_s[h]
         T.gemm(p_s, kv_s, acc_o)
-
-    @T.macro
-    def row_stats(st, l_s, m_s, tx):
-        # the row's partial sums -> its sum; (sum, reference) to shared for finish's per-element threads
-        for o in T.unroll(TPR_LOG):
-            st[1] = st[1] + T.shfl_xor(st[1], 1 << o)
-        if tx % TPR == 0:
-            l_s[tx // TPR] = st[1]
-            m_s[tx // TPR] = st[0]
 
     @T.macro
     def fetch_slot(idx1, lens1, idx2, lens2, t, g, rng, tx, slot_r):
@@ -330,8 +326,15 @@ def build_sparse_mla(heads: int, head_block: int, block_i: int, threads: int, kv
         rng[2] = T.min(split * per + per, t1 + t2)
 
     @T.macro
-    def finish(acc_o, l_s, m_s, sink, out, o_part, lse_part, t, hb, split):
-        # l_s, m_s: each row's sum and running max (row_stats); acc_o is relative to the max (0 if -inf)
+    def finish(acc_o, st, l_s, m_s, tx, sink, out, o_part, lse_part, t, hb, split):
+        # the row's partial sums -> its sum; (sum, running max) to shared for the per-element threads below.
+        # acc_o is relative to the max (0 if -inf).
+        for o in T.unroll(TPR_LOG):
+            st[1] = st[1] + T.shfl_xor(st[1], 1 << o)
+        if tx % TPR == 0:
+            l_s[tx // TPR] = st[1]
+            m_s[tx // TPR] = st[0]
+        T.sync_threads()
         if S == 1:
             for h, d in T.Parallel(HB, D):
                 if hb * HB + h < H:
@@ -432,14 +435,8 @@ def build_sparse_mla(heads: int, head_block: int, block_i: int, threads: int, kv
                         else:
                             load_fp8(kvq2, kvs2, kvr2, pg_s, off_s, nope_r, rope_r, e_r, block_size2)
                     if it > 0:
-                        scores(q_s, kv_s, acc_s, acc_b, acc_c, acc_d, s_s)
-                        T.sync_threads()  # D
-                        row_softmax(s_s, valid_s, p_s, alpha_s, st, tx)
-                        T.sync_threads()  # E
-                        pv_step(acc_o, p_s, kv_s, alpha_s)
-                row_stats(st, l_s, m_s, tx)
-                T.sync_threads()
-                finish(acc_o, l_s, m_s, sink, out, o_part, lse_part, t, hb, split)
+                        attend_tile(q_s, kv_s, acc_s, acc_b, acc_c, acc_d, s_s, valid_s, p_s, alpha_s, acc_o, st, tx)
+                finish(acc_o, st, l_s, m_s, tx, sink, out, o_part, lse_part, t, hb, split)
 
         return sparse_mla_fwd
 
@@ -501,14 +498,8 @@ def build_sparse_mla(heads: int, head_block: int, block_i: int, threads: int, kv
                     else:
                         load_bf16(kv2, pg_s, raw_r)
                 if it > 0:
-                    scores(q_s, kv_s, acc_s, acc_b, acc_c, acc_d, s_s)
-                    T.sync_threads()  # D
-                    row_softmax(s_s, valid_s, p_s, alpha_s, st, tx)
-                    T.sync_threads()  # E
-                    pv_step(acc_o, p_s, kv_s, alpha_s)
-            row_stats(st, l_s, m_s, tx)
-            T.sync_threads()
-            finish(acc_o, l_s, m_s, sink, out, o_part, lse_part, t, hb, split)
+                    attend_tile(q_s, kv_s, acc_s, acc_b, acc_c, acc_d, s_s, valid_s, p_s, alpha_s, acc_o, st, tx)
+            finish(acc_o, st, l_s, m_s, tx, sink, out, o_part, lse_part, t, hb, split)
 
     return sparse_mla_fwd_bf16
 
