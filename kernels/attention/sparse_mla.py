@@ -103,8 +103,9 @@ def kv_tile(arch: ArchProfile) -> int:
 
 
 def ctas_per_sm(arch: ArchProfile, smem: int, threads: int) -> int:
-    """CTAs of this variant one SM holds: __launch_bounds__(threads, 1) lets nvcc take 255 registers a thread
-    (it does, at every head block), and each CTA also reserves 1 KB of shared memory."""
+    """CTAs of this variant one SM holds: __launch_bounds__(threads, 1) lets nvcc take up to 255 registers a
+    thread, so they are counted at 255 (ptxas: 255 at 64 and 16 heads a CTA, 243 at 32); each CTA also reserves
+    1 KB of shared memory."""
     by_regs = 65536 // (threads * 256)
     by_smem = (arch.max_smem_per_block + SMEM_RESERVED) // (smem + SMEM_RESERVED)
     return max(1, min(by_regs, by_smem))
@@ -175,26 +176,22 @@ def build_sparse_mla(heads: int, head_block: int, block_i: int, threads: int, kv
         # dependent mma (ncu, H100: the top stall). NACC accumulators take alternate 64-dim slices, so the
         # chains interleave; they are summed into s_s.
         T.clear(acc_s)
-        if NACC >= 2:
-            T.clear(acc_b)
+        T.clear(acc_b)
         if NACC == 4:
             T.clear(acc_c)
             T.clear(acc_d)
         for c in T.unroll(D // (QK_SLICE * NACC)):
             k0 = c * QK_SLICE * NACC
             T.gemm(q_s[:, k0:k0 + QK_SLICE], kv_s[:, k0:k0 + QK_SLICE], acc_s, transpose_B=True)
-            if NACC >= 2:
-                T.gemm(q_s[:, k0 + QK_SLICE:k0 + 2 * QK_SLICE], kv_s[:, k0 + QK_SLICE:k0 + 2 * QK_SLICE], acc_b,
-                       transpose_B=True)
+            T.gemm(q_s[:, k0 + QK_SLICE:k0 + 2 * QK_SLICE], kv_s[:, k0 + QK_SLICE:k0 + 2 * QK_SLICE], acc_b,
+                   transpose_B=True)
             if NACC == 4:
                 T.gemm(q_s[:, k0 + 2 * QK_SLICE:k0 + 3 * QK_SLICE], kv_s[:, k0 + 2 * QK_SLICE:k0 + 3 * QK_SLICE],
                        acc_c, transpose_B=True)
                 T.gemm(q_s[:, k0 + 3 * QK_SLICE:k0 + 4 * QK_SLICE], kv_s[:, k0 + 3 * QK_SLICE:k0 + 4 * QK_SLICE],
                        acc_d, transpose_B=True)
         for h, j in T.Parallel(HB, BI):
-            if NACC == 1:
-                s_s[h, j] = acc_s[h, j]
-            elif NACC == 2:
+            if NACC == 2:
                 s_s[h, j] = acc_s[h, j] + acc_b[h, j]
             else:
                 s_s[h, j] = (acc_s[h, j] + acc_b[h, j]) + (acc_c[h, j] + acc_d[h, j])
