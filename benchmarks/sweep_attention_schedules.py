@@ -25,7 +25,7 @@ from mhc_bench_common import compile_job, graph_us_or_reason, write_rows  # noqa
 from dsv4_jit import jit  # noqa: E402
 from dsv4_jit.arch import get_profile  # noqa: E402
 from dsv4_jit.kernels.attention import ops, reference  # noqa: E402
-from dsv4_jit.kernels.attention.sparse_mla import D  # noqa: E402
+from dsv4_jit.kernels.attention.sparse_mla import D, combine_params  # noqa: E402
 from dsv4_jit.spec import Variant, get_spec  # noqa: E402
 
 FWD, COMBINE = get_spec("sparse_mla_fwd"), get_spec("sparse_mla_combine")
@@ -39,7 +39,7 @@ def run_variant(prof, v: Variant, p: dict, scale: float, out: torch.Tensor):
     fwd = jit.load(FWD, v)
     comb = None
     if s > 1:
-        cv = Variant.make(COMBINE.name, {"heads": h, "n_splits": s, "head_block": 1, "threads": 128}, prof, v.schedule)
+        cv = Variant.make(COMBINE.name, combine_params(h, s), prof, v.schedule)
         comb = jit.load(COMBINE, cv)
     ws = torch.empty(max(1, s * t * h * (D + 1)), device="cuda")
     o_part = ws[: s * t * h * D].view(s, t, h, D) if s > 1 else torch.empty(1, 1, h, D, device="cuda")
@@ -69,7 +69,7 @@ def precompile(prof, scale: float, args) -> None:
             continue
         jobs.append((FWD.name, params, prof.name, prof.schedule))
         if s > 1:
-            jobs.append((COMBINE.name, {"heads": heads, "n_splits": s, "head_block": 1, "threads": 128},
+            jobs.append((COMBINE.name, combine_params(heads, s),
                          prof.name, prof.schedule))
     jobs = list({str(j): j for j in jobs}.values())
     with ProcessPoolExecutor(args.jobs) as ex:

@@ -124,7 +124,7 @@ def num_splits(num_tokens: int, head_blocks: int, num_sms: int, per_sm: int = 1)
     return s
 
 
-def smem_bytes_for(hb: int, bi: int, threads: int) -> int:
+def smem_bytes_for(hb: int, bi: int) -> int:
     # Q and KV tiles, P, the fp32 scores (padded rows), per-row alpha / sum / max, per-KV-row page, offset,
     # validity and 8 scales
     return 2 * D * (hb + bi) + 2 * hb * bi + 4 * hb * (bi + SPAD) + 4 * hb * 3 + 4 * bi * (3 + 8)
@@ -150,9 +150,6 @@ def build_sparse_mla(heads: int, head_block: int, block_i: int, threads: int, kv
 
     if fp8:
         P1, R1, P2, R2 = T.dynamic("pages1"), T.dynamic("rows1"), T.dynamic("pages2"), T.dynamic("rows2")
-        kv_args = {"kvq1": ((P1, R1, 16), "float8_e4m3fn"), "kvs1": ((P1, R1, 16), "uint8"),
-                   "kvr1": ((P1, R1, 8), "bfloat16"), "kvq2": ((P2, R2, 16), "float8_e4m3fn"),
-                   "kvs2": ((P2, R2, 16), "uint8"), "kvr2": ((P2, R2, 8), "bfloat16")}
     else:
         N1, N2 = T.dynamic("kv_rows1"), T.dynamic("kv_rows2")
 
@@ -558,6 +555,13 @@ def build_combine(heads: int, n_splits: int, head_block: int, threads: int):
     return sparse_mla_combine
 
 
+def combine_params(heads: int, n_splits: int) -> dict[str, Any]:
+    """The combine variant for `n_splits` partials (select's, and the schedule sweep's). One head per CTA
+    (tokens x heads CTAs): four heads per CTA left a one-token step's partials to 4 SMs (14 us for 16 splits x 16
+    heads, ncu, H100)."""
+    return {"heads": heads, "n_splits": n_splits, "head_block": 1, "threads": 128}
+
+
 def _static_heads_scale(name: str, static: Mapping[str, Any]) -> tuple[int, float, str]:
     heads = _int_static(name, static, "heads", 1, 256)
     scale = static.get("softmax_scale")
@@ -596,7 +600,7 @@ class SparseMlaSpec(KernelSpec):
         # 8 warps hide the gather's latency; a 16-row head block splits over 4 (mma.sync needs 16 rows x 8
         # columns per warp, and the 32-wide score tile has only 4 such column blocks)
         bi, threads = kv_tile(arch), 128 if hb == 16 else 256
-        per_sm = ctas_per_sm(arch, smem_bytes_for(hb, bi, threads), threads)
+        per_sm = ctas_per_sm(arch, smem_bytes_for(hb, bi), threads)
         params = {"heads": heads, "head_block": hb, "block_i": bi, "threads": threads, "kv_format": fmt,
                   "n_splits": num_splits(num_tokens, nhb, arch.num_sms_hint, per_sm), "softmax_scale": scale}
         return Variant.make(self.name, params, arch, schedule_name(arch))
@@ -606,7 +610,7 @@ class SparseMlaSpec(KernelSpec):
 
     def smem_bytes(self, variant: Variant) -> int:
         p = variant.p
-        return smem_bytes_for(p["head_block"], p["block_i"], p["threads"])
+        return smem_bytes_for(p["head_block"], p["block_i"])
 
     def pass_configs(self, variant: Variant) -> dict[str, Any]:
         return pass_configs_for(variant)
@@ -625,9 +629,7 @@ class SparseMlaCombineSpec(KernelSpec):
         # Where the forward kernel does not split, no combine runs; select still names the 2-split combine
         # (compiled anyway for the token counts that split) so the planner's enumeration stays total.
         s = max(2, fwd.p["n_splits"])
-        # one head per CTA (tokens x heads CTAs): at one token, four heads per CTA left 60 of 64 heads' partials
-        # to 4 SMs (14 us for 16 splits x 16 heads, ncu, H100)
-        params = {"heads": fwd.p["heads"], "n_splits": s, "head_block": 1, "threads": 128}
+        params = combine_params(fwd.p["heads"], s)
         return Variant.make(self.name, params, arch, schedule_name(arch))
 
     def build(self, variant: Variant):
