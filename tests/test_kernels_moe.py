@@ -36,6 +36,18 @@ def test_the_kernels_byte_permute_decodes_every_nibble_quad():
         assert kmod.e4m3_quad_py(v << 16 | 0x5A5A, 1) == want
 
 
+def test_the_decode_forms_word_conversion_decodes_every_nibble():
+    """The registers form turns one packed word (8 e2m1 weights) into its two mma registers (elements 0-3, 4-7) by
+    byte permutes and a bit select of the signs, modelled op for op: every 16-bit pattern in either half, with
+    the other half varied, equals the per-nibble table."""
+    from dsv4_jit.kernels.moe.fp4_moe_decode import e4m3_pair_py
+    for v in range(1 << 16):
+        want = sum(kmod.e2m1_e4m3_byte(v >> (4 * i) & 0xF) << (8 * i) for i in range(4))
+        other = (v * 40503) & 0xFFFF
+        assert e4m3_pair_py(other << 16 | v)[0] == want
+        assert e4m3_pair_py(v << 16 | other)[1] == want
+
+
 @pytest.mark.parametrize("t,topk,experts,block_m", [(1, 6, 8, 16), (7, 6, 8, 16), (33, 2, 5, 32), (200, 6, 256, 16),
                                                     (300, 8, 16, 64), (5, 1, 1, 16)])
 def test_moe_align_matches_a_plain_loop(t, topk, experts, block_m):
@@ -184,15 +196,19 @@ def test_select_rejects_bad_statics(static, match):
 
 def test_stages_never_exceed_the_k_blocks():
     spec = get_spec("fp4_moe_gemm")
-    # decode (16-row blocks) runs 2 stages of 64-column tiles, larger row blocks 4 stages of 128 columns
-    dec = [spec.select(SM120, {"n": 4096, "k": k}, 1).p for k in (128, 256, 7168)]
-    assert [p["stages"] for p in dec] == [1, 2, 2] and all(p["block_n"] == 64 and "k_stage" not in p for p in dec)
-    # the k_stage option (swept, not selected): the stage holds k_stage K blocks, and the formula follows
-    kmod.DECODE_K_STAGE = 2
+    # decode (16-row blocks): the registers form, one warp per K block up to 4, 2 stages a warp where a warp walks
+    # 2 K blocks or more; larger row blocks 4 stages of 128 columns
+    dec = [spec.select(SM120, {"n": 4096, "k": k}, 1).p for k in (128, 256, 384, 512, 1024, 7168)]
+    assert [(p["threads"], p["stages"]) for p in dec] == [(32, 1), (64, 1), (96, 1), (128, 1), (128, 2), (128, 2)]
+    assert all(p["form"] == "registers" and p["block_n"] == 64 and "k_stage" not in p for p in dec)
+    assert kmod.moe_smem_bytes(dec[-1]) == 4 * 2 * 6144 + 64 * (224 + 4) + 4 * 16 * 57 == 67_392
+    # the tile form's k_stage option (swept, not selected): the stage holds k_stage K blocks, and the formula follows
+    kmod.DECODE_K_STAGE, kmod.DECODE_FORM = 2, "tile"
     try:
+        assert [kmod.moe_params(SM120, 4096, k, 1)["stages"] for k in (128, 256, 7168)] == [1, 1, 2]
         swept = [kmod.moe_params(SM120, 4096, k, 1) for k in (256, 384, 512)]
     finally:
-        kmod.DECODE_K_STAGE = 1
+        kmod.DECODE_K_STAGE, kmod.DECODE_FORM = 1, "registers"
     assert [(p["stages"], p.get("k_stage", 1)) for p in swept] == [(1, 2), (2, 1), (2, 2)]
     assert kmod.moe_smem_bytes(swept[2]) == 2 * (2 * kmod.stage_bytes(16, 64) + 64 * 128) == 42_240
     assert [spec.select(SM120, {"n": 4096, "k": k}, 4096).p["stages"] for k in (128, 256, 384, 512, 7168)] == [1, 2, 3, 4, 4]

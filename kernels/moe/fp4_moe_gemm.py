@@ -30,6 +30,7 @@ from typing import Any, Mapping
 from dsv4_jit.arch import ArchProfile, check_arch, schedule_name
 from dsv4_jit.spec import Variant, multiple_param, register
 
+from .fp4_moe_decode import build_fp4_moe_decode, decode_smem_bytes, decode_warps
 from .spec_base import MoeKernelSpec
 
 FP8 = "float8_e4m3"
@@ -40,6 +41,9 @@ DECODE_BLOCK_N, DECODE_STAGES = 64, 2   # 16-row blocks (benchmarks/bench_moe.py
 # 128-wide K blocks per stage of 16-row blocks (bench_moe.py --k-stage): 2 (GPU-verified) was 2-7% slower than 1
 # at 1-64 tokens (SM120 schedule on the H100, 2026-11-24), unlike the FP8 GEMM's ring
 DECODE_K_STAGE = 1
+# 16-row blocks run fp4_moe_decode.py's form (weights dequantized in registers, split-K across warps, 2 stages a
+# warp); "tile" is the form below, kept for the benchmark's side-by-side (bench_moe.py --decode-form)
+DECODE_FORM, DECODE_FORM_STAGES = "registers", 2
 THREADS = 128
 # Token-count thresholds of the three row-block sizes (see the module doc).
 BLOCK_M_BY_TOKENS = ((512, 16), (2048, 32))
@@ -90,13 +94,20 @@ def stage_bytes(block_m: int, block_n: int) -> int:
 
 def moe_smem_bytes(p: Mapping[str, Any]) -> int:
     """Pre-nvcc shared memory: `stages` stages of k_stage K blocks each, plus the single dequantized fp8 weight
-    tile (block_n x 128 x k_stage)."""
+    tile (block_n x 128 x k_stage); the registers form's own formula (fp4_moe_decode.decode_smem_bytes)."""
+    if p.get("form") == "registers":
+        return decode_smem_bytes(p["k"], p["stages"])
     ks = p.get("k_stage", 1)
     return ks * (p["stages"] * stage_bytes(p["block_m"], p["block_n"]) + p["block_n"] * ACT_BLOCK)
 
 
 def moe_params(arch: ArchProfile, n: int, k: int, num_tokens: int) -> dict:
     bm = moe_block_m(num_tokens)
+    if bm == 16 and DECODE_FORM == "registers":
+        warps = decode_warps(k)
+        # never more stages than K blocks a warp walks
+        return {"n": n, "k": k, "block_m": 16, "block_n": 64, "threads": 32 * warps,
+                "stages": max(1, min(DECODE_FORM_STAGES, -(-(k // ACT_BLOCK) // warps))), "form": "registers"}
     # decode (16-row blocks): 64-column tiles and 2 stages. Twice the CTAs per touched expert and more of them
     # resident: at 1 token the 6 experts x 32 tiles of 128 left the H100's 132 SMs unevenly loaded (SM12x
     # schedule on sm_90a, V4-Flash w13: 78 -> 62 us at 1 token, 1,560 -> 1,525 us at 64; deeper rings were slower)
@@ -212,5 +223,14 @@ class Fp4MoeGemmSpec(MoeKernelSpec):
     def smem_bytes(self, variant: Variant) -> int:
         return moe_smem_bytes(variant.p)
 
+    def pass_configs(self, variant: Variant) -> dict[str, Any]:
+        cfg = super().pass_configs(variant)
+        if variant.p.get("form") == "registers":
+            cfg["tl.disable_thread_storage_sync"] = True   # its barriers are all written by hand
+        return cfg
+
     def build(self, variant: Variant):
-        return build_fp4_moe_gemm(**variant.p)
+        p = variant.p
+        if p.get("form") == "registers":
+            return build_fp4_moe_decode(n=p["n"], k=p["k"], stages=p["stages"])
+        return build_fp4_moe_gemm(**p)

@@ -1,0 +1,228 @@
+"""The MXFP4 grouped expert GEMM's decode form (16-row blocks): the same math and arguments as fp4_moe_gemm.py's
+kernel, with the weights dequantized in registers straight into the tensor cores' operands.
+
+Why a second form: the tile form dequantizes each weight tile into shared memory, then T.gemm reads it back, and
+at decode sizes (an expert block holds 1-3 real rows) that made the kernel instruction-bound at ~40% of copy
+bandwidth (bench_moe.py, H100, 2026-11-24). Here:
+
+  * the weight is the mma's A operand (16 weight rows) and the 16 routed rows are B (two n8 halves), so one
+    dequantized fragment serves both halves; the weight scale of a C element is its row's, one per lane pair;
+  * the K order inside a 32-wide slice is permuted so that one packed int32 word (8 weights of a row) is exactly a
+    lane's two A registers: mma k 4g..4g+3 <-> elements 8g..8g+3 and mma k 16+4g..16+4g+3 <-> 8g+4..8g+7, for the
+    lane with g = lane % 4. The activations' B registers follow the same map: the 8 bytes at 8g of the slice, one
+    64-bit shared load. The dot product is a sum over k, so the result is exact as before;
+  * each warp owns every 4th K block (split-K across the CTA's warps) with a cp.async ring of its own: no barrier
+    in the main loop but __syncwarp; the warps' partial tiles are summed once through shared memory at the end;
+  * the ring is swizzled so the lanes' shared loads are conflict-free (weights: 16-byte chunk c of row r at
+    c ^ ((r >> 1) & 3); activations: chunk c of row t at c ^ 2 (t & 3)).
+
+Hand-written mma.sync (tl::mma_sync, fp8 e4m3 m16n8k32, fp32 accumulation) and cp.async; TileLang's automatic
+barriers are off for this form (every barrier is written here). Kernel-defining code only.
+"""
+# No `from __future__ import annotations`: TileLang evaluates the T.Tensor annotations.
+FP8 = "float8_e4m3"
+SLICE = 32                 # weight scale group along K and the K of one mma
+ACT_BLOCK = 128            # activation scale group along K; one ring stage is one such K block
+ROWS = 16                  # routed rows per block (block_m)
+COLS = 64                  # weight rows (output columns) per CTA: four m16 tiles
+ROW_WORDS = ACT_BLOCK // 8          # int32 words of one weight row per K block (64 B)
+TOK_WORDS = ACT_BLOCK // 4          # words of one activation row per K block (128 B)
+STAGE_WORDS = COLS * ROW_WORDS + ROWS * TOK_WORDS
+RED_PITCH = COLS + 4       # fp32 words per row of a warp's partial tile (banks 8g + r: conflict-free)
+MMA_FP8 = ("tl::mma_sync<tl::DataType::kFloat8_e4m3, tl::DataType::kFloat8_e4m3, tl::DataType::kFloat32, "
+           "16, 8, 32, false, true>")
+# e4m3 bytes of the e2m1 magnitudes 0..7 (0, 0.5 .. 6), little-endian: the byte-permute table
+LUT_LO, LUT_HI = 0x3C383000, 0x4C484440
+
+
+def decode_warps(k: int) -> int:
+    """Warps of a CTA: one per K block up to 4 (w2 at TP 8 has 2-3 K blocks)."""
+    return max(1, min(4, k // ACT_BLOCK))
+
+
+def decode_smem_bytes(k: int, stages: int) -> int:
+    """Shared memory of the decode form: each warp's ring (stages x a K block of 64 weight rows and 16 routed
+    rows; the warps' partial tiles reuse it at the end), the CTA's weight exponents (one byte per row and slice,
+    rows padded by 4 bytes) and activation scales (fp32, rows padded by one)."""
+    kb = k // ACT_BLOCK
+    return (4 * decode_warps(k) * stages * STAGE_WORDS + COLS * (k // SLICE + 4) + 4 * ROWS * (kb + 1))
+
+
+def e4m3_pair_py(u: int) -> tuple[int, int]:
+    """The kernel's word -> two e4m3 quads in plain Python, op for op: the low quad holds elements 0..3 of the 8
+    packed e2m1 weights (element i in nibble i of u), the high quad 4..7, one e4m3 byte each (tests compare every
+    byte with fp4_moe_gemm.e2m1_e4m3_byte)."""
+    from .fp4_moe_gemm import byte_perm
+    u &= 0xFFFFFFFF
+    m = u & 0x77777777
+
+    def sign(x: int) -> int:
+        # byte 0 / 2 carry their element's sign at bit 3 (shift to bit 7), bytes 1 / 3 at bit 7 already
+        return (((x << 4) & 0x00FF00FF) | (x & 0xFF00FF00)) & 0x80808080
+
+    lo = byte_perm(LUT_LO, LUT_HI, m & 0xFFFF) | sign(byte_perm(u, 0, 0x1100))
+    hi = byte_perm(LUT_LO, LUT_HI, m >> 16) | sign(byte_perm(u, 0, 0x3322))
+    return lo, hi
+
+
+def build_fp4_moe_decode(*, n: int, k: int, stages: int):
+    import tilelang.language as T
+
+    S = stages
+    KB = k // ACT_BLOCK
+    KS = k // SLICE
+    WARPS = decode_warps(k)
+    WARP_WORDS = S * STAGE_WORDS
+    SW_PITCH = KS + 4
+    SA_PITCH = KB + 1
+    OUT_STEPS = -(-ROWS * COLS // (32 * WARPS))   # 3 warps (K = 384) do not divide the 16 x 64 tile
+    f32, u32 = "float32", "uint32"
+    M = T.dynamic("num_rows")
+    E = T.dynamic("num_experts")
+    NB = T.dynamic("num_blocks")
+
+    def c32(v):
+        return T.Cast(u32, v)
+
+    def perm(x, y, sel):
+        return T.call_extern(u32, "__byte_perm", x, y, sel)
+
+    def sign(x):
+        return (((x << c32(4)) & c32(0x00FF00FF)) | (x & c32(0xFF00FF00))) & c32(0x80808080)
+
+    def ue8m0(byte):
+        return T.reinterpret(T.shift_left(T.Cast(u32, byte), c32(23)), f32)
+
+    @T.macro
+    def issue(ring, a, w, e, bx, by, warp, lane, i):
+        """One K block of this warp (warp + i * WARPS) into ring slot i % S: its 64 weight rows x 4 chunks and 16
+        routed rows x 8 chunks, 16-byte cp.async each, swizzled (module doc)."""
+        kb = warp + i * WARPS
+        base = warp * WARP_WORDS + (i % S) * STAGE_WORDS
+        for q in T.unroll(COLS * 4 // 32):
+            row = (q * 32 + lane) // 4
+            ch = lane % 4
+            T.call_extern("handle", "tl::cp_async_gs<16>",
+                          T.address_of(ring[base + row * ROW_WORDS + (ch ^ ((row >> 1) & 3)) * 4]),
+                          T.address_of(w[e, bx * COLS + row, kb * ROW_WORDS + ch * 4]))
+        for q in T.unroll(ROWS * 8 // 32):
+            t = (q * 32 + lane) // 8
+            ch = lane % 8
+            T.call_extern("handle", "tl::cp_async_gs<16>",
+                          T.address_of(ring[base + COLS * ROW_WORDS + t * TOK_WORDS + (ch ^ ((t & 3) * 2)) * 4]),
+                          T.address_of(a[T.min(by * ROWS + t, a.shape[0] - 1), kb * ACT_BLOCK + ch * 16]))
+
+    @T.prim_func
+    def fp4_moe_gemm(
+        a: T.Tensor[(M, k), FP8],
+        sa: T.Tensor[(M, KB), f32],
+        w: T.Tensor[(E, n, k // 8), "int32"],
+        sw: T.Tensor[(E, n, KS), "uint8"],
+        block_expert: T.Tensor[(NB,), "int32"],
+        c: T.Tensor[(M, n), "bfloat16"],
+    ):
+        with T.Kernel(n // COLS, NB, threads=32 * WARPS) as (bx, by):
+            # the templates of the hand-written cp.async and mma (TileLang includes them only for its own ops)
+            T.import_source("#include <tl_templates/cuda/copy.h>\n#include <tl_templates/cuda/instruction/mma.h>\n")
+            ring = T.alloc_shared((WARPS * WARP_WORDS,), u32)
+            sw_s = T.alloc_shared((COLS * SW_PITCH,), "uint8")
+            sa_s = T.alloc_shared((ROWS * SA_PITCH,), f32)
+            acc = T.alloc_local((32,), f32)      # [tile 4][n8 half 2][c 4]
+            blk = T.alloc_local((32,), f32)      # this K block's sum, before its activation scales
+            part = T.alloc_local((4,), f32)
+            af = T.alloc_local((4,), u32)
+            bf = T.alloc_local((4,), u32)        # [n8 half 2][2]
+            scl = T.alloc_local((2,), f32)
+            ex = T.alloc_var("int32")
+            tid = T.get_thread_binding()
+            warp = tid // 32
+            lane = tid % 32
+            r = lane // 4
+            g = lane % 4
+            ex = block_expert[by]
+            if ex < 0:
+                # padding block (M sized for capture): zeros, nothing read
+                for q in T.serial(OUT_STEPS):
+                    idx = q * 32 * WARPS + tid
+                    if idx < ROWS * COLS and by * ROWS + idx // COLS < M:
+                        c[by * ROWS + idx // COLS, bx * COLS + idx % COLS] = T.Cast("bfloat16", 0.0)
+            else:
+                e = T.min(ex, E - 1)
+                n_iter = (KB - warp + WARPS - 1) // WARPS       # this warp's K blocks: warp, warp + WARPS, ...
+                base_w = warp * WARP_WORDS
+
+                for st in T.unroll(S - 1):
+                    if st < n_iter:
+                        issue(ring, a, w, e, bx, by, warp, lane, st)
+                    T.call_extern("handle", "tl::cp_async_commit")
+                # the CTA's weight exponents and activation scales, once
+                for q in T.serial((COLS * KS + 32 * WARPS - 1) // (32 * WARPS)):
+                    idx = q * 32 * WARPS + tid
+                    if idx < COLS * KS:
+                        sw_s[(idx // KS) * SW_PITCH + idx % KS] = sw[e, bx * COLS + idx // KS, idx % KS]
+                for q in T.serial((ROWS * KB + 32 * WARPS - 1) // (32 * WARPS)):
+                    idx = q * 32 * WARPS + tid
+                    if idx < ROWS * KB:
+                        sa_s[(idx // KB) * SA_PITCH + idx % KB] = sa[T.min(by * ROWS + idx // KB, M - 1), idx % KB]
+                for v in T.unroll(32):
+                    acc[v] = 0.0
+                T.sync_threads()
+                for i in T.serial(n_iter):
+                    T.sync_warp()   # every lane is done with slot (i - 1) % S, which this issue refills
+                    if i + S - 1 < n_iter:
+                        issue(ring, a, w, e, bx, by, warp, lane, i + S - 1)
+                    T.call_extern("handle", "tl::cp_async_commit")   # one group per iteration, empty or not
+                    T.call_extern("handle", f"tl::cp_async_wait<{S - 1}>")
+                    T.sync_warp()   # the other lanes' copies of slot i % S are visible
+                    kb = warp + i * WARPS
+                    base = base_w + (i % S) * STAGE_WORDS
+                    for v in T.unroll(32):
+                        blk[v] = 0.0
+                    for s in T.unroll(ACT_BLOCK // SLICE):
+                        for j in T.unroll(2):
+                            t = j * 8 + r
+                            tw = base + COLS * ROW_WORDS + t * TOK_WORDS + ((s * 2 + g // 2) ^ ((t & 3) * 2)) * 4 + (g % 2) * 2
+                            bf[j * 2] = ring[tw]
+                            bf[j * 2 + 1] = ring[tw + 1]
+                        for tile in T.unroll(4):
+                            for h in T.unroll(2):
+                                row = tile * 16 + h * 8 + r
+                                u = ring[base + row * ROW_WORDS + (s ^ ((r >> 1) & 3)) * 4 + g]
+                                mg = u & c32(0x77777777)
+                                af[h] = perm(c32(LUT_LO), c32(LUT_HI), mg) | sign(perm(u, c32(0), c32(0x1100)))
+                                af[h + 2] = (perm(c32(LUT_LO), c32(LUT_HI), mg >> c32(16))
+                                             | sign(perm(u, c32(0), c32(0x3322))))
+                                scl[h] = ue8m0(sw_s[row * SW_PITCH + kb * 4 + s])
+                            for j in T.unroll(2):
+                                for v in T.unroll(4):
+                                    part[v] = 0.0
+                                T.call_extern("handle", MMA_FP8, T.address_of(part[0]), T.address_of(af[0]),
+                                              T.address_of(bf[j * 2]))
+                                for v in T.unroll(4):
+                                    blk[(tile * 2 + j) * 4 + v] += part[v] * scl[v // 2]
+                    for tile in T.unroll(4):
+                        for j in T.unroll(2):
+                            for v in T.unroll(4):
+                                acc[(tile * 2 + j) * 4 + v] += (blk[(tile * 2 + j) * 4 + v]
+                                                                * sa_s[(j * 8 + g * 2 + v % 2) * SA_PITCH + kb])
+                # the warps' partial tiles, summed through the (drained) ring
+                T.call_extern("handle", "tl::cp_async_wait<0>")
+                T.sync_threads()
+                for tile in T.unroll(4):
+                    for j in T.unroll(2):
+                        for v in T.unroll(4):
+                            ring[base_w + (j * 8 + g * 2 + v % 2) * RED_PITCH + tile * 16 + (v // 2) * 8 + r] = \
+                                T.reinterpret(acc[(tile * 2 + j) * 4 + v], u32)
+                T.sync_threads()
+                total = T.alloc_var(f32)
+                for q in T.serial(OUT_STEPS):
+                    idx = q * 32 * WARPS + tid
+                    t = T.min(idx // COLS, ROWS - 1)
+                    col = idx % COLS
+                    total = 0.0
+                    for wp in T.unroll(WARPS):
+                        total += T.reinterpret(ring[wp * WARP_WORDS + t * RED_PITCH + col], f32)
+                    if idx < ROWS * COLS and by * ROWS + t < M:
+                        c[by * ROWS + t, bx * COLS + col] = T.Cast("bfloat16", total)
+
+    return fp4_moe_gemm
