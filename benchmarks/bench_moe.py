@@ -45,7 +45,6 @@ def main() -> None:
     ap.add_argument("--block-n", type=int, nargs="+", default=None,
                     help="sweep: run every listed block_n (patched into the kernel module; default: the schedule's)")
     ap.add_argument("--stages", type=int, nargs="+", default=None, help="sweep: every listed stage count")
-    ap.add_argument("--k-stage", type=int, nargs="+", default=None, help="sweep: K blocks per stage (decode blocks)")
     ap.add_argument("--decode-form", nargs="+", default=None, choices=("registers", "tile"),
                     help="sweep: the 16-row blocks' kernel form (default: the selected one)")
     ap.add_argument("--out", default="bench_out/moe.json")
@@ -67,13 +66,11 @@ def main() -> None:
     rows = []
     from dsv4_jit import jit
     from dsv4_jit.kernels.moe import fp4_moe_gemm as kmod
-    settings = [(bn, st, ks, form) for bn in (args.block_n or [None]) for st in (args.stages or [None])
-                for ks in (args.k_stage or [None]) for form in (args.decode_form or [None])]
-    for bn, st, ks, form in settings:
+    settings = [(bn, st, form) for bn in (args.block_n or [None]) for st in (args.stages or [None])
+                for form in (args.decode_form or [None])]
+    for bn, st, form in settings:
         if form is not None:
             kmod.DECODE_FORM = form
-        if ks is not None:
-            kmod.DECODE_K_STAGE = ks
         if bn is not None:   # the sweep: every row-block size runs these (the schedule's own split is bypassed)
             kmod.BLOCK_N = kmod.DECODE_BLOCK_N = bn
         if st is not None:
@@ -81,7 +78,7 @@ def main() -> None:
             kmod.DECODE_FORM_STAGES = st
         jit._SELECT_MEMO.clear()   # select reads the constants: drop the memoised variants
         if len(settings) > 1:
-            print(f"-- block_n {bn}, stages {st}, k_stage {ks}, decode form {form}")
+            print(f"-- block_n {bn}, stages {st}, decode form {form}")
         rows += run_shapes(args, m, arch, experts, topk, g, bw)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -135,8 +132,7 @@ def run_shapes(args, m, arch, experts: int, topk: int, g, bw: float) -> list:
             tflops = 2 * real * n * k / (ours * 1e-6) / 1e12 if ours else None
             p = get_spec("fp4_moe_gemm").select(arch, ops.moe_static(n, k), t).p
             row = {"gemm": name, "n": n, "k": k, "tokens": t, "experts_touched": len(touched), "block_m": bm,
-                   "block_n": p["block_n"], "stages": p["stages"], "k_stage": p.get("k_stage", 1),
-                   "form": p.get("form", "tile"),
+                   "block_n": p["block_n"], "stages": p["stages"],                    "form": p.get("form", "tile"),
                    "rows": a.shape[0], "bytes": nbytes, "ours_us": ours, "ours_gbs": gbs,
                    "ours_pct_copy": 100 * gbs / bw if gbs else None, "ours_tflops": tflops, "torch_us": t_torch,
                    "max_row_rel_err": err, "notes": [why] if why else []}

@@ -201,16 +201,15 @@ def test_stages_never_exceed_the_k_blocks():
     dec = [spec.select(SM120, {"n": 4096, "k": k}, 1).p for k in (128, 256, 384, 512, 1024, 7168)]
     assert [(p["threads"], p["stages"]) for p in dec] == [(32, 1), (64, 1), (96, 1), (128, 1), (128, 2), (128, 2)]
     assert all(p["form"] == "registers" and p["block_n"] == 64 and "k_stage" not in p for p in dec)
-    assert kmod.moe_smem_bytes(dec[-1]) == 4 * 2 * 6144 + 64 * (224 + 4) + 4 * 16 * 57 == 67_392
-    # the tile form's k_stage option (swept, not selected): the stage holds k_stage K blocks, and the formula follows
-    kmod.DECODE_K_STAGE, kmod.DECODE_FORM = 2, "tile"
+    assert kmod.moe_smem_bytes(dec[-1]) == 4 * 2 * 6144 + 64 * (224 + 16) + 4 * 16 * 57 == 68_160
+    # the tile form (bench_moe.py --decode-form tile): 64-column tiles, 2 stages, never more than the K blocks
+    kmod.DECODE_FORM = "tile"
     try:
-        assert [kmod.moe_params(SM120, 4096, k, 1)["stages"] for k in (128, 256, 7168)] == [1, 1, 2]
-        swept = [kmod.moe_params(SM120, 4096, k, 1) for k in (256, 384, 512)]
+        tile = [kmod.moe_params(SM120, 4096, k, 1) for k in (128, 256, 7168)]
     finally:
-        kmod.DECODE_K_STAGE, kmod.DECODE_FORM = 1, "registers"
-    assert [(p["stages"], p.get("k_stage", 1)) for p in swept] == [(1, 2), (2, 1), (2, 2)]
-    assert kmod.moe_smem_bytes(swept[2]) == 2 * (2 * kmod.stage_bytes(16, 64) + 64 * 128) == 42_240
+        kmod.DECODE_FORM = "registers"
+    assert [(p["block_n"], p["stages"], "form" in p) for p in tile] == [(64, 1, False), (64, 2, False), (64, 2, False)]
+    assert kmod.moe_smem_bytes(tile[2]) == 2 * kmod.stage_bytes(16, 64) + 64 * 128 == 21_120
     assert [spec.select(SM120, {"n": 4096, "k": k}, 4096).p["stages"] for k in (128, 256, 384, 512, 7168)] == [1, 2, 3, 4, 4]
     assert spec.select(SM120, {"n": 4096, "k": 7168}, 4096).p["block_n"] == 128
 

@@ -43,9 +43,11 @@ def decode_warps(k: int) -> int:
 def decode_smem_bytes(k: int, stages: int) -> int:
     """Shared memory of the decode form: each warp's ring (stages x a K block of 64 weight rows and 16 routed
     rows; the warps' partial tiles reuse it at the end), the CTA's weight exponents (one byte per row and slice,
-    rows padded by 4 bytes) and activation scales (fp32, rows padded by one)."""
+    rows padded by one cp.async chunk) and activation scales (fp32, rows padded by one)."""
     kb = k // ACT_BLOCK
-    return (4 * decode_warps(k) * stages * STAGE_WORDS + COLS * (k // SLICE + 4) + 4 * ROWS * (kb + 1))
+    ks = k // SLICE
+    return (4 * decode_warps(k) * stages * STAGE_WORDS + COLS * (ks + (16 if ks % 16 == 0 else 4))
+            + 4 * ROWS * (kb + 1))
 
 
 def e4m3_pair_py(u: int) -> tuple[int, int]:
@@ -73,7 +75,8 @@ def build_fp4_moe_decode(*, n: int, k: int, stages: int):
     KS = k // SLICE
     WARPS = decode_warps(k)
     WARP_WORDS = S * STAGE_WORDS
-    SW_PITCH = KS + 4
+    SW_CHUNK = 16 if KS % 16 == 0 else 4          # cp.async width of the exponent rows (K / 32 bytes each)
+    SW_PITCH = KS + SW_CHUNK                       # rows r = 0..7 of a tile land in distinct banks
     SA_PITCH = KB + 1
     OUT_STEPS = -(-ROWS * COLS // (32 * WARPS))   # 3 warps (K = 384) do not divide the 16 x 64 tile
     f32, u32 = "float32", "uint32"
@@ -151,21 +154,28 @@ def build_fp4_moe_decode(*, n: int, k: int, stages: int):
                 n_iter = (KB - warp + WARPS - 1) // WARPS       # this warp's K blocks: warp, warp + WARPS, ...
                 base_w = warp * WARP_WORDS
 
+                # the CTA's weight exponents and activation scales: one cp.async group ahead of the ring's, so
+                # the first weight stages stream while it lands
+                for q in T.serial(-(-(COLS * KS // SW_CHUNK) // (32 * WARPS))):
+                    idx = q * 32 * WARPS + tid
+                    if idx < COLS * KS // SW_CHUNK:
+                        row = idx // (KS // SW_CHUNK)
+                        col = idx % (KS // SW_CHUNK) * SW_CHUNK
+                        T.call_extern("handle", f"tl::cp_async_gs<{SW_CHUNK}>", T.address_of(sw_s[row * SW_PITCH + col]),
+                                      T.address_of(sw[e, bx * COLS + row, col]))
+                for q in T.serial(-(-(ROWS * KB) // (32 * WARPS))):
+                    idx = q * 32 * WARPS + tid
+                    if idx < ROWS * KB:
+                        T.call_extern("handle", "tl::cp_async_gs<4>", T.address_of(sa_s[(idx // KB) * SA_PITCH + idx % KB]),
+                                      T.address_of(sa[T.min(by * ROWS + idx // KB, M - 1), idx % KB]))
+                T.call_extern("handle", "tl::cp_async_commit")
                 for st in T.unroll(S - 1):
                     if st < n_iter:
                         issue(ring, a, w, e, bx, by, warp, lane, st)
                     T.call_extern("handle", "tl::cp_async_commit")
-                # the CTA's weight exponents and activation scales, once
-                for q in T.serial((COLS * KS + 32 * WARPS - 1) // (32 * WARPS)):
-                    idx = q * 32 * WARPS + tid
-                    if idx < COLS * KS:
-                        sw_s[(idx // KS) * SW_PITCH + idx % KS] = sw[e, bx * COLS + idx // KS, idx % KS]
-                for q in T.serial((ROWS * KB + 32 * WARPS - 1) // (32 * WARPS)):
-                    idx = q * 32 * WARPS + tid
-                    if idx < ROWS * KB:
-                        sa_s[(idx // KB) * SA_PITCH + idx % KB] = sa[T.min(by * ROWS + idx // KB, M - 1), idx % KB]
                 for v in T.unroll(32):
                     acc[v] = 0.0
+                T.call_extern("handle", f"tl::cp_async_wait<{S - 1}>")   # the scales' group (the ring's S - 1 may fly)
                 T.sync_threads()
                 for i in T.serial(n_iter):
                     T.sync_warp()   # every lane is done with slot (i - 1) % S, which this issue refills

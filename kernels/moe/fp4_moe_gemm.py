@@ -37,10 +37,8 @@ FP8 = "float8_e4m3"
 SLICE = 32            # weight scale group along K (MXFP4), and the K of one fp8 mma.sync
 ACT_BLOCK = 128       # activation scale group along K
 BLOCK_N = 128
-DECODE_BLOCK_N, DECODE_STAGES = 64, 2   # 16-row blocks (benchmarks/bench_moe.py --block-n --stages sweep)
-# 128-wide K blocks per stage of 16-row blocks (bench_moe.py --k-stage): 2 (GPU-verified) was 2-7% slower than 1
-# at 1-64 tokens (SM120 schedule on the H100, 2026-11-24), unlike the FP8 GEMM's ring
-DECODE_K_STAGE = 1
+# 16-row blocks in this (tile) form, as selected until the registers form (bench_moe.py --decode-form tile)
+DECODE_BLOCK_N, DECODE_STAGES = 64, 2
 # 16-row blocks run fp4_moe_decode.py's form (weights dequantized in registers, split-K across warps, 2 stages a
 # warp); "tile" is the form below, kept for the benchmark's side-by-side (bench_moe.py --decode-form)
 DECODE_FORM, DECODE_FORM_STAGES = "registers", 2
@@ -93,12 +91,11 @@ def stage_bytes(block_m: int, block_n: int) -> int:
 
 
 def moe_smem_bytes(p: Mapping[str, Any]) -> int:
-    """Pre-nvcc shared memory: `stages` stages of k_stage K blocks each, plus the single dequantized fp8 weight
-    tile (block_n x 128 x k_stage); the registers form's own formula (fp4_moe_decode.decode_smem_bytes)."""
+    """Pre-nvcc shared memory: `stages` stages, plus the single dequantized fp8 weight tile (block_n x 128); the
+    registers form's own formula (fp4_moe_decode.decode_smem_bytes)."""
     if p.get("form") == "registers":
         return decode_smem_bytes(p["k"], p["stages"])
-    ks = p.get("k_stage", 1)
-    return ks * (p["stages"] * stage_bytes(p["block_m"], p["block_n"]) + p["block_n"] * ACT_BLOCK)
+    return p["stages"] * stage_bytes(p["block_m"], p["block_n"]) + p["block_n"] * ACT_BLOCK
 
 
 def moe_params(arch: ArchProfile, n: int, k: int, num_tokens: int) -> dict:
@@ -113,22 +110,17 @@ def moe_params(arch: ArchProfile, n: int, k: int, num_tokens: int) -> dict:
     # schedule on sm_90a, V4-Flash w13: 78 -> 62 us at 1 token, 1,560 -> 1,525 us at 64; deeper rings were slower)
     bn, stages = (DECODE_BLOCK_N, DECODE_STAGES) if bm == 16 else (BLOCK_N, STAGES[arch.family])
     kb = k // ACT_BLOCK
-    ks = DECODE_K_STAGE if bm == 16 and kb % DECODE_K_STAGE == 0 else 1
-    # never more stages than stage-sized K blocks (w2 at TP 8: K = 256 / 384 is 2 / 3 blocks)
-    p = {"n": n, "k": k, "block_m": bm, "block_n": bn, "threads": THREADS, "stages": max(1, min(stages, kb // ks))}
-    if ks > 1:   # named only when used: the one-block variants keep their names (and cached artifacts)
-        p["k_stage"] = ks
-    return p
+    # never more stages than K blocks (w2 at TP 8: K = 256 / 384 is 2 / 3 blocks)
+    return {"n": n, "k": k, "block_m": bm, "block_n": bn, "threads": THREADS, "stages": max(1, min(stages, kb))}
 
 
-def build_fp4_moe_gemm(*, n: int, k: int, block_m: int, block_n: int, stages: int, threads: int, k_stage: int = 1):
+def build_fp4_moe_gemm(*, n: int, k: int, block_m: int, block_n: int, stages: int, threads: int):
     import tilelang.language as T
 
-    BM, BN, KST = block_m, block_n, k_stage
+    BM, BN = block_m, block_n
     KS = k // SLICE                    # weight-scale slices along K
-    BK = ACT_BLOCK * KST               # one pipeline stage: k_stage 128-wide K blocks (one activation scale each) ...
-    SPB = BK // SLICE                  # ... of 4 slices each, every slice its own fp8 mma over exact operands
-    SPA = ACT_BLOCK // SLICE           # slices per activation scale
+    BK = ACT_BLOCK                     # one pipeline stage: a 128-wide K block (one activation scale) ...
+    SPB = BK // SLICE                  # ... of 4 slices, every slice its own fp8 mma over exact operands
     KB = k // BK
     f32 = "float32"
     M = T.dynamic("num_rows")
@@ -165,7 +157,7 @@ def build_fp4_moe_gemm(*, n: int, k: int, block_m: int, block_n: int, stages: in
             a_s = T.alloc_shared((BM, BK), FP8)
             wp_s = T.alloc_shared((BN, BK // 8), "int32")
             ws_s = T.alloc_shared((BN, SPB), "uint8")
-            sa_s = T.alloc_shared((BM, KST), f32)
+            sa_s = T.alloc_shared((BM,), f32)
             w_s = T.alloc_shared((BN, BK), FP8)
             part = T.alloc_fragment((BM, BN), f32)
             acc = T.alloc_fragment((BM, BN), f32)
@@ -183,8 +175,8 @@ def build_fp4_moe_gemm(*, n: int, k: int, block_m: int, block_n: int, stages: in
                         a_s[i, j] = a[T.min(by * BM + i, M - 1), kb * BK + j]
                     T.copy(w[T.min(ex, E - 1), bx * BN, kb * (BK // 8)], wp_s)
                     T.copy(sw[T.min(ex, E - 1), bx * BN, kb * SPB], ws_s)
-                    for i, u in T.Parallel(BM, KST):
-                        sa_s[i, u] = sa[T.min(by * BM + i, M - 1), kb * KST + u]
+                    for i in T.Parallel(BM):
+                        sa_s[i] = sa[T.min(by * BM + i, M - 1), kb]
                     for j, q in T.Parallel(BN, BK):
                         w_s[j, q] = T.reinterpret(T.Cast("uint8", (e4m3_quad(T.Cast("uint32", wp_s[j, q // 8]), (q % 8) // 4)
                                                                     >> T.Cast("uint32", 8 * (q % 4))) & T.Cast("uint32", 255)), FP8)
@@ -194,7 +186,7 @@ def build_fp4_moe_gemm(*, n: int, k: int, block_m: int, block_n: int, stages: in
                         T.gemm(a_s[:, sl * SLICE:(sl + 1) * SLICE], w_s[:, sl * SLICE:(sl + 1) * SLICE], part,
                                transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullCol)
                         for i, j in T.Parallel(BM, BN):
-                            acc[i, j] += part[i, j] * sa_s[i, sl // SPA] * ue8m0(ws_s[j, sl])
+                            acc[i, j] += part[i, j] * sa_s[i] * ue8m0(ws_s[j, sl])
                 for i, j in T.Parallel(BM, BN):
                     if by * BM + i < M:
                         c[by * BM + i, bx * BN + j] = T.Cast("bfloat16", acc[i, j])
