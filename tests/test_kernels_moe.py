@@ -196,22 +196,28 @@ def test_select_rejects_bad_statics(static, match):
 
 def test_stages_never_exceed_the_k_blocks():
     spec = get_spec("fp4_moe_gemm")
-    # decode (16-row blocks): the registers form, one warp per K block up to 4, 2 stages a warp where a warp walks
-    # 2 K blocks or more; larger row blocks 4 stages of 128 columns
+    # every block size runs the registers form: one warp per K block up to 4, 2 stages a warp where a warp walks
+    # 2 K blocks or more and they fit the budget; 64 weight columns a CTA, 32 for 64-row blocks
     dec = [spec.select(SM120, {"n": 4096, "k": k}, 1).p for k in (128, 256, 384, 512, 1024, 7168)]
     assert [(p["threads"], p["stages"]) for p in dec] == [(32, 1), (64, 1), (96, 1), (128, 1), (128, 2), (128, 2)]
     assert all(p["form"] == "registers" and p["block_n"] == 64 and "k_stage" not in p for p in dec)
     assert kmod.moe_smem_bytes(dec[-1]) == 4 * 2 * 6144 + 64 * (224 + 16) + 4 * 16 * 57 == 68_160
-    # the tile form (bench_moe.py --decode-form tile): 64-column tiles, 2 stages, never more than the K blocks
+    big = {t: spec.select(SM120, {"n": 4096, "k": 7168}, t).p for t in (600, 4096)}
+    assert [(p["block_m"], p["block_n"], p["stages"]) for p in big.values()] == [(32, 64, 2), (64, 32, 1)]
+    # two stages of 64 rows at K = 7168 would overflow SM12x (104,192 B); Hopper keeps them
+    assert kmod.moe_smem_bytes({**big[4096], "stages": 2}) == 104_192 > 101_376 >= kmod.moe_smem_bytes(big[4096])
+    assert spec.select(get_profile("sm_90a"), {"n": 4096, "k": 7168}, 4096).p["stages"] == 2
+    # the tile form (bench_moe.py --decode-form tile): 64-column tiles and 2 stages for 16-row blocks, 128 columns
+    # and 4 stages for larger ones, never more stages than K blocks
     kmod.DECODE_FORM = "tile"
     try:
         tile = [kmod.moe_params(SM120, 4096, k, 1) for k in (128, 256, 7168)]
+        large = [kmod.moe_params(SM120, 4096, k, 4096) for k in (128, 256, 384, 512, 7168)]
     finally:
         kmod.DECODE_FORM = "registers"
     assert [(p["block_n"], p["stages"], "form" in p) for p in tile] == [(64, 1, False), (64, 2, False), (64, 2, False)]
     assert kmod.moe_smem_bytes(tile[2]) == 2 * kmod.stage_bytes(16, 64) + 64 * 128 == 21_120
-    assert [spec.select(SM120, {"n": 4096, "k": k}, 4096).p["stages"] for k in (128, 256, 384, 512, 7168)] == [1, 2, 3, 4, 4]
-    assert spec.select(SM120, {"n": 4096, "k": 7168}, 4096).p["block_n"] == 128
+    assert [p["stages"] for p in large] == [1, 2, 3, 4, 4] and all(p["block_n"] == 128 for p in large)
 
 
 def test_op_refuses_misaligned_views(cpu_tensors_ok):

@@ -23,12 +23,9 @@ barriers are off for this form (every barrier is written here). Kernel-defining 
 FP8 = "float8_e4m3"
 SLICE = 32                 # weight scale group along K and the K of one mma
 ACT_BLOCK = 128            # activation scale group along K; one ring stage is one such K block
-ROWS = 16                  # routed rows per block (block_m)
-COLS = 64                  # weight rows (output columns) per CTA: four m16 tiles
+ROWS = (16, 32, 64)        # routed rows per block (block_m) this form takes: 2, 4 or 8 n8 halves per weight fragment
 ROW_WORDS = ACT_BLOCK // 8          # int32 words of one weight row per K block (64 B)
 TOK_WORDS = ACT_BLOCK // 4          # words of one activation row per K block (128 B)
-STAGE_WORDS = COLS * ROW_WORDS + ROWS * TOK_WORDS
-RED_PITCH = COLS + 4       # fp32 words per row of a warp's partial tile (banks 8g + r: conflict-free)
 MMA_FP8 = ("tl::mma_sync<tl::DataType::kFloat8_e4m3, tl::DataType::kFloat8_e4m3, tl::DataType::kFloat32, "
            "16, 8, 32, false, true>")
 # e4m3 bytes of the e2m1 magnitudes 0..7 (0, 0.5 .. 6), little-endian: the byte-permute table
@@ -40,14 +37,35 @@ def decode_warps(k: int) -> int:
     return max(1, min(4, k // ACT_BLOCK))
 
 
-def decode_smem_bytes(k: int, stages: int) -> int:
-    """Shared memory of the decode form: each warp's ring (stages x a K block of 64 weight rows and 16 routed
-    rows; the warps' partial tiles reuse it at the end), the CTA's weight exponents (one byte per row and slice,
+def block_cols(rows: int) -> int:
+    """Weight rows (output columns) per CTA: four m16 tiles, two for 64 routed rows (a lane's accumulators
+    are cols x rows / 32 twice over: 64 x 64 would not fit its registers)."""
+    return 64 if rows <= 32 else 32
+
+
+def red_pitch(rows: int) -> int:
+    """fp32 words per row of a warp's partial tile: cols + 4 puts a lane quad's rows in banks 8g + r."""
+    return block_cols(rows) + 4
+
+
+def stage_words(rows: int) -> int:
+    """One ring stage of a warp: a K block of the CTA's weight rows and of the block's routed rows."""
+    return block_cols(rows) * ROW_WORDS + rows * TOK_WORDS
+
+
+def warp_words(rows: int, stages: int) -> int:
+    """A warp's ring, which also holds its partial tile (rows x red_pitch fp32) at the end."""
+    return max(stages * stage_words(rows), rows * red_pitch(rows))
+
+
+def decode_smem_bytes(k: int, stages: int, rows: int = 16) -> int:
+    """Shared memory of the registers form: each warp's ring (stages x a K block of 64 weight rows and the
+    routed rows; the warps' partial tiles reuse it at the end), the CTA's weight exponents (one byte per row and slice,
     rows padded by one cp.async chunk) and activation scales (fp32, rows padded by one)."""
     kb = k // ACT_BLOCK
     ks = k // SLICE
-    return (4 * decode_warps(k) * stages * STAGE_WORDS + COLS * (ks + (16 if ks % 16 == 0 else 4))
-            + 4 * ROWS * (kb + 1))
+    return (4 * decode_warps(k) * warp_words(rows, stages) + block_cols(rows) * (ks + (16 if ks % 16 == 0 else 4))
+            + 4 * rows * (kb + 1))
 
 
 def e4m3_pair_py(u: int) -> tuple[int, int]:
@@ -67,18 +85,24 @@ def e4m3_pair_py(u: int) -> tuple[int, int]:
     return lo, hi
 
 
-def build_fp4_moe_decode(*, n: int, k: int, stages: int):
+def build_fp4_moe_decode(*, n: int, k: int, stages: int, rows: int = 16):
     import tilelang.language as T
 
+    if rows not in ROWS:
+        raise ValueError(f"fp4_moe_gemm registers form: block_m must be one of {ROWS}, got {rows}")
     S = stages
+    R, J = rows, rows // 8              # routed rows, and the n8 halves of each weight fragment
+    STAGE_WORDS = stage_words(R)
+    COLS, RED_PITCH = block_cols(R), red_pitch(R)
+    TL = COLS // 16                     # m16 weight tiles per CTA
     KB = k // ACT_BLOCK
     KS = k // SLICE
     WARPS = decode_warps(k)
-    WARP_WORDS = S * STAGE_WORDS
+    WARP_WORDS = warp_words(R, S)
     SW_CHUNK = 16 if KS % 16 == 0 else 4          # cp.async width of the exponent rows (K / 32 bytes each)
     SW_PITCH = KS + SW_CHUNK                       # rows r = 0..7 of a tile land in distinct banks
     SA_PITCH = KB + 1
-    OUT_STEPS = -(-ROWS * COLS // (32 * WARPS))   # 3 warps (K = 384) do not divide the 16 x 64 tile
+    OUT_STEPS = -(-R * COLS // (32 * WARPS))      # 3 warps (K = 384) do not divide the tile
     f32, u32 = "float32", "uint32"
     M = T.dynamic("num_rows")
     E = T.dynamic("num_experts")
@@ -98,7 +122,7 @@ def build_fp4_moe_decode(*, n: int, k: int, stages: int):
 
     @T.macro
     def issue(ring, a, w, e, bx, by, warp, lane, i):
-        """One K block of this warp (warp + i * WARPS) into ring slot i % S: its 64 weight rows x 4 chunks and 16
+        """One K block of this warp (warp + i * WARPS) into ring slot i % S: its 64 weight rows x 4 chunks and R
         routed rows x 8 chunks, 16-byte cp.async each, swizzled (module doc)."""
         kb = warp + i * WARPS
         base = warp * WARP_WORDS + (i % S) * STAGE_WORDS
@@ -108,12 +132,12 @@ def build_fp4_moe_decode(*, n: int, k: int, stages: int):
             T.call_extern("handle", "tl::cp_async_gs<16>",
                           T.address_of(ring[base + row * ROW_WORDS + (ch ^ ((row >> 1) & 3)) * 4]),
                           T.address_of(w[e, bx * COLS + row, kb * ROW_WORDS + ch * 4]))
-        for q in T.unroll(ROWS * 8 // 32):
+        for q in T.unroll(R * 8 // 32):
             t = (q * 32 + lane) // 8
             ch = lane % 8
             T.call_extern("handle", "tl::cp_async_gs<16>",
                           T.address_of(ring[base + COLS * ROW_WORDS + t * TOK_WORDS + (ch ^ ((t & 3) * 2)) * 4]),
-                          T.address_of(a[T.min(by * ROWS + t, a.shape[0] - 1), kb * ACT_BLOCK + ch * 16]))
+                          T.address_of(a[T.min(by * R + t, a.shape[0] - 1), kb * ACT_BLOCK + ch * 16]))
 
     @T.prim_func
     def fp4_moe_gemm(
@@ -129,12 +153,12 @@ def build_fp4_moe_decode(*, n: int, k: int, stages: int):
             T.import_source("#include <tl_templates/cuda/copy.h>\n#include <tl_templates/cuda/instruction/mma.h>\n")
             ring = T.alloc_shared((WARPS * WARP_WORDS,), u32)
             sw_s = T.alloc_shared((COLS * SW_PITCH,), "uint8")
-            sa_s = T.alloc_shared((ROWS * SA_PITCH,), f32)
-            acc = T.alloc_local((32,), f32)      # [tile 4][n8 half 2][c 4]
-            blk = T.alloc_local((32,), f32)      # this K block's sum, before its activation scales
+            sa_s = T.alloc_shared((R * SA_PITCH,), f32)
+            acc = T.alloc_local((4 * TL * J,), f32)  # [tile TL][n8 half J][c 4]
+            blk = T.alloc_local((4 * TL * J,), f32)  # this K block's sum, before its activation scales
             part = T.alloc_local((4,), f32)
             af = T.alloc_local((4,), u32)
-            bf = T.alloc_local((4,), u32)        # [n8 half 2][2]
+            bf = T.alloc_local((2 * J,), u32)    # [n8 half J][2]
             scl = T.alloc_local((2,), f32)
             ex = T.alloc_var("int32")
             tid = T.get_thread_binding()
@@ -147,8 +171,8 @@ def build_fp4_moe_decode(*, n: int, k: int, stages: int):
                 # padding block (M sized for capture): zeros, nothing read
                 for q in T.serial(OUT_STEPS):
                     idx = q * 32 * WARPS + tid
-                    if idx < ROWS * COLS and by * ROWS + idx // COLS < M:
-                        c[by * ROWS + idx // COLS, bx * COLS + idx % COLS] = T.Cast("bfloat16", 0.0)
+                    if idx < R * COLS and by * R + idx // COLS < M:
+                        c[by * R + idx // COLS, bx * COLS + idx % COLS] = T.Cast("bfloat16", 0.0)
             else:
                 e = T.min(ex, E - 1)
                 n_iter = (KB - warp + WARPS - 1) // WARPS       # this warp's K blocks: warp, warp + WARPS, ...
@@ -163,17 +187,17 @@ def build_fp4_moe_decode(*, n: int, k: int, stages: int):
                         col = idx % (KS // SW_CHUNK) * SW_CHUNK
                         T.call_extern("handle", f"tl::cp_async_gs<{SW_CHUNK}>", T.address_of(sw_s[row * SW_PITCH + col]),
                                       T.address_of(sw[e, bx * COLS + row, col]))
-                for q in T.serial(-(-(ROWS * KB) // (32 * WARPS))):
+                for q in T.serial(-(-(R * KB) // (32 * WARPS))):
                     idx = q * 32 * WARPS + tid
-                    if idx < ROWS * KB:
+                    if idx < R * KB:
                         T.call_extern("handle", "tl::cp_async_gs<4>", T.address_of(sa_s[(idx // KB) * SA_PITCH + idx % KB]),
-                                      T.address_of(sa[T.min(by * ROWS + idx // KB, M - 1), idx % KB]))
+                                      T.address_of(sa[T.min(by * R + idx // KB, M - 1), idx % KB]))
                 T.call_extern("handle", "tl::cp_async_commit")
                 for st in T.unroll(S - 1):
                     if st < n_iter:
                         issue(ring, a, w, e, bx, by, warp, lane, st)
                     T.call_extern("handle", "tl::cp_async_commit")
-                for v in T.unroll(32):
+                for v in T.unroll(4 * TL * J):
                     acc[v] = 0.0
                 T.call_extern("handle", f"tl::cp_async_wait<{S - 1}>")   # the scales' group (the ring's S - 1 may fly)
                 T.sync_threads()
@@ -186,15 +210,15 @@ def build_fp4_moe_decode(*, n: int, k: int, stages: int):
                     T.sync_warp()   # the other lanes' copies of slot i % S are visible
                     kb = warp + i * WARPS
                     base = base_w + (i % S) * STAGE_WORDS
-                    for v in T.unroll(32):
+                    for v in T.unroll(4 * TL * J):
                         blk[v] = 0.0
                     for s in T.unroll(ACT_BLOCK // SLICE):
-                        for j in T.unroll(2):
+                        for j in T.unroll(J):
                             t = j * 8 + r
                             tw = base + COLS * ROW_WORDS + t * TOK_WORDS + ((s * 2 + g // 2) ^ ((t & 3) * 2)) * 4 + (g % 2) * 2
                             bf[j * 2] = ring[tw]
                             bf[j * 2 + 1] = ring[tw + 1]
-                        for tile in T.unroll(4):
+                        for tile in T.unroll(TL):
                             for h in T.unroll(2):
                                 row = tile * 16 + h * 8 + r
                                 u = ring[base + row * ROW_WORDS + (s ^ ((r >> 1) & 3)) * 4 + g]
@@ -203,36 +227,36 @@ def build_fp4_moe_decode(*, n: int, k: int, stages: int):
                                 af[h + 2] = (perm(c32(LUT_LO), c32(LUT_HI), mg >> c32(16))
                                              | sign(perm(u, c32(0), c32(0x3322))))
                                 scl[h] = ue8m0(sw_s[row * SW_PITCH + kb * 4 + s])
-                            for j in T.unroll(2):
+                            for j in T.unroll(J):
                                 for v in T.unroll(4):
                                     part[v] = 0.0
                                 T.call_extern("handle", MMA_FP8, T.address_of(part[0]), T.address_of(af[0]),
                                               T.address_of(bf[j * 2]))
                                 for v in T.unroll(4):
-                                    blk[(tile * 2 + j) * 4 + v] += part[v] * scl[v // 2]
-                    for tile in T.unroll(4):
-                        for j in T.unroll(2):
+                                    blk[(tile * J + j) * 4 + v] += part[v] * scl[v // 2]
+                    for tile in T.unroll(TL):
+                        for j in T.unroll(J):
                             for v in T.unroll(4):
-                                acc[(tile * 2 + j) * 4 + v] += (blk[(tile * 2 + j) * 4 + v]
+                                acc[(tile * J + j) * 4 + v] += (blk[(tile * J + j) * 4 + v]
                                                                 * sa_s[(j * 8 + g * 2 + v % 2) * SA_PITCH + kb])
                 # the warps' partial tiles, summed through the (drained) ring
                 T.call_extern("handle", "tl::cp_async_wait<0>")
                 T.sync_threads()
-                for tile in T.unroll(4):
-                    for j in T.unroll(2):
+                for tile in T.unroll(TL):
+                    for j in T.unroll(J):
                         for v in T.unroll(4):
                             ring[base_w + (j * 8 + g * 2 + v % 2) * RED_PITCH + tile * 16 + (v // 2) * 8 + r] = \
-                                T.reinterpret(acc[(tile * 2 + j) * 4 + v], u32)
+                                T.reinterpret(acc[(tile * J + j) * 4 + v], u32)
                 T.sync_threads()
                 total = T.alloc_var(f32)
                 for q in T.serial(OUT_STEPS):
                     idx = q * 32 * WARPS + tid
-                    t = T.min(idx // COLS, ROWS - 1)
+                    t = T.min(idx // COLS, R - 1)
                     col = idx % COLS
                     total = 0.0
                     for wp in T.unroll(WARPS):
                         total += T.reinterpret(ring[wp * WARP_WORDS + t * RED_PITCH + col], f32)
-                    if idx < ROWS * COLS and by * ROWS + t < M:
-                        c[by * ROWS + t, bx * COLS + col] = T.Cast("bfloat16", total)
+                    if idx < R * COLS and by * R + t < M:
+                        c[by * R + t, bx * COLS + col] = T.Cast("bfloat16", total)
 
     return fp4_moe_gemm

@@ -30,7 +30,8 @@ from typing import Any, Mapping
 from dsv4_jit.arch import ArchProfile, check_arch, schedule_name
 from dsv4_jit.spec import Variant, multiple_param, register
 
-from .fp4_moe_decode import build_fp4_moe_decode, decode_smem_bytes, decode_warps
+from .fp4_moe_decode import ROWS as REGISTERS_ROWS
+from .fp4_moe_decode import block_cols, build_fp4_moe_decode, decode_smem_bytes, decode_warps
 from .spec_base import MoeKernelSpec
 
 FP8 = "float8_e4m3"
@@ -94,17 +95,21 @@ def moe_smem_bytes(p: Mapping[str, Any]) -> int:
     """Pre-nvcc shared memory: `stages` stages, plus the single dequantized fp8 weight tile (block_n x 128); the
     registers form's own formula (fp4_moe_decode.decode_smem_bytes)."""
     if p.get("form") == "registers":
-        return decode_smem_bytes(p["k"], p["stages"])
+        return decode_smem_bytes(p["k"], p["stages"], p["block_m"])
     return p["stages"] * stage_bytes(p["block_m"], p["block_n"]) + p["block_n"] * ACT_BLOCK
 
 
 def moe_params(arch: ArchProfile, n: int, k: int, num_tokens: int) -> dict:
     bm = moe_block_m(num_tokens)
-    if bm == 16 and DECODE_FORM == "registers":
+    if bm in REGISTERS_ROWS and DECODE_FORM == "registers":
         warps = decode_warps(k)
-        # never more stages than K blocks a warp walks
-        return {"n": n, "k": k, "block_m": 16, "block_n": 64, "threads": 32 * warps,
-                "stages": max(1, min(DECODE_FORM_STAGES, -(-(k // ACT_BLOCK) // warps))), "form": "registers"}
+        # never more stages than K blocks a warp walks, nor than fit the family's budget (64 rows at K = 7168 on
+        # SM12x: one stage)
+        stages = max(1, min(DECODE_FORM_STAGES, -(-(k // ACT_BLOCK) // warps)))
+        while stages > 1 and decode_smem_bytes(k, stages, bm) > arch.max_smem_per_block:
+            stages -= 1
+        return {"n": n, "k": k, "block_m": bm, "block_n": block_cols(bm), "threads": 32 * warps, "stages": stages,
+                "form": "registers"}
     # decode (16-row blocks): 64-column tiles and 2 stages. Twice the CTAs per touched expert and more of them
     # resident: at 1 token the 6 experts x 32 tiles of 128 left the H100's 132 SMs unevenly loaded (SM12x
     # schedule on sm_90a, V4-Flash w13: 78 -> 62 us at 1 token, 1,560 -> 1,525 us at 64; deeper rings were slower)
@@ -224,5 +229,5 @@ class Fp4MoeGemmSpec(MoeKernelSpec):
     def build(self, variant: Variant):
         p = variant.p
         if p.get("form") == "registers":
-            return build_fp4_moe_decode(n=p["n"], k=p["k"], stages=p["stages"])
+            return build_fp4_moe_decode(n=p["n"], k=p["k"], stages=p["stages"], rows=p["block_m"])
         return build_fp4_moe_gemm(**p)
