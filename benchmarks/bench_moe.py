@@ -42,11 +42,7 @@ def main() -> None:
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--tokens", type=int, nargs="+", default=[1, 8, 64, 512, 4096])
     ap.add_argument("--arch", default=None, help="schedule to run: native (default) or sm_120a (emulated)")
-    ap.add_argument("--block-n", type=int, nargs="+", default=None,
-                    help="sweep: run every listed block_n (patched into the kernel module; default: the schedule's)")
     ap.add_argument("--stages", type=int, nargs="+", default=None, help="sweep: every listed stage count")
-    ap.add_argument("--decode-form", nargs="+", default=None, choices=("registers", "tile"),
-                    help="sweep: the 16-row blocks' kernel form (default: the selected one)")
     ap.add_argument("--out", default="bench_out/moe.json")
     args = ap.parse_args()
 
@@ -66,19 +62,12 @@ def main() -> None:
     rows = []
     from dsv4_jit import jit
     from dsv4_jit.kernels.moe import fp4_moe_gemm as kmod
-    settings = [(bn, st, form) for bn in (args.block_n or [None]) for st in (args.stages or [None])
-                for form in (args.decode_form or [None])]
-    for bn, st, form in settings:
-        if form is not None:
-            kmod.DECODE_FORM = form
-        if bn is not None:   # the sweep: every row-block size runs these (the schedule's own split is bypassed)
-            kmod.BLOCK_N = kmod.DECODE_BLOCK_N = bn
-        if st is not None:
-            kmod.STAGES, kmod.DECODE_STAGES = {**kmod.STAGES, arch.family: st}, st
-            kmod.DECODE_FORM_STAGES = st
+    for st in args.stages or [None]:
+        if st is not None:   # the sweep (patched into the kernel module; the budget still caps it)
+            kmod.STAGES = st
         jit._SELECT_MEMO.clear()   # select reads the constants: drop the memoised variants
-        if len(settings) > 1:
-            print(f"-- block_n {bn}, stages {st}, decode form {form}")
+        if args.stages:
+            print(f"-- stages {st}")
         rows += run_shapes(args, m, arch, experts, topk, g, bw)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -132,7 +121,7 @@ def run_shapes(args, m, arch, experts: int, topk: int, g, bw: float) -> list:
             tflops = 2 * real * n * k / (ours * 1e-6) / 1e12 if ours else None
             p = get_spec("fp4_moe_gemm").select(arch, ops.moe_static(n, k), t).p
             row = {"gemm": name, "n": n, "k": k, "tokens": t, "experts_touched": len(touched), "block_m": bm,
-                   "block_n": p["block_n"], "stages": p["stages"],                    "form": p.get("form", "tile"),
+                   "block_n": p["block_n"], "stages": p["stages"],
                    "rows": a.shape[0], "bytes": nbytes, "ours_us": ours, "ours_gbs": gbs,
                    "ours_pct_copy": 100 * gbs / bw if gbs else None, "ours_tflops": tflops, "torch_us": t_torch,
                    "max_row_rel_err": err, "notes": [why] if why else []}

@@ -27,20 +27,11 @@ def test_e2m1_to_e4m3_bytes_are_exact():
         assert got == want, (nib, hex(byte), got, want)
 
 
-def test_the_kernels_byte_permute_decodes_every_nibble_quad():
-    """e4m3_quad (4 nibbles -> 4 e4m3 bytes by one byte permute and sign shifts), modelled op for op, equals the
-    per-nibble table on every 16-bit pattern, in both halves of the 32-bit word."""
-    for v in range(1 << 16):
-        want = sum(kmod.e2m1_e4m3_byte(v >> (4 * i) & 0xF) << (8 * i) for i in range(4))
-        assert kmod.e4m3_quad_py(v, 0) == want
-        assert kmod.e4m3_quad_py(v << 16 | 0x5A5A, 1) == want
-
-
-def test_the_decode_forms_word_conversion_decodes_every_nibble():
-    """The registers form turns one packed word (8 e2m1 weights) into its two mma registers (elements 0-3, 4-7) by
-    byte permutes and a bit select of the signs, modelled op for op: every 16-bit pattern in either half, with
-    the other half varied, equals the per-nibble table."""
-    from dsv4_jit.kernels.moe.fp4_moe_decode import e4m3_pair_py
+def test_the_kernels_word_conversion_decodes_every_nibble():
+    """The kernel turns one packed word (8 e2m1 weights) into its two mma registers (elements 0-3, 4-7) by byte
+    permutes and a bit select of the signs, modelled op for op: every 16-bit pattern in either half, with the
+    other half varied, equals the per-nibble table."""
+    e4m3_pair_py = kmod.e4m3_pair_py
     for v in range(1 << 16):
         want = sum(kmod.e2m1_e4m3_byte(v >> (4 * i) & 0xF) << (8 * i) for i in range(4))
         other = (v * 40503) & 0xFFFF
@@ -196,28 +187,19 @@ def test_select_rejects_bad_statics(static, match):
 
 def test_stages_never_exceed_the_k_blocks():
     spec = get_spec("fp4_moe_gemm")
-    # every block size runs the registers form: one warp per K block up to 4, 2 stages a warp where a warp walks
-    # 2 K blocks or more and they fit the budget; 64 weight columns a CTA, 32 for 64-row blocks
+    # one warp per K block up to 4, 2 stages a warp where a warp walks 2 K blocks or more and they fit the budget;
+    # 64 weight columns a CTA, 32 for 64-row blocks
     dec = [spec.select(SM120, {"n": 4096, "k": k}, 1).p for k in (128, 256, 384, 512, 1024, 7168)]
     assert [(p["threads"], p["stages"]) for p in dec] == [(32, 1), (64, 1), (96, 1), (128, 1), (128, 2), (128, 2)]
-    assert all(p["form"] == "registers" and p["block_n"] == 64 and "k_stage" not in p for p in dec)
+    assert all(p["block_n"] == 64 for p in dec)
     assert kmod.moe_smem_bytes(dec[-1]) == 4 * 2 * 6144 + 64 * (224 + 16) + 4 * 16 * 57 == 68_160
     big = {t: spec.select(SM120, {"n": 4096, "k": 7168}, t).p for t in (600, 4096)}
     assert [(p["block_m"], p["block_n"], p["stages"]) for p in big.values()] == [(32, 64, 2), (64, 32, 1)]
     # two stages of 64 rows at K = 7168 would overflow SM12x (104,192 B); Hopper keeps them
     assert kmod.moe_smem_bytes({**big[4096], "stages": 2}) == 104_192 > 101_376 >= kmod.moe_smem_bytes(big[4096])
     assert spec.select(get_profile("sm_90a"), {"n": 4096, "k": 7168}, 4096).p["stages"] == 2
-    # the tile form (bench_moe.py --decode-form tile): 64-column tiles and 2 stages for 16-row blocks, 128 columns
-    # and 4 stages for larger ones, never more stages than K blocks
-    kmod.DECODE_FORM = "tile"
-    try:
-        tile = [kmod.moe_params(SM120, 4096, k, 1) for k in (128, 256, 7168)]
-        large = [kmod.moe_params(SM120, 4096, k, 4096) for k in (128, 256, 384, 512, 7168)]
-    finally:
-        kmod.DECODE_FORM = "registers"
-    assert [(p["block_n"], p["stages"], "form" in p) for p in tile] == [(64, 1, False), (64, 2, False), (64, 2, False)]
-    assert kmod.moe_smem_bytes(tile[2]) == 2 * kmod.stage_bytes(16, 64) + 64 * 128 == 21_120
-    assert [p["stages"] for p in large] == [1, 2, 3, 4, 4] and all(p["block_n"] == 128 for p in large)
+    with pytest.raises(ValueError, match="not a tile of this kernel"):
+        kmod.build_fp4_moe_gemm(**{**dec[-1], "block_n": 128})
 
 
 def test_op_refuses_misaligned_views(cpu_tensors_ok):

@@ -7,16 +7,33 @@ e2m1 weights, the tokens of every expert in one launch.
       multiple of block_m (ops.moe_align builds that layout); sa fp32 [M, K / 128] their 1x128 UE8M0 scales
       (act_quant_fp8 writes them).
   W   uint8 [E, N, K / 2]: e2m1 pairs as vLLM stores the checkpoint's float4_e2m1fn_x2 (element 2j in bits 0-3,
-      element 2j + 1 in bits 4-7; bit 3 of a nibble is the sign), read by the kernel as int32 words [E, N, K / 8]; sb uint8 [E, N, K / 32]: UE8M0 exponents of
-      the 1x32 weight scales (2^(sb - 127)).
+      element 2j + 1 in bits 4-7; bit 3 of a nibble is the sign), read by the kernel as int32 words [E, N, K / 8];
+      sb uint8 [E, N, K / 32]: UE8M0 exponents of the 1x32 weight scales (2^(sb - 127)).
   block_expert int32 [M / block_m]: the expert of each block of block_m rows, -1 for a padding block (its rows
       are written 0 and nothing is read for it: a CUDA-graph-sized M costs only its real blocks).
 
 Every e2m1 value (0, 0.5 .. 6) is exact in e4m3, so each 32-wide slice runs as one fp8 mma.sync m16n8k32 over
-exact operands with fp32 accumulation, and the two scales (per row, per weight row and slice) are applied to the
-slice's partial in fp32: the same math as the reference's fp4_gemm (block_K 32), with no rounding but the
-tensor cores' fp32 sums and the bf16 store. Dequantization happens in shared memory (packed tile -> fp8 tile);
-the native block-scaled FP4 MMA of sm_120a is not used (not provable on the GPUs this project can run).
+exact operands with fp32 accumulation, and the two scales (per routed row, per weight row and slice) are applied
+to the slice's partial in fp32: the same math as the reference's fp4_gemm (block_K 32), with no rounding but the
+tensor cores' fp32 sums and the bf16 store. The native block-scaled FP4 MMA of sm_120a is not used (not provable
+on the GPUs this project can run).
+
+The weights are dequantized in registers, straight into the tensor cores' operands. Dequantizing each weight tile
+into shared memory for T.gemm to read back (this kernel until 2026-11-24) left it instruction-bound at ~40% of
+copy bandwidth at decode sizes, where an expert block holds 1-3 real rows; this form is 1.6-1.9x faster at
+1-8,192 tokens (bench_moe.py, H100). How:
+  * the weight is the mma's A operand (m16 tiles of weight rows) and the block_m routed rows are B (block_m / 8 n8
+    halves), so one dequantized fragment serves every half; a C element's weight scale is its row's;
+  * the K order inside a 32-wide slice is permuted so that one packed int32 word (8 weights of a row) is exactly a
+    lane's two A registers: mma k 4g..4g+3 <-> elements 8g..8g+3 and mma k 16+4g..16+4g+3 <-> 8g+4..8g+7, for the
+    lane with g = lane % 4. The activations' B registers follow the same map: the 8 bytes at 8g of the slice, one
+    64-bit shared load. The dot product is a sum over k, so the result is exact as before;
+  * each warp owns every 4th K block (split-K across the CTA's warps) with a cp.async ring of its own: no barrier
+    in the main loop but __syncwarp; the warps' partial tiles are summed once through shared memory at the end;
+  * the ring is swizzled so the lanes' shared loads are conflict-free (weights: 16-byte chunk c of row r at
+    c ^ ((r >> 1) & 3); activations: chunk c of row t at c ^ 2 (t & 3)).
+Hand-written mma.sync (tl::mma_sync) and cp.async; TileLang's automatic barriers are off (every barrier is
+written here).
 
 Grid (N / block_n, M / block_m); N and K are compile-time, M and E dynamic. `select` depends on the token count
 only (never on routing): block_m 16 while the average expert sees <= 12 rows at V4's 6-of-256 routing, then 32,
@@ -30,27 +47,23 @@ from typing import Any, Mapping
 from dsv4_jit.arch import ArchProfile, check_arch, schedule_name
 from dsv4_jit.spec import Variant, multiple_param, register
 
-from .fp4_moe_decode import ROWS as REGISTERS_ROWS
-from .fp4_moe_decode import block_cols, build_fp4_moe_decode, decode_smem_bytes, decode_warps
 from .spec_base import MoeKernelSpec
 
 FP8 = "float8_e4m3"
-SLICE = 32            # weight scale group along K (MXFP4), and the K of one fp8 mma.sync
-ACT_BLOCK = 128       # activation scale group along K
-BLOCK_N = 128
-# 16-row blocks in this (tile) form, as selected until the registers form (bench_moe.py --decode-form tile)
-DECODE_BLOCK_N, DECODE_STAGES = 64, 2
-# 16-row blocks run fp4_moe_decode.py's form (weights dequantized in registers, split-K across warps, 2 stages a
-# warp); "tile" is the form below, kept for the benchmark's side-by-side (bench_moe.py --decode-form)
-DECODE_FORM, DECODE_FORM_STAGES = "registers", 2
-THREADS = 128
+SLICE = 32                 # weight scale group along K and the K of one mma
+ACT_BLOCK = 128            # activation scale group along K; one ring stage is one such K block
+ROWS = (16, 32, 64)        # routed rows per block (block_m): 2, 4 or 8 n8 halves per weight fragment
+ROW_WORDS = ACT_BLOCK // 8          # int32 words of one weight row per K block (64 B)
+TOK_WORDS = ACT_BLOCK // 4          # words of one activation row per K block (128 B)
+MMA_FP8 = ("tl::mma_sync<tl::DataType::kFloat8_e4m3, tl::DataType::kFloat8_e4m3, tl::DataType::kFloat32, "
+           "16, 8, 32, false, true>")
+# e4m3 bytes of the e2m1 magnitudes 0..7 (0, 0.5, 1, 1.5, 2, 3, 4, 6), little-endian: the byte-permute table
+LUT_LO, LUT_HI = 0x3C383000, 0x4C484440
 # Token-count thresholds of the three row-block sizes (see the module doc).
 BLOCK_M_BY_TOKENS = ((512, 16), (2048, 32))
 BLOCK_M_LARGE = 64
-# e4m3 bytes of the e2m1 magnitudes 0..7 (0, 0.5, 1, 1.5, 2, 3, 4, 6), little-endian: the byte-permute table
-LUT_LO, LUT_HI = 0x3C383000, 0x4C484440
-# cp.async stages per family (a stage streams block_n x 64 B of packed weight).
-STAGES = {"blackwell_consumer": 4, "hopper": 4, "blackwell_dc": 4}
+# cp.async stages a warp (bench_moe.py --stages, SM120 schedule on the H100: 2 beat 1 and 3 at 1-512 tokens)
+STAGES = 2
 
 
 def e2m1_e4m3_byte(nib: int) -> int:
@@ -70,14 +83,6 @@ def byte_perm(x: int, y: int, sel: int) -> int:
     return out
 
 
-def e4m3_quad_py(u: int, half: int) -> int:
-    """The kernel's e4m3_quad in plain Python, op for op (tests compare it with e2m1_e4m3_byte per nibble)."""
-    v = (u & 0xFFFFFFFF) >> (16 * half)
-    mag = byte_perm(LUT_LO, LUT_HI, v & 0x7777)
-    sign = ((v & 0x8) << 4) | ((v & 0x80) << 8) | ((v & 0x800) << 12) | ((v & 0x8000) << 16)
-    return (mag | sign) & 0xFFFFFFFF
-
-
 def moe_block_m(num_tokens: int) -> int:
     for limit, bm in BLOCK_M_BY_TOKENS:
         if num_tokens <= limit:
@@ -85,116 +90,246 @@ def moe_block_m(num_tokens: int) -> int:
     return BLOCK_M_LARGE
 
 
-def stage_bytes(block_m: int, block_n: int) -> int:
-    """One pipeline stage (a 128-wide K block): the A fp8 tile, the packed weight tile, its 4 exponents per
-    weight row and the rows' activation scales."""
-    return block_m * ACT_BLOCK + block_n * ACT_BLOCK // 2 + block_n * (ACT_BLOCK // SLICE) + block_m * 4
+def cta_warps(k: int) -> int:
+    """Warps of a CTA: one per K block up to 4 (w2 at TP 8 has 2-3 K blocks)."""
+    return max(1, min(4, k // ACT_BLOCK))
+
+
+def block_cols(rows: int) -> int:
+    """Weight rows (output columns) per CTA: four m16 tiles, two for 64 routed rows (a lane's accumulators
+    are cols x rows / 32 twice over: 64 x 64 would not fit its registers)."""
+    return 64 if rows <= 32 else 32
+
+
+def red_pitch(rows: int) -> int:
+    """fp32 words per row of a warp's partial tile: cols + 4 puts a lane quad's rows in banks 8g + r."""
+    return block_cols(rows) + 4
+
+
+def stage_words(rows: int) -> int:
+    """One ring stage of a warp: a K block of the CTA's weight rows and of the block's routed rows."""
+    return block_cols(rows) * ROW_WORDS + rows * TOK_WORDS
+
+
+def warp_words(rows: int, stages: int) -> int:
+    """A warp's ring, which also holds its partial tile (rows x red_pitch fp32) at the end."""
+    return max(stages * stage_words(rows), rows * red_pitch(rows))
+
+
+def moe_smem_bytes_for(k: int, stages: int, rows: int) -> int:
+    """Pre-nvcc shared memory: each warp's ring (stages x a K block of the CTA's weight rows and routed rows; the
+    warps' partial tiles reuse it at the end), the CTA's weight exponents (one byte per row and slice, rows padded
+    by one cp.async chunk) and activation scales (fp32, rows padded by one)."""
+    kb = k // ACT_BLOCK
+    ks = k // SLICE
+    return (4 * cta_warps(k) * warp_words(rows, stages) + block_cols(rows) * (ks + (16 if ks % 16 == 0 else 4))
+            + 4 * rows * (kb + 1))
 
 
 def moe_smem_bytes(p: Mapping[str, Any]) -> int:
-    """Pre-nvcc shared memory: `stages` stages, plus the single dequantized fp8 weight tile (block_n x 128); the
-    registers form's own formula (fp4_moe_decode.decode_smem_bytes)."""
-    if p.get("form") == "registers":
-        return decode_smem_bytes(p["k"], p["stages"], p["block_m"])
-    return p["stages"] * stage_bytes(p["block_m"], p["block_n"]) + p["block_n"] * ACT_BLOCK
+    return moe_smem_bytes_for(p["k"], p["stages"], p["block_m"])
 
 
 def moe_params(arch: ArchProfile, n: int, k: int, num_tokens: int) -> dict:
     bm = moe_block_m(num_tokens)
-    if bm in REGISTERS_ROWS and DECODE_FORM == "registers":
-        warps = decode_warps(k)
-        # never more stages than K blocks a warp walks, nor than fit the family's budget (64 rows at K = 7168 on
-        # SM12x: one stage)
-        stages = max(1, min(DECODE_FORM_STAGES, -(-(k // ACT_BLOCK) // warps)))
-        while stages > 1 and decode_smem_bytes(k, stages, bm) > arch.max_smem_per_block:
-            stages -= 1
-        return {"n": n, "k": k, "block_m": bm, "block_n": block_cols(bm), "threads": 32 * warps, "stages": stages,
-                "form": "registers"}
-    # decode (16-row blocks): 64-column tiles and 2 stages. Twice the CTAs per touched expert and more of them
-    # resident: at 1 token the 6 experts x 32 tiles of 128 left the H100's 132 SMs unevenly loaded (SM12x
-    # schedule on sm_90a, V4-Flash w13: 78 -> 62 us at 1 token, 1,560 -> 1,525 us at 64; deeper rings were slower)
-    bn, stages = (DECODE_BLOCK_N, DECODE_STAGES) if bm == 16 else (BLOCK_N, STAGES[arch.family])
-    kb = k // ACT_BLOCK
-    # never more stages than K blocks (w2 at TP 8: K = 256 / 384 is 2 / 3 blocks)
-    return {"n": n, "k": k, "block_m": bm, "block_n": bn, "threads": THREADS, "stages": max(1, min(stages, kb))}
+    warps = cta_warps(k)
+    # never more stages than K blocks a warp walks, nor than fit the budget (64 rows at K = 7168 on SM12x: one)
+    stages = max(1, min(STAGES, -(-(k // ACT_BLOCK) // warps)))
+    while stages > 1 and moe_smem_bytes_for(k, stages, bm) > arch.max_smem_per_block:
+        stages -= 1
+    return {"n": n, "k": k, "block_m": bm, "block_n": block_cols(bm), "threads": 32 * warps, "stages": stages}
+
+
+def e4m3_pair_py(u: int) -> tuple[int, int]:
+    """The kernel's word -> two e4m3 quads in plain Python, op for op: the low quad holds elements 0..3 of the 8
+    packed e2m1 weights (element i in nibble i of u), the high quad 4..7, one e4m3 byte each (tests compare every
+    byte with fp4_moe_gemm.e2m1_e4m3_byte)."""
+    u &= 0xFFFFFFFF
+    m = u & 0x77777777
+
+    def sign(x: int) -> int:
+        # byte 0 / 2 carry their element's sign at bit 3 (shift to bit 7), bytes 1 / 3 at bit 7 already
+        return (((x << 4) & 0x00FF00FF) | (x & 0xFF00FF00)) & 0x80808080
+
+    lo = byte_perm(LUT_LO, LUT_HI, m & 0xFFFF) | sign(byte_perm(u, 0, 0x1100))
+    hi = byte_perm(LUT_LO, LUT_HI, m >> 16) | sign(byte_perm(u, 0, 0x3322))
+    return lo, hi
 
 
 def build_fp4_moe_gemm(*, n: int, k: int, block_m: int, block_n: int, stages: int, threads: int):
     import tilelang.language as T
 
-    BM, BN = block_m, block_n
-    KS = k // SLICE                    # weight-scale slices along K
-    BK = ACT_BLOCK                     # one pipeline stage: a 128-wide K block (one activation scale) ...
-    SPB = BK // SLICE                  # ... of 4 slices, every slice its own fp8 mma over exact operands
-    KB = k // BK
-    f32 = "float32"
+    if block_m not in ROWS or block_n != block_cols(block_m) or threads != 32 * cta_warps(k):
+        raise ValueError(f"fp4_moe_gemm: block_m {block_m} / block_n {block_n} / threads {threads} is not a tile "
+                         f"of this kernel (block_m in {ROWS}, block_n = block_cols, one warp per K block up to 4)")
+    S = stages
+    R, J = block_m, block_m // 8        # routed rows, and the n8 halves of each weight fragment
+    STAGE_WORDS = stage_words(R)
+    COLS, RED_PITCH = block_cols(R), red_pitch(R)
+    TL = COLS // 16                     # m16 weight tiles per CTA
+    KB = k // ACT_BLOCK
+    KS = k // SLICE
+    WARPS = cta_warps(k)
+    WARP_WORDS = warp_words(R, S)
+    SW_CHUNK = 16 if KS % 16 == 0 else 4          # cp.async width of the exponent rows (K / 32 bytes each)
+    SW_PITCH = KS + SW_CHUNK                       # rows r = 0..7 of a tile land in distinct banks
+    SA_PITCH = KB + 1
+    OUT_STEPS = -(-R * COLS // (32 * WARPS))      # 3 warps (K = 384) do not divide the tile
+    f32, u32 = "float32", "uint32"
     M = T.dynamic("num_rows")
     E = T.dynamic("num_experts")
     NB = T.dynamic("num_blocks")
 
-    def e4m3_quad(u, half):
-        """4 e4m3 bytes (as a uint32, element 8g + 4 * half + i in byte i) of the e2m1 nibbles in the 16-bit half
-        `half` of u = 4 packed bytes (element 8g + i in nibble i): one byte permute looks each nibble's
-        magnitude up in the 8-entry table E2M1_E4M3 (0, 0.5 .. 6 as e4m3 bytes), then each sign bit (nibble bit
-        3) moves to its byte's bit 7. 7 integer ops for 4 weights, where a per-nibble select took ~15 each and
-        left the kernel instruction-bound (9-11% of copy bandwidth on the H100, 2026-11-23)."""
-        v = u >> T.Cast("uint32", 16 * half)
-        mag = T.call_extern("uint32", "__byte_perm", T.Cast("uint32", LUT_LO), T.Cast("uint32", LUT_HI),
-                            v & T.Cast("uint32", 0x7777))
-        sign = (((v & T.Cast("uint32", 0x8)) << T.Cast("uint32", 4)) | ((v & T.Cast("uint32", 0x80)) << T.Cast("uint32", 8))
-                | ((v & T.Cast("uint32", 0x800)) << T.Cast("uint32", 12)) | ((v & T.Cast("uint32", 0x8000)) << T.Cast("uint32", 16)))
-        return mag | sign
+    def c32(v):
+        return T.Cast(u32, v)
+
+    def perm(x, y, sel):
+        return T.call_extern(u32, "__byte_perm", x, y, sel)
+
+    def sign(x):
+        return (((x << c32(4)) & c32(0x00FF00FF)) | (x & c32(0xFF00FF00))) & c32(0x80808080)
 
     def ue8m0(byte):
-        """2^(byte - 127) built from its bits (exact, no exp2 per element; byte 0 reads as 0)."""
-        return T.reinterpret(T.shift_left(T.Cast("uint32", byte), T.Cast("uint32", 23)), f32)
+        return T.reinterpret(T.shift_left(T.Cast(u32, byte), c32(23)), f32)
+
+    @T.macro
+    def issue(ring, a, w, e, bx, by, warp, lane, i):
+        """One K block of this warp (warp + i * WARPS) into ring slot i % S: its 64 weight rows x 4 chunks and R
+        routed rows x 8 chunks, 16-byte cp.async each, swizzled (module doc)."""
+        kb = warp + i * WARPS
+        base = warp * WARP_WORDS + (i % S) * STAGE_WORDS
+        for q in T.unroll(COLS * 4 // 32):
+            row = (q * 32 + lane) // 4
+            ch = lane % 4
+            T.call_extern("handle", "tl::cp_async_gs<16>",
+                          T.address_of(ring[base + row * ROW_WORDS + (ch ^ ((row >> 1) & 3)) * 4]),
+                          T.address_of(w[e, bx * COLS + row, kb * ROW_WORDS + ch * 4]))
+        for q in T.unroll(R * 8 // 32):
+            t = (q * 32 + lane) // 8
+            ch = lane % 8
+            T.call_extern("handle", "tl::cp_async_gs<16>",
+                          T.address_of(ring[base + COLS * ROW_WORDS + t * TOK_WORDS + (ch ^ ((t & 3) * 2)) * 4]),
+                          T.address_of(a[T.min(by * R + t, a.shape[0] - 1), kb * ACT_BLOCK + ch * 16]))
 
     @T.prim_func
     def fp4_moe_gemm(
         a: T.Tensor[(M, k), FP8],
-        sa: T.Tensor[(M, k // ACT_BLOCK), f32],
+        sa: T.Tensor[(M, KB), f32],
         w: T.Tensor[(E, n, k // 8), "int32"],
         sw: T.Tensor[(E, n, KS), "uint8"],
         block_expert: T.Tensor[(NB,), "int32"],
         c: T.Tensor[(M, n), "bfloat16"],
     ):
-        with T.Kernel(n // BN, NB, threads=threads) as (bx, by):
-            a_s = T.alloc_shared((BM, BK), FP8)
-            wp_s = T.alloc_shared((BN, BK // 8), "int32")
-            ws_s = T.alloc_shared((BN, SPB), "uint8")
-            sa_s = T.alloc_shared((BM,), f32)
-            w_s = T.alloc_shared((BN, BK), FP8)
-            part = T.alloc_fragment((BM, BN), f32)
-            acc = T.alloc_fragment((BM, BN), f32)
+        with T.Kernel(n // COLS, NB, threads=32 * WARPS) as (bx, by):
+            # the templates of the hand-written cp.async and mma (TileLang includes them only for its own ops)
+            T.import_source("#include <tl_templates/cuda/copy.h>\n#include <tl_templates/cuda/instruction/mma.h>\n")
+            ring = T.alloc_shared((WARPS * WARP_WORDS,), u32)
+            sw_s = T.alloc_shared((COLS * SW_PITCH,), "uint8")
+            sa_s = T.alloc_shared((R * SA_PITCH,), f32)
+            acc = T.alloc_local((4 * TL * J,), f32)  # [tile TL][n8 half J][c 4]
+            blk = T.alloc_local((4 * TL * J,), f32)  # this K block's sum, before its activation scales
+            part = T.alloc_local((4,), f32)
+            af = T.alloc_local((4,), u32)
+            bf = T.alloc_local((2 * J,), u32)    # [n8 half J][2]
+            scl = T.alloc_local((2,), f32)
             ex = T.alloc_var("int32")
+            tid = T.get_thread_binding()
+            warp = tid // 32
+            lane = tid % 32
+            r = lane // 4
+            g = lane % 4
             ex = block_expert[by]
             if ex < 0:
                 # padding block (M sized for capture): zeros, nothing read
-                for i, j in T.Parallel(BM, BN):
-                    if by * BM + i < M:
-                        c[by * BM + i, bx * BN + j] = T.Cast("bfloat16", 0.0)
+                for q in T.serial(OUT_STEPS):
+                    idx = q * 32 * WARPS + tid
+                    if idx < R * COLS and by * R + idx // COLS < M:
+                        c[by * R + idx // COLS, bx * COLS + idx % COLS] = T.Cast("bfloat16", 0.0)
             else:
-                T.clear(acc)
-                for kb in T.Pipelined(KB, num_stages=stages):
-                    for i, j in T.Parallel(BM, BK):
-                        a_s[i, j] = a[T.min(by * BM + i, M - 1), kb * BK + j]
-                    T.copy(w[T.min(ex, E - 1), bx * BN, kb * (BK // 8)], wp_s)
-                    T.copy(sw[T.min(ex, E - 1), bx * BN, kb * SPB], ws_s)
-                    for i in T.Parallel(BM):
-                        sa_s[i] = sa[T.min(by * BM + i, M - 1), kb]
-                    for j, q in T.Parallel(BN, BK):
-                        w_s[j, q] = T.reinterpret(T.Cast("uint8", (e4m3_quad(T.Cast("uint32", wp_s[j, q // 8]), (q % 8) // 4)
-                                                                    >> T.Cast("uint32", 8 * (q % 4))) & T.Cast("uint32", 255)), FP8)
-                    # explicit: TileLang 0.1.15 may place its only barrier inside a branch (docs/adding_a_kernel.md)
-                    T.sync_threads()
-                    for sl in T.unroll(SPB):
-                        T.gemm(a_s[:, sl * SLICE:(sl + 1) * SLICE], w_s[:, sl * SLICE:(sl + 1) * SLICE], part,
-                               transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullCol)
-                        for i, j in T.Parallel(BM, BN):
-                            acc[i, j] += part[i, j] * sa_s[i] * ue8m0(ws_s[j, sl])
-                for i, j in T.Parallel(BM, BN):
-                    if by * BM + i < M:
-                        c[by * BM + i, bx * BN + j] = T.Cast("bfloat16", acc[i, j])
+                e = T.min(ex, E - 1)
+                n_iter = (KB - warp + WARPS - 1) // WARPS       # this warp's K blocks: warp, warp + WARPS, ...
+                base_w = warp * WARP_WORDS
+
+                # the CTA's weight exponents and activation scales: one cp.async group ahead of the ring's, so
+                # the first weight stages stream while it lands
+                for q in T.serial(-(-(COLS * KS // SW_CHUNK) // (32 * WARPS))):
+                    idx = q * 32 * WARPS + tid
+                    if idx < COLS * KS // SW_CHUNK:
+                        row = idx // (KS // SW_CHUNK)
+                        col = idx % (KS // SW_CHUNK) * SW_CHUNK
+                        T.call_extern("handle", f"tl::cp_async_gs<{SW_CHUNK}>", T.address_of(sw_s[row * SW_PITCH + col]),
+                                      T.address_of(sw[e, bx * COLS + row, col]))
+                for q in T.serial(-(-(R * KB) // (32 * WARPS))):
+                    idx = q * 32 * WARPS + tid
+                    if idx < R * KB:
+                        T.call_extern("handle", "tl::cp_async_gs<4>", T.address_of(sa_s[(idx // KB) * SA_PITCH + idx % KB]),
+                                      T.address_of(sa[T.min(by * R + idx // KB, M - 1), idx % KB]))
+                T.call_extern("handle", "tl::cp_async_commit")
+                for st in T.unroll(S - 1):
+                    if st < n_iter:
+                        issue(ring, a, w, e, bx, by, warp, lane, st)
+                    T.call_extern("handle", "tl::cp_async_commit")
+                for v in T.unroll(4 * TL * J):
+                    acc[v] = 0.0
+                T.call_extern("handle", f"tl::cp_async_wait<{S - 1}>")   # the scales' group (the ring's S - 1 may fly)
+                T.sync_threads()
+                for i in T.serial(n_iter):
+                    T.sync_warp()   # every lane is done with slot (i - 1) % S, which this issue refills
+                    if i + S - 1 < n_iter:
+                        issue(ring, a, w, e, bx, by, warp, lane, i + S - 1)
+                    T.call_extern("handle", "tl::cp_async_commit")   # one group per iteration, empty or not
+                    T.call_extern("handle", f"tl::cp_async_wait<{S - 1}>")
+                    T.sync_warp()   # the other lanes' copies of slot i % S are visible
+                    kb = warp + i * WARPS
+                    base = base_w + (i % S) * STAGE_WORDS
+                    for v in T.unroll(4 * TL * J):
+                        blk[v] = 0.0
+                    for s in T.unroll(ACT_BLOCK // SLICE):
+                        for j in T.unroll(J):
+                            t = j * 8 + r
+                            tw = base + COLS * ROW_WORDS + t * TOK_WORDS + ((s * 2 + g // 2) ^ ((t & 3) * 2)) * 4 + (g % 2) * 2
+                            bf[j * 2] = ring[tw]
+                            bf[j * 2 + 1] = ring[tw + 1]
+                        for tile in T.unroll(TL):
+                            for h in T.unroll(2):
+                                row = tile * 16 + h * 8 + r
+                                u = ring[base + row * ROW_WORDS + (s ^ ((r >> 1) & 3)) * 4 + g]
+                                mg = u & c32(0x77777777)
+                                af[h] = perm(c32(LUT_LO), c32(LUT_HI), mg) | sign(perm(u, c32(0), c32(0x1100)))
+                                af[h + 2] = (perm(c32(LUT_LO), c32(LUT_HI), mg >> c32(16))
+                                             | sign(perm(u, c32(0), c32(0x3322))))
+                                scl[h] = ue8m0(sw_s[row * SW_PITCH + kb * 4 + s])
+                            for j in T.unroll(J):
+                                for v in T.unroll(4):
+                                    part[v] = 0.0
+                                T.call_extern("handle", MMA_FP8, T.address_of(part[0]), T.address_of(af[0]),
+                                              T.address_of(bf[j * 2]))
+                                for v in T.unroll(4):
+                                    blk[(tile * J + j) * 4 + v] += part[v] * scl[v // 2]
+                    for tile in T.unroll(TL):
+                        for j in T.unroll(J):
+                            for v in T.unroll(4):
+                                acc[(tile * J + j) * 4 + v] += (blk[(tile * J + j) * 4 + v]
+                                                                * sa_s[(j * 8 + g * 2 + v % 2) * SA_PITCH + kb])
+                # the warps' partial tiles, summed through the (drained) ring
+                T.call_extern("handle", "tl::cp_async_wait<0>")
+                T.sync_threads()
+                for tile in T.unroll(TL):
+                    for j in T.unroll(J):
+                        for v in T.unroll(4):
+                            ring[base_w + (j * 8 + g * 2 + v % 2) * RED_PITCH + tile * 16 + (v // 2) * 8 + r] = \
+                                T.reinterpret(acc[(tile * J + j) * 4 + v], u32)
+                T.sync_threads()
+                total = T.alloc_var(f32)
+                for q in T.serial(OUT_STEPS):
+                    idx = q * 32 * WARPS + tid
+                    t = T.min(idx // COLS, R - 1)
+                    col = idx % COLS
+                    total = 0.0
+                    for wp in T.unroll(WARPS):
+                        total += T.reinterpret(ring[wp * WARP_WORDS + t * RED_PITCH + col], f32)
+                    if idx < R * COLS and by * R + t < M:
+                        c[by * R + t, bx * COLS + col] = T.Cast("bfloat16", total)
 
     return fp4_moe_gemm
 
@@ -213,7 +348,7 @@ class Fp4MoeGemmSpec(MoeKernelSpec):
     def select(self, arch: ArchProfile, static: Mapping[str, Any], num_tokens: int) -> Variant:
         check_arch(self.name, arch)
         self.check_tokens(num_tokens)
-        n = multiple_param(self.name, static, "n", BLOCK_N)
+        n = multiple_param(self.name, static, "n", 128)
         k = multiple_param(self.name, static, "k", ACT_BLOCK)
         return Variant.make(self.name, moe_params(arch, n, k, num_tokens), arch, schedule_name(arch))
 
@@ -222,12 +357,8 @@ class Fp4MoeGemmSpec(MoeKernelSpec):
 
     def pass_configs(self, variant: Variant) -> dict[str, Any]:
         cfg = super().pass_configs(variant)
-        if variant.p.get("form") == "registers":
-            cfg["tl.disable_thread_storage_sync"] = True   # its barriers are all written by hand
+        cfg["tl.disable_thread_storage_sync"] = True   # its barriers are all written by hand
         return cfg
 
     def build(self, variant: Variant):
-        p = variant.p
-        if p.get("form") == "registers":
-            return build_fp4_moe_decode(n=p["n"], k=p["k"], stages=p["stages"], rows=p["block_m"])
-        return build_fp4_moe_gemm(**p)
+        return build_fp4_moe_gemm(**variant.p)
