@@ -20,8 +20,8 @@ on the GPUs this project can run).
 
 The weights are dequantized in registers, straight into the tensor cores' operands. Dequantizing each weight tile
 into shared memory for T.gemm to read back (this kernel until 2026-11-24) left it instruction-bound at ~40% of
-copy bandwidth at decode sizes, where an expert block holds 1-3 real rows; this form is 1.6-1.9x faster at
-1-8,192 tokens (bench_moe.py, H100). How:
+copy bandwidth at decode sizes, where an expert block holds 1-3 real rows; this form is 1.6-1.95x faster from 8
+to 8,192 tokens and 1.35-1.66x at one (bench_moe.py, V4-Flash, H100). How:
   * the weight is the mma's A operand (m16 tiles of weight rows) and the block_m routed rows are B (block_m / 8 n8
     halves), so one dequantized fragment serves every half; a C element's weight scale is its row's;
   * the K order inside a 32-wide slice is permuted so that one packed int32 word (8 weights of a row) is exactly a
