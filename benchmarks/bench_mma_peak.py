@@ -1,0 +1,122 @@
+"""The tensor-core ceiling every mma.sync kernel here runs under: mma.sync throughput with operands in registers
+(no memory traffic), per operand type, on this GPU.
+
+Every SM12x schedule (and, WGMMA being off, every sm_90a one) issues `mma.sync`, so the ceiling a compute-bound
+kernel of this package can reach is this figure, not the GPU's datasheet peak (on Hopper that counts WGMMA).
+Benchmarks that report TFLOP/s (bench_gemm.py's large M, bench_moe.py's prefill, the indexer logits) read against
+it. Each warp runs 8 independent accumulators (no dependent mma back to back) on register operands loaded once.
+
+    python benchmarks/bench_mma_peak.py --out bench_out/mma_peak.json [--ctas-per-sm 4] [--warps 8]
+    python benchmarks/bench_mma_peak.py --compile-only --arch sm_120a     (no GPU: check that it builds)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+# (label, A/B type, the mma's K, the 32-bit words a lane holds for A and B, bit pattern of one word of 1.0s)
+SHAPES = {
+    "fp8 e4m3 m16n8k32, fp32 acc": ("kFloat8_e4m3", 32, 0x38383838),
+    "bf16 m16n8k16, fp32 acc": ("kBFloat16", 16, 0x3F803F80),
+    "fp16 m16n8k16, fp32 acc": ("kFloat16", 16, 0x3C003C00),
+}
+ACCS = 8   # independent n8 accumulators per warp
+
+
+def build(kind: str, k: int, iters: int, warps: int):
+    import tilelang.language as T
+    mma = (f"tl::mma_sync<tl::DataType::{kind}, tl::DataType::{kind}, tl::DataType::kFloat32, 16, 8, {k}, "
+           "false, true>")
+    blocks = T.dynamic("blocks")
+    threads = 32 * warps
+
+    @T.prim_func
+    def mma_peak(x: T.Tensor[(32,), "int32"], out: T.Tensor[(blocks * threads,), "float32"]):
+        with T.Kernel(blocks, threads=threads) as bx:
+            T.import_source("#include <tl_templates/cuda/instruction/mma.h>\n")
+            a = T.alloc_local((4,), "uint32")
+            b = T.alloc_local((2 * ACCS,), "uint32")
+            c = T.alloc_local((4 * ACCS,), "float32")
+            total = T.alloc_var("float32")
+            tid = T.get_thread_binding()
+            for v in T.unroll(4):
+                a[v] = T.reinterpret(x[(tid + v) % 32], "uint32")
+            for v in T.unroll(2 * ACCS):
+                b[v] = T.reinterpret(x[(tid * 3 + v) % 32], "uint32")
+            for v in T.unroll(4 * ACCS):
+                c[v] = 0.0
+            for _ in T.serial(iters):
+                for j in T.unroll(ACCS):
+                    T.call_extern("handle", mma, T.address_of(c[j * 4]), T.address_of(a[0]), T.address_of(b[j * 2]))
+            total = 0.0
+            for v in T.unroll(4 * ACCS):
+                total += c[v]
+            out[bx * threads + tid] = total
+
+    return mma_peak
+
+
+def compile_kernel(kind: str, k: int, iters: int, warps: int, arch: str):
+    import tilelang
+    return tilelang.compile(build(kind, k, iters, warps), target={"kind": "cuda", "arch": arch},
+                            pass_configs={"tl.disable_thread_storage_sync": True})
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ctas-per-sm", type=int, default=4)
+    ap.add_argument("--warps", type=int, default=8)
+    ap.add_argument("--iters", type=int, default=4096)
+    ap.add_argument("--arch", default=None, help="compile target (default: this GPU's)")
+    ap.add_argument("--compile-only", action="store_true")
+    ap.add_argument("--out", default="bench_out/mma_peak.json")
+    args = ap.parse_args()
+    if args.compile_only:
+        for label, (kind, k, _) in SHAPES.items():
+            src = compile_kernel(kind, k, args.iters, args.warps, args.arch or "sm_120a").get_kernel_source()
+            assert "mma_sync" in src, label
+            print(f"{label}: compiled for {args.arch or 'sm_120a'}")
+        return
+
+    import torch
+    from dsv4_jit.arch import detect_arch
+    from mhc_bench_common import bench_us
+    arch = args.arch or detect_arch().name
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    blocks = sms * args.ctas_per_sm
+    threads = 32 * args.warps
+    rows = []
+    print(f"{torch.cuda.get_device_name()}; {arch}; {blocks} CTAs x {args.warps} warps, {args.iters} iterations of "
+          f"{ACCS} independent mma a warp")
+    for label, (kind, k, one) in SHAPES.items():
+        kern = compile_kernel(kind, k, args.iters, args.warps, arch)
+        x = torch.full((32,), one, dtype=torch.int32, device="cuda")   # every pattern is below 2^31
+        out = torch.empty(blocks * threads, dtype=torch.float32, device="cuda")
+        kern(x, out)
+        torch.cuda.synchronize()
+        # every C element sums k products of 1.0 per mma, iters times; 4 per accumulator, ACCS accumulators
+        want = float(k * args.iters * 4 * ACCS)
+        ok = bool(torch.all(out == want))
+        us = bench_us(lambda: kern(x, out))
+        flop = 2.0 * 16 * 8 * k * ACCS * args.iters * args.warps * blocks
+        tflops = flop / (us * 1e-6) / 1e12
+        rows.append({"mma": label, "us": us, "tflops": tflops, "result_checked": ok})
+        print(f"{label:<32} {us:10.1f} us {tflops:8.1f} TFLOP/s   result {'ok' if ok else 'WRONG'}")
+    # the datasheet side for comparison: torch's FP8 GEMM (cuBLAS; WGMMA on Hopper), 8192^3, per-tensor scales
+    n = 8192
+    xa = torch.randn(n, n, device="cuda").to(torch.float8_e4m3fn)
+    xb = torch.randn(n, n, device="cuda").to(torch.float8_e4m3fn).t()
+    one_s = torch.ones((), device="cuda")
+    us = bench_us(lambda: torch._scaled_mm(xa, xb, scale_a=one_s, scale_b=one_s, out_dtype=torch.bfloat16))
+    rows.append({"mma": "torch._scaled_mm fp8 8192^3 (cuBLAS)", "us": us, "tflops": 2.0 * n ** 3 / (us * 1e-6) / 1e12})
+    print(f"{rows[-1]['mma']:<32} {us:10.1f} us {rows[-1]['tflops']:8.1f} TFLOP/s")
+    out_path = Path(args.out)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps({"device": torch.cuda.get_device_name(), "arch": arch, "ctas": blocks,
+                                    "warps": args.warps, "iters": args.iters, "rows": rows}, indent=1))
+    print(f"wrote {out_path}")
+
+
+if __name__ == "__main__":
+    main()
