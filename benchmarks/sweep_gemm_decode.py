@@ -35,7 +35,7 @@ def candidates(prof, n: int, k: int, groups: int, m: int, args) -> list[dict]:
     block_m = 16 if m <= 16 else gk.DECODE_MAX_M
     picked = gk.gemm_params(prof, n, k, m, groups)
     out = [picked]
-    budget, most = gk._STAGE_BUDGET[prof.family]
+    budget, most = gk._STAGE_BUDGET
     for bn, split, ring, ks, thr in itertools.product(args.block_n, [d for d in range(1, kb + 1) if kb % d == 0],
                                                       args.ring, args.k_stage, args.threads):
         ctas = groups * (n // bn) * split

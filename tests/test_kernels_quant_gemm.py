@@ -210,7 +210,8 @@ def test_gemm_select_ladder_and_split():
                 for s in gemm_shapes(load_model_config(model), tp):
                     st = gops.gemm_static(s["n"], s["k"], s["groups"])
                     seen = {spec.select(arch, st, t) for t in range(1, 16385)}
-                    assert 3 <= len(seen) <= 4, [v.name for v in seen]
+                    # (large M's 64 x 128 tile can equal the batched-decode variant where that one needs no split)
+                    assert 2 <= len(seen) <= 4, [v.name for v in seen]
                     kb = s["k"] // 128
                     for t in (1, 16, 17, 64):
                         p = spec.select(arch, st, t).p
@@ -220,7 +221,8 @@ def test_gemm_select_ladder_and_split():
                         p = spec.select(arch, st, t).p
                         assert p["block_m"] == 64 and kb % p["split"] == 0
                         assert p["split"] == 1 or p["split"] * 256 * 4 <= s["k"]     # partials <= weight bytes
-                    assert spec.select(arch, st, 257).p["split"] == 1 and spec.select(arch, st, 257).p["block_m"] == 128
+                    big = spec.select(arch, st, 257).p
+                    assert (big["split"], big["block_m"], big["threads"]) == (1, 64, 128) and big["stages"] <= 4
 
 
 def test_sm120_shared_memory_figures():
@@ -230,7 +232,9 @@ def test_sm120_shared_memory_figures():
     # decode: the ring, 2 K blocks per stage (4 stages at M <= 16, 2 at M <= 64) + the split's scale products
     assert spec.smem_bytes(spec.select(SM120, st, 1)) == 4 * 2 * (16 + 64) * 128 + 4 * 16 * 16 == 82_944
     assert spec.smem_bytes(spec.select(SM120, st, 64)) == 2 * 2 * (64 + 64) * 128 + 4 * 64 * 16 == 69_632
-    assert spec.smem_bytes(spec.select(SM120, st, 2049)) == 3 * (128 * 128 + 128 * 128 + 512) == 99_840
+    # large M: 64 x 128 tiles, 4 stages (every family: the SM12x budget)
+    assert spec.smem_bytes(spec.select(SM120, st, 2049)) == 4 * (64 * 128 + 128 * 128 + 256) == 99_328
+    assert spec.select(get_profile("sm_90a"), st, 2049).p == spec.select(SM120, st, 2049).p
     q = get_spec("act_quant_fp8")
     assert q.smem_bytes(q.select(SM120, {"n": 4096}, 7)) == 32 * 128 * 2 + 32 * 4 + 128 * 4
 

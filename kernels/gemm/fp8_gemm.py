@@ -27,8 +27,9 @@ Schedules (per arch family; `select` picks one of four by the token count):
   * batched decode, 64 < M <= 256: the same 64-row tiles (2..4 M tiles), split-K counted for 2 M tiles and
     capped so the partials (split x 256 x N fp32) never outweigh the weight (N x K fp8): a 128 x 128 tile
     would give e.g. the fused wq_a+wkv (N = 1,536) only 12..24 CTAs.
-  * large M (> 256): 128 x 128 tiles (K block 128), no split; 3 cp.async stages on SM12x (99,840 B of the 101,376),
-    4 elsewhere.
+  * large M (> 256): 64 x 128 tiles (K block 128) over 4 warps, no split, 4 cp.async stages (99,328 B of SM12x's
+    101,376).
+Every family takes SM12x's stage budget (see _STAGE_BUDGET).
 
 Rows past M read the last row (clamped index; the ring's copies zero-fill them instead) and are never stored.
 
@@ -47,10 +48,16 @@ DECODE_MAX_M = 64
 SPLIT_MAX_M = 256
 
 
-# Pipeline-stage budget per schedule family (bytes of shared memory the stages may take) and the most stages.
-_STAGE_BUDGET = {"blackwell_consumer": (100_000, 4), "hopper": (200_000, 6), "blackwell_dc": (200_000, 6)}
-# Large-M tile per family: (block_m, block_n, threads)
-_LARGE_TILE = {"blackwell_consumer": (128, 128, 256), "hopper": (128, 128, 256), "blackwell_dc": (128, 128, 256)}
+# Pipeline-stage budget (bytes of shared memory the stages may take) and the most stages, on every family: the
+# SM12x figures. On the H100 the Hopper budget's deeper pipelines (200 KB, 6 stages; fewer CTAs resident) were
+# slower wherever measured: the decode ring (wq_b at M = 64: 34.2 against 19.3 us per layer) and M = 128-4,096
+# (6 stages against 3-4: 7-15% slower at M = 4,096, 2-6% at 128 / 256, in a same-session A/B of a variant of this
+# kernel with its scales staged by the pipeline; bench_gemm.py, H100, 2026-11-24).
+_STAGE_BUDGET = (100_000, 4)
+# Large-M tile: (block_m, block_n, threads). 64 x 128 over 4 warps ran 13-15% faster than 128 x 128 over 8 (255
+# registers with 560 B of spills, one CTA an SM) at two of three V4-Flash shapes and 1.5% slower at the third
+# (benchmarks/profile_gemm.py --large-tile, SM120 schedule on the H100, 2026-11-24).
+_LARGE_TILE = (64, 128, 128)
 
 
 def stage_bytes(block_m: int, block_n: int) -> int:
@@ -70,8 +77,8 @@ def gemm_smem_bytes(p: Mapping[str, Any]) -> int:
     return p["stages"] * stage_bytes(p["block_m"], p["block_n"])
 
 
-def _stages(family: str, block_m: int, block_n: int, k_iters: int) -> int:
-    budget, most = _STAGE_BUDGET[family]
+def _stages(block_m: int, block_n: int, k_iters: int) -> int:
+    budget, most = _STAGE_BUDGET
     s = max(1, min(most, budget // stage_bytes(block_m, block_n)))
     return max(1, min(s, k_iters))
 
@@ -100,21 +107,19 @@ def gemm_params(arch: ArchProfile, n: int, k: int, num_tokens: int, groups: int 
             split = decode_split(tiles, kb, arch.num_sms_hint, k // (4 * SPLIT_MAX_M))
         threads = 128
     else:
-        block_m, block_n, threads = _LARGE_TILE[arch.family]
+        block_m, block_n, threads = _LARGE_TILE
         if n % block_n:
             block_n = 64
         split = 1
     p = {"n": n, "k": k, "groups": groups, "block_m": block_m, "block_n": block_n, "split": split, "threads": threads,
-         "stages": _stages(arch.family, block_m, block_n, kb // split)}
+         "stages": _stages(block_m, block_n, kb // split)}
     if num_tokens <= DECODE_MAX_M:
         p.update(ring_stages(p))
     return p
 
 
-# The decode ring's shared-memory budget and most stages, on every family: the SM12x figures. On the H100 the
-# Hopper budget's deeper rings (fewer CTAs resident) were slower: wq_b at M = 64 took 34.2 us per layer with
-# them, 19.3 us with these (benchmarks/bench_gemm.py, 8 layers per graph, 2026-11-24).
-_RING_BUDGET = _STAGE_BUDGET["blackwell_consumer"]
+# The decode ring's shared-memory budget and most stages: the pipelines' (_STAGE_BUDGET).
+_RING_BUDGET = _STAGE_BUDGET
 
 
 def fitting_stages(p: Mapping[str, Any], budget: int, most: int) -> int:
