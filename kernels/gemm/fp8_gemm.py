@@ -13,7 +13,7 @@ Grouped form (`groups` G > 1, the grouped output projection wo_a): C [M, G*N], A
 stacked), sa [M, G*K/128], sb [G*ceil(N/128), K/128]; C[:, g*N:(g+1)*N] = A[:, g*K:(g+1)*K] . B_g^T, one launch
 (grid z = groups x splits).
 
-Schedules (per arch family; `select` picks one of four by the token count):
+Schedules (the same on every arch family; `select` picks one of four by the token count):
   * decode, M <= 16 / M <= 64: one M tile (16 / 64 rows), N tiles of 128 columns, or 64 when 128-column tiles
     alone would leave SMs idle, and split-K over a divisor of the K blocks until (N tiles x splits) reaches
     the SM count, so small-M GEMMs stream the weight with the whole GPU. Split > 1 writes fp32 partials
@@ -118,10 +118,6 @@ def gemm_params(arch: ArchProfile, n: int, k: int, num_tokens: int, groups: int 
     return p
 
 
-# The decode ring's shared-memory budget and most stages: the pipelines' (_STAGE_BUDGET).
-_RING_BUDGET = _STAGE_BUDGET
-
-
 def fitting_stages(p: Mapping[str, Any], budget: int, most: int) -> int:
     """The most pipeline stages of variant params `p` (its stage count ignored) within `budget` bytes of shared
     memory, never above `most` nor the stage-sized K blocks one CTA walks; at least 1."""
@@ -132,14 +128,14 @@ def fitting_stages(p: Mapping[str, Any], budget: int, most: int) -> int:
 
 def ring_stages(p: Mapping[str, Any]) -> dict:
     """The decode ring's depth: two K blocks per stage (256 B runs of each weight row per request) where K
-    per split is even and two such stages fit _RING_BUDGET, else one; then as many stages as fit. Picked from
+    per split is even and two such stages fit _STAGE_BUDGET, else one; then as many stages as fit. Picked from
     the SM12x-schedule sweep (benchmarks/sweep_gemm_decode.py), where it is within 5% of the best candidate at
     every V4-Flash shape, M 1 and 64."""
     kps = p["k"] // BLOCK_K // p["split"]
     two = {**p, "ring": True, "k_stage": 2}
-    ks = 2 if kps % 2 == 0 and fitting_stages(two, *_RING_BUDGET) >= 2 else 1
+    ks = 2 if kps % 2 == 0 and fitting_stages(two, *_STAGE_BUDGET) >= 2 else 1
     q = {**p, "ring": True, "k_stage": ks}
-    return {"ring": True, "k_stage": ks, "stages": fitting_stages(q, *_RING_BUDGET)}
+    return {"ring": True, "k_stage": ks, "stages": fitting_stages(q, *_STAGE_BUDGET)}
 
 
 def ring_pending(stages: int, n_iters: int) -> list[int]:

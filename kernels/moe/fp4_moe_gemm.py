@@ -194,7 +194,7 @@ def build_fp4_moe_gemm(*, n: int, k: int, block_m: int, block_n: int, stages: in
 
     @T.macro
     def issue(ring, a, w, e, bx, by, warp, lane, i):
-        """One K block of this warp (warp + i * WARPS) into ring slot i % S: its 64 weight rows x 4 chunks and R
+        """One K block of this warp (warp + i * WARPS) into ring slot i % S: its COLS weight rows x 4 chunks and R
         routed rows x 8 chunks, 16-byte cp.async each, swizzled (module doc)."""
         kb = warp + i * WARPS
         base = warp * WARP_WORDS + (i % S) * STAGE_WORDS
