@@ -15,7 +15,7 @@ import argparse
 import json
 from pathlib import Path
 
-# (label, A/B type, the mma's K, the 32-bit words a lane holds for A and B, bit pattern of one word of 1.0s)
+# label -> (the A/B operand type as tl::DataType names it, the mma's K, one 32-bit word of 1.0s in that type)
 SHAPES = {
     "fp8 e4m3 m16n8k32, fp32 acc": ("kFloat8_e4m3", 32, 0x38383838),
     "bf16 m16n8k16, fp32 acc": ("kBFloat16", 16, 0x3F803F80),
