@@ -34,12 +34,17 @@ def main() -> int:
     ap.add_argument("--launches", type=int, default=3)
     ap.add_argument("--large-tile", type=int, nargs=3, metavar=("BM", "BN", "THREADS"), default=None,
                     help="sweep: the M > 256 tile (patched into fp8_gemm._LARGE_TILE)")
+    ap.add_argument("--wgmma-tile", type=int, nargs=4, metavar=("BM", "BN", "THREADS", "STAGES"), default=None,
+                    help="sweep: Hopper's WGMMA large-M form (patched into fp8_gemm._WGMMA_TILE)")
     ap.add_argument("--check", action="store_true", help="also print the max per-row error against float64")
     args = ap.parse_args()
-    if args.large_tile:
+    if args.large_tile or args.wgmma_tile:
         from dsv4_jit import jit
         from dsv4_jit.kernels.gemm import fp8_gemm as kmod
-        kmod._LARGE_TILE = tuple(args.large_tile)
+        if args.large_tile:
+            kmod._LARGE_TILE = tuple(args.large_tile)
+        if args.wgmma_tile:
+            kmod._WGMMA_TILE = tuple(args.wgmma_tile)
         jit._SELECT_MEMO.clear()
     hopper = get_profile("sm_90a")
     prof = hopper if args.schedule == "sm_90a" else get_profile("sm_120a").emulated(hopper)

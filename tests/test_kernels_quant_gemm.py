@@ -222,7 +222,11 @@ def test_gemm_select_ladder_and_split():
                         assert p["block_m"] == 64 and kb % p["split"] == 0
                         assert p["split"] == 1 or p["split"] * 256 * 4 <= s["k"]     # partials <= weight bytes
                     big = spec.select(arch, st, 257).p
-                    assert (big["split"], big["block_m"], big["threads"]) == (1, 64, 128) and big["stages"] <= 4
+                    if arch.has_wgmma:   # Hopper: TMA + WGMMA, a producer and two consumer warp groups
+                        assert (big["split"], big["block_m"], big["threads"], big["wgmma"]) == (1, 128, 256, True)
+                    else:
+                        assert (big["split"], big["block_m"], big["threads"]) == (1, 64, 128) and big["stages"] <= 4
+                        assert "wgmma" not in big
 
 
 def test_sm120_shared_memory_figures():
@@ -234,7 +238,10 @@ def test_sm120_shared_memory_figures():
     assert spec.smem_bytes(spec.select(SM120, st, 64)) == 2 * 2 * (64 + 64) * 128 + 4 * 64 * 16 == 69_632
     # large M: 64 x 128 tiles, 4 stages (every family: the SM12x budget)
     assert spec.smem_bytes(spec.select(SM120, st, 2049)) == 4 * (64 * 128 + 128 * 128 + 256) == 99_328
-    assert spec.select(get_profile("sm_90a"), st, 2049).p == spec.select(SM120, st, 2049).p
+    # Hopper's large-M form: 4 stages of 128 x 128 A and B tiles and C's bf16 tile (no scale stage: the consumers read them)
+    assert spec.smem_bytes(spec.select(get_profile("sm_90a"), st, 2049)) == 4 * (128 + 128) * 128 + 2 * 128 * 128 == 163_840
+    emulated = get_profile("sm_120a").emulated(get_profile("sm_90a"))
+    assert spec.select(emulated, st, 2049).p == spec.select(SM120, st, 2049).p   # the SM120 schedule as it is
     q = get_spec("act_quant_fp8")
     assert q.smem_bytes(q.select(SM120, {"n": 4096}, 7)) == 32 * 128 * 2 + 32 * 4 + 128 * 4
 

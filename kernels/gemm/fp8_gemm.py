@@ -5,15 +5,15 @@
 A fp8 e4m3 [M, K] with per-token 1x128 scales sa fp32 [M, K / 128] (kernels/quant act_quant_fp8 writes
 them: UE8M0 powers of two), B fp8 e4m3 [N, K] (the weight, row-major as stored) with 128x128 block scales
 sb fp32 [ceil(N / 128), K / 128] (the checkpoint's float8_e8m0fnu `scale`, converted to fp32 once at load).
-Each K block's A.B partial is accumulated in fp32 by the tensor cores (mma.sync m16n8k32 e4m3 on every arch:
-WGMMA is off, see pass_configs) and then added, times its two scales, into a second fp32 accumulator
-(DeepSeek's two-accumulator scheme). N and K are compile-time; M (tokens) is `T.dynamic`.
+Each K block's A.B partial is accumulated in fp32 by the tensor cores (mma.sync m16n8k32 e4m3; WGMMA only in
+Hopper's large-M form) and then added, times its two scales, into a second fp32 accumulator (DeepSeek's
+two-accumulator scheme). N and K are compile-time; M (tokens) is `T.dynamic`.
 
 Grouped form (`groups` G > 1, the grouped output projection wo_a): C [M, G*N], A [M, G*K], B [G*N, K] (G weights
 stacked), sa [M, G*K/128], sb [G*ceil(N/128), K/128]; C[:, g*N:(g+1)*N] = A[:, g*K:(g+1)*K] . B_g^T, one launch
 (grid z = groups x splits).
 
-Schedules (the same on every arch family; `select` picks one of four by the token count):
+Schedules (`select` picks one of four by the token count; the same on every arch family but large M on Hopper):
   * decode, M <= 16 / M <= 64: one M tile (16 / 64 rows), N tiles of 128 columns, or 64 when 128-column tiles
     alone would leave SMs idle, and split-K over a divisor of the K blocks until (N tiles x splits) reaches
     the SM count, so small-M GEMMs stream the weight with the whole GPU. Split > 1 writes fp32 partials
@@ -28,8 +28,10 @@ Schedules (the same on every arch family; `select` picks one of four by the toke
     capped so the partials (split x 256 x N fp32) never outweigh the weight (N x K fp8): a 128 x 128 tile
     would give e.g. the fused wq_a+wkv (N = 1,536) only 12..24 CTAs.
   * large M (> 256): 64 x 128 tiles (K block 128) over 4 warps, no split, 4 cp.async stages (99,328 B of SM12x's
-    101,376).
-Every family takes SM12x's stage budget (see _STAGE_BUDGET).
+    101,376). On a GPU with WGMMA (Hopper) instead: 128 x 128 tiles, TMA loads into 4 stages, one producer and two
+    consumer warp groups (warp specialization, setmaxnreg), wgmma m64n128k32, C stored by TMA (163,840 B); 3-3.3x
+    the mma.sync form's throughput on an H100 (see mainloop_wgmma). SM120 has no WGMMA and keeps the form above.
+The mma.sync forms take SM12x's stage budget on every family (see _STAGE_BUDGET).
 
 Rows past M read the last row (clamped index; the ring's copies zero-fill them instead) and are never stored.
 
@@ -38,7 +40,8 @@ Kernel-defining code only (no host code: the artifact key hashes this module).
 # No `from __future__ import annotations`: TileLang evaluates the T.Tensor annotations.
 from typing import Any, Mapping
 
-from dsv4_jit.arch import ArchProfile, check_arch, get_profile, schedule_name
+from dsv4_jit.arch import (DISABLE_TMA_LOWER, DISABLE_WARP_SPECIALIZED, DISABLE_WGMMA, ArchProfile, check_arch,
+                           get_profile, schedule_name)
 from dsv4_jit.spec import KernelSpec, Variant, register
 
 FP8 = "float8_e4m3"
@@ -58,6 +61,16 @@ _STAGE_BUDGET = (100_000, 4)
 # registers with 560 B of spills, one CTA an SM) at two of three V4-Flash shapes and 1.5% slower at the third
 # (benchmarks/profile_gemm.py --large-tile, SM120 schedule on the H100, 2026-11-24).
 _LARGE_TILE = (64, 128, 128)
+# Hopper's large-M form (GPUs with WGMMA only): (block_m, block_n, threads, stages). TMA loads, one producer warp
+# group and threads / 128 consumer warp groups (TileLang's warp specialization, setmaxnreg 24 / 240), each consumer
+# a 64 x block_n wgmma tile. The per-K-block scales are read by the consumers from global memory (a SIMT store by
+# the producer would cost it the setmaxnreg split). Not an SM12x path: SM120 has no WGMMA.
+_WGMMA_TILE = (128, 128, 256, 4)
+
+
+def uses_wgmma(arch: ArchProfile, num_tokens: int) -> bool:
+    """Large M on a GPU with WGMMA (a real Hopper profile; an SM120 schedule emulated on sm_90a has none)."""
+    return num_tokens > SPLIT_MAX_M and arch.has_wgmma
 
 
 def stage_bytes(block_m: int, block_n: int) -> int:
@@ -70,6 +83,8 @@ def gemm_smem_bytes(p: Mapping[str, Any]) -> int:
     """Pre-nvcc shared memory: `stages` copies of a stage (see stage_bytes; a ring stage holds k_stage K blocks,
     and the ring holds its block_m x K-blocks-per-split fp32 scale products once); the accumulators live in
     registers and C is stored from them."""
+    if p.get("wgmma"):   # the stages' A and B tiles, and C's bf16 tile for the TMA store
+        return p["stages"] * (p["block_m"] + p["block_n"]) * BLOCK_K + 2 * p["block_m"] * p["block_n"]
     if p.get("ring"):
         ks = p.get("k_stage", 1)
         return (p["stages"] * ks * (p["block_m"] + p["block_n"]) * BLOCK_K
@@ -106,6 +121,12 @@ def gemm_params(arch: ArchProfile, n: int, k: int, num_tokens: int, groups: int 
         else:   # partial bytes split * SPLIT_MAX_M * N * 4 <= weight bytes N * K
             split = decode_split(tiles, kb, arch.num_sms_hint, k // (4 * SPLIT_MAX_M))
         threads = 128
+    elif uses_wgmma(arch, num_tokens):
+        block_m, block_n, threads, stages = _WGMMA_TILE
+        if n % block_n:
+            block_n = 64
+        return {"n": n, "k": k, "groups": groups, "block_m": block_m, "block_n": block_n, "split": 1,
+                "threads": threads, "stages": max(1, min(stages, kb)), "wgmma": True}
     else:
         block_m, block_n, threads = _LARGE_TILE
         if n % block_n:
@@ -170,7 +191,7 @@ def ring_wait(stages: int, n_iters: int, i: int) -> int:
 
 
 def build_fp8_gemm(*, n: int, k: int, block_m: int, block_n: int, split: int, stages: int, threads: int,
-                   groups: int = 1, ring: bool = False, k_stage: int = 1):
+                   groups: int = 1, ring: bool = False, k_stage: int = 1, wgmma: bool = False):
     import tilelang.language as T
 
     BM, BN, BK = block_m, block_n, BLOCK_K
@@ -203,6 +224,29 @@ def build_fp8_gemm(*, n: int, k: int, block_m: int, block_n: int, split: int, st
             T.gemm(a_s, b_s, part, transpose_B=True, clear_accum=True, policy=policy)
             for i, j in T.Parallel(BM, BN):
                 acc[i, j] += part[i, j] * sc_s[i]
+
+    @T.macro
+    def mainloop_wgmma(a, sa, b, sb, acc, bx, by, g, sp):
+        # T.copy -> TMA into the pipeline's stages (rows past M zero-filled), T.gemm -> wgmma (each consumer warp
+        # group a 64 x BN slice: FullRow), the scaled add in registers. The scales go from global memory straight
+        # into a fragment (each thread's rows), loaded before the wgmma so their latency hides behind it; a shared
+        # store would land in the producer, which then keeps its registers (no setmaxnreg split). In that order
+        # with the TMA store of C: 4096^3 765 -> 841 TFLOP/s, wq_b (K 1,024) 534 -> 673 (H100, 2026-11-24).
+        a_s = T.alloc_shared((BM, BK), FP8)
+        b_s = T.alloc_shared((BN, BK), FP8)
+        part = T.alloc_fragment((BM, BN), f32)
+        sc = T.alloc_fragment((BM,), f32)
+        T.use_swizzle(panel_size=10)
+        T.clear(acc)
+        for kk in T.Pipelined(KPS, num_stages=stages):
+            T.copy(a[by * BM, g * k + (sp * KPS + kk) * BK], a_s)
+            T.copy(b[g * n + bx * BN, (sp * KPS + kk) * BK], b_s)
+            for i in T.Parallel(BM):
+                sc[i] = (sa[T.min(by * BM + i, M - 1), g * KB + sp * KPS + kk]
+                         * sb[g * NQ + (bx * BN) // QBLOCK, sp * KPS + kk])
+            T.gemm(a_s, b_s, part, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
+            for i, j in T.Parallel(BM, BN):
+                acc[i, j] += part[i, j] * sc[i]
 
     @T.macro
     def issue(src, rows, row0, col0, dst, slot):
@@ -252,7 +296,7 @@ def build_fp8_gemm(*, n: int, k: int, block_m: int, block_n: int, split: int, st
                 for i, j in T.Parallel(BM, BN):
                     acc[i, j] += part[i, j] * sc_all[i, ks * KS + u]
 
-    mainloop = mainloop_ring if ring else mainloop_pipelined
+    mainloop = mainloop_ring if ring else mainloop_wgmma if wgmma else mainloop_pipelined
 
     if split == 1:
         @T.prim_func
@@ -266,9 +310,14 @@ def build_fp8_gemm(*, n: int, k: int, block_m: int, block_n: int, split: int, st
             with T.Kernel(n // BN, T.ceildiv(M, BM), G, threads=threads) as (bx, by, g):
                 acc = T.alloc_fragment((BM, BN), f32)
                 mainloop(a, sa, b, sb, acc, bx, by, g, 0)
-                for i, j in T.Parallel(BM, BN):
-                    if by * BM + i < M:
-                        c[by * BM + i, g * n + bx * BN + j] = T.Cast("bfloat16", acc[i, j])
+                if wgmma:   # through shared memory, one TMA store (rows past M are clipped by the copy)
+                    c_s = T.alloc_shared((BM, BN), "bfloat16")
+                    T.copy(acc, c_s)
+                    T.copy(c_s, c[by * BM, g * n + bx * BN])
+                else:
+                    for i, j in T.Parallel(BM, BN):
+                        if by * BM + i < M:
+                            c[by * BM + i, g * n + bx * BN + j] = T.Cast("bfloat16", acc[i, j])
 
         return fp8_gemm
 
@@ -334,9 +383,14 @@ def _int(name: str, static: Mapping[str, Any], key: str, multiple: int) -> int:
 class _GemmSpecBase(KernelSpec):
     def pass_configs(self, variant: Variant) -> dict[str, Any]:
         cfg = dict(get_profile(variant.schedule).pass_configs)
-        # mma.sync (fp8 m16n8k32) on every arch: the WGMMA variants of our kernels gave wrong results on H100
-        cfg["tl.disable_wgmma"] = True
         cfg["tl.disable_vectorize_256"] = True  # 16-byte vectors only: the SM12x schedule proven on sm_90a
+        if variant.p.get("wgmma"):
+            # Hopper's large-M form: TMA, warp specialization and WGMMA, the pipeline TileLang's examples use
+            cfg.update({DISABLE_WGMMA: False, DISABLE_TMA_LOWER: False, DISABLE_WARP_SPECIALIZED: False})
+            return cfg
+        # mma.sync (fp8 m16n8k32) elsewhere: WGMMA variants of our register-staged kernels gave wrong results on
+        # an H100 (threads' shared stores read by the async proxy)
+        cfg[DISABLE_WGMMA] = True
         return cfg
 
 
@@ -366,7 +420,7 @@ class Fp8GemmSpec(_GemmSpecBase):
         p = variant.p
         return build_fp8_gemm(n=p["n"], k=p["k"], block_m=p["block_m"], block_n=p["block_n"], split=p["split"],
                               stages=p["stages"], threads=p["threads"], groups=p["groups"],
-                              ring=p.get("ring", False), k_stage=p.get("k_stage", 1))
+                              ring=p.get("ring", False), k_stage=p.get("k_stage", 1), wgmma=p.get("wgmma", False))
 
 
 @register
