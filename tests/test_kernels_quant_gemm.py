@@ -211,15 +211,19 @@ def test_gemm_select_ladder_and_split():
                     st = gops.gemm_static(s["n"], s["k"], s["groups"])
                     seen = {spec.select(arch, st, t) for t in range(1, 16385)}
                     # (large M's 64 x 128 tile can equal the batched-decode variant where that one needs no split)
-                    assert 2 <= len(seen) <= 4, [v.name for v in seen]
+                    # (Hopper: one more, the 128-row WGMMA tile with split-K at 129-256 rows)
+                    assert 2 <= len(seen) <= (5 if arch.has_wgmma else 4), [v.name for v in seen]
                     kb = s["k"] // 128
                     for t in (1, 16, 17, 64):
                         p = spec.select(arch, st, t).p
                         assert kb % p["split"] == 0 and s["n"] % p["block_n"] == 0
                         assert s["groups"] * s["n"] // p["block_n"] * p["split"] >= arch.num_sms_hint or p["split"] == kb
-                    for t in (65, 256):
+                    for t in (65, 128, 129, 256):
                         p = spec.select(arch, st, t).p
-                        assert p["block_m"] == 64 and kb % p["split"] == 0
+                        # Hopper: 64-row WGMMA tiles up to 128 rows where they are 64 columns wide, else 128 x 128
+                        rows = 128 if arch.has_wgmma and (t > 128 or p["block_n"] == 128) else 64
+                        assert p["block_m"] == rows and kb % p["split"] == 0
+                        assert p.get("wgmma", False) == arch.has_wgmma
                         assert p["split"] == 1 or p["split"] * 256 * 4 <= s["k"]     # partials <= weight bytes
                     big = spec.select(arch, st, 257).p
                     if arch.has_wgmma:   # Hopper: TMA + WGMMA, a producer and two consumer warp groups
@@ -238,8 +242,8 @@ def test_sm120_shared_memory_figures():
     assert spec.smem_bytes(spec.select(SM120, st, 64)) == 2 * 2 * (64 + 64) * 128 + 4 * 64 * 16 == 69_632
     # large M: 64 x 128 tiles, 4 stages (every family: the SM12x budget)
     assert spec.smem_bytes(spec.select(SM120, st, 2049)) == 4 * (64 * 128 + 128 * 128 + 256) == 99_328
-    # Hopper's large-M form: 4 stages of 128 x 128 A and B tiles and C's bf16 tile (no scale stage: the consumers read them)
-    assert spec.smem_bytes(spec.select(get_profile("sm_90a"), st, 2049)) == 4 * (128 + 128) * 128 + 2 * 128 * 128 == 163_840
+    # Hopper's large-M form: 4 stages of 128 x 128 A and B tiles, their mbarriers and C's bf16 tile (no scale stage: the consumers read them)
+    assert spec.smem_bytes(spec.select(get_profile("sm_90a"), st, 2049)) == 4 * ((128 + 128) * 128 + 16) + 2 * 128 * 128 == 163_904
     emulated = get_profile("sm_120a").emulated(get_profile("sm_90a"))
     assert spec.select(emulated, st, 2049).p == spec.select(SM120, st, 2049).p   # the SM120 schedule as it is
     q = get_spec("act_quant_fp8")

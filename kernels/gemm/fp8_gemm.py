@@ -26,10 +26,11 @@ Schedules (`select` picks one of four by the token count; the same on every arch
     (the GEMM's usual predecessor) gave no measurable overlap, so it is not there.
   * batched decode, 64 < M <= 256: the same 64-row tiles (2..4 M tiles), split-K counted for 2 M tiles and
     capped so the partials (split x 256 x N fp32) never outweigh the weight (N x K fp8): a 128 x 128 tile
-    would give e.g. the fused wq_a+wkv (N = 1,536) only 12..24 CTAs.
+    would give e.g. the fused wq_a+wkv (N = 1,536) only 12..24 CTAs. On Hopper the WGMMA form below runs it
+    instead (see wgmma_params).
   * large M (> 256): 64 x 128 tiles (K block 128) over 4 warps, no split, 4 cp.async stages (99,328 B of SM12x's
     101,376). On a GPU with WGMMA (Hopper) instead: 128 x 128 tiles, TMA loads into 4 stages, one producer and two
-    consumer warp groups (warp specialization, setmaxnreg), wgmma m64n128k32, C stored by TMA (163,840 B); 3-3.3x
+    consumer warp groups (warp specialization, setmaxnreg), wgmma m64n128k32, C stored by TMA (163,904 B); 3-3.3x
     the mma.sync form's throughput on an H100 (see mainloop_wgmma). SM120 has no WGMMA and keeps the form above.
 The mma.sync forms take SM12x's stage budget on every family (see _STAGE_BUDGET).
 
@@ -69,8 +70,9 @@ _WGMMA_TILE = (128, 128, 256, 4)
 
 
 def uses_wgmma(arch: ArchProfile, num_tokens: int) -> bool:
-    """Large M on a GPU with WGMMA (a real Hopper profile; an SM120 schedule emulated on sm_90a has none)."""
-    return num_tokens > SPLIT_MAX_M and arch.has_wgmma
+    """Past the decode ring (M > 64) on a GPU with WGMMA (a real Hopper profile; an SM120 schedule emulated on
+    sm_90a has none)."""
+    return num_tokens > DECODE_MAX_M and arch.has_wgmma
 
 
 def stage_bytes(block_m: int, block_n: int) -> int:
@@ -83,8 +85,11 @@ def gemm_smem_bytes(p: Mapping[str, Any]) -> int:
     """Pre-nvcc shared memory: `stages` copies of a stage (see stage_bytes; a ring stage holds k_stage K blocks,
     and the ring holds its block_m x K-blocks-per-split fp32 scale products once); the accumulators live in
     registers and C is stored from them."""
-    if p.get("wgmma"):   # the stages' A and B tiles, and C's bf16 tile for the TMA store
-        return p["stages"] * (p["block_m"] + p["block_n"]) * BLOCK_K + 2 * p["block_m"] * p["block_n"]
+    if p.get("wgmma"):
+        # the stages' A and B tiles and their two mbarriers (8 B each), and (no split) C's bf16 tile for the TMA
+        # store (TileLang may place it over the drained stages: this is an upper bound)
+        c_tile = 2 * p["block_m"] * p["block_n"] if p["split"] == 1 else 0
+        return p["stages"] * ((p["block_m"] + p["block_n"]) * BLOCK_K + 16) + c_tile
     if p.get("ring"):
         ks = p.get("k_stage", 1)
         return (p["stages"] * ks * (p["block_m"] + p["block_n"]) * BLOCK_K
@@ -121,12 +126,10 @@ def gemm_params(arch: ArchProfile, n: int, k: int, num_tokens: int, groups: int 
         else:   # partial bytes split * SPLIT_MAX_M * N * 4 <= weight bytes N * K
             split = decode_split(tiles, kb, arch.num_sms_hint, k // (4 * SPLIT_MAX_M))
         threads = 128
+        if uses_wgmma(arch, num_tokens):
+            return wgmma_params(n, k, kb, groups, num_tokens, block_n, split, arch.num_sms_hint)
     elif uses_wgmma(arch, num_tokens):
-        block_m, block_n, threads, stages = _WGMMA_TILE
-        if n % block_n:
-            block_n = 64
-        return {"n": n, "k": k, "groups": groups, "block_m": block_m, "block_n": block_n, "split": 1,
-                "threads": threads, "stages": max(1, min(stages, kb)), "wgmma": True}
+        return wgmma_params(n, k, kb, groups, num_tokens, 0, 1, arch.num_sms_hint)
     else:
         block_m, block_n, threads = _LARGE_TILE
         if n % block_n:
@@ -137,6 +140,28 @@ def gemm_params(arch: ArchProfile, n: int, k: int, num_tokens: int, groups: int 
     if num_tokens <= DECODE_MAX_M:
         p.update(ring_stages(p))
     return p
+
+
+def wgmma_params(n: int, k: int, kb: int, groups: int, num_tokens: int, decode_block_n: int, decode_split_k: int,
+                 num_sms: int) -> dict:
+    """Hopper past the decode ring (M > 64). Up to 128 rows where the mma.sync rule picked 64-column tiles: those
+    tiles and split on WGMMA, 64 x 64 over one consumer warp group, two CTAs an SM (registers capped). Otherwise
+    the 128 x 128 tile over two consumer warp groups, split-K (M <= 256) as the batched decode counts it. H100,
+    V4-Flash, us at M = 96 / 128 / 192 / 256 (2026-11-24): wq_b (128-column tiles) 32.4 -> 26.6 / 32.3 -> 26.8 with
+    128 rows; 128 rows from M = 129 on: wq_b 40.0 -> 35.9 / 47.1 -> 36.1, wo_b 42.1 -> 37.7 / 43.1 -> 40.0, wo_a
+    36.2 -> 39.5 / 37.7 -> 42.5 (the one shape it costs)."""
+    if num_tokens <= 2 * DECODE_MAX_M and decode_block_n == 64:
+        block_m, block_n, threads, split = DECODE_MAX_M, 64, 128, decode_split_k
+    else:
+        block_m, block_n, threads, _ = _WGMMA_TILE
+        if n % block_n:
+            block_n = 64
+        split = 1
+        if num_tokens <= SPLIT_MAX_M:   # partial bytes split * SPLIT_MAX_M * N * 4 <= weight bytes N * K
+            tiles = -(-num_tokens // block_m) * groups * n // block_n
+            split = decode_split(tiles, kb, num_sms, k // (4 * SPLIT_MAX_M))
+    return {"n": n, "k": k, "groups": groups, "block_m": block_m, "block_n": block_n, "split": split,
+            "threads": threads, "stages": max(1, min(_WGMMA_TILE[3], kb // split)), "wgmma": True}
 
 
 def fitting_stages(p: Mapping[str, Any], budget: int, most: int) -> int:
@@ -236,6 +261,11 @@ def build_fp8_gemm(*, n: int, k: int, block_m: int, block_n: int, split: int, st
         b_s = T.alloc_shared((BN, BK), FP8)
         part = T.alloc_fragment((BM, BN), f32)
         sc = T.alloc_fragment((BM,), f32)
+        if BM == 64 and BN == 64:
+            # 32 + 32 accumulators a thread: no setmaxnreg split (it would take 240 registers a thread and one
+            # CTA an SM) but two CTAs an SM (90 registers): 12-27% faster at M = 96-128 (H100, 2026-11-24)
+            T.no_set_max_nreg()
+            T.annotate_min_blocks_per_sm(2)
         T.use_swizzle(panel_size=10)
         T.clear(acc)
         for kk in T.Pipelined(KPS, num_stages=stages):
