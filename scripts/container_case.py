@@ -2,7 +2,10 @@
 with no GPU (another Python, another torch), then run every mHC op across token counts with compiles
 forbidden (seal "error" before the first call). Passes only with zero compiles and correct numerics.
 
-    python scripts/container_case.py BUNDLE [--tokens 1 7 64 513 4096]
+    python scripts/container_case.py BUNDLE [--tokens 1 7 64 513 4096] [--gemm-model deepseek-v4-flash]
+
+--gemm-model also runs every FP8 GEMM shape of that model (TP 1) at token counts 1..--gemm-sweep and a few
+prefill sizes, checking numerics at some of them: a bundle built by `dsv4-jit warmup --family mhc,gemm`.
 """
 from __future__ import annotations
 
@@ -19,6 +22,8 @@ def main() -> int:
     ap.add_argument("bundle")
     ap.add_argument("--tokens", type=int, nargs="+", default=[1, 7, 64, 513, 4096])
     ap.add_argument("--sweep", type=int, default=8192, help="launch every op at every T in 1..N")
+    ap.add_argument("--gemm-model", default=None, help="also run this model's FP8 GEMMs (bundle with the gemm family)")
+    ap.add_argument("--gemm-sweep", type=int, default=300, help="GEMM token counts 1..N, then prefill sizes")
     args = ap.parse_args()
     import dsv4_jit
     from dsv4_jit.cache_tools.bundle import import_bundle
@@ -69,11 +74,44 @@ def main() -> int:
     torch.cuda.synchronize()
     print(f"sweep: 7 op calls x {T_MAX} token counts in {time.perf_counter() - t1:.1f} s, "
           f"compiles so far {dsv4_jit.counters()['compiles']}")
+    if args.gemm_model:
+        worst = max(worst, gemm_sweep(args.gemm_model, args.gemm_sweep))
     c = dsv4_jit.counters()
     print(json.dumps({"tokens": args.tokens, "sweep": args.sweep, "max_rel_err": worst, "counters": {k: c[k] for k in ("hits", "loads", "compiles")}}))
     ok = c["compiles"] == 0 and worst < 2e-2
     print("CONTAINER CASE", "PASSED" if ok else "FAILED", f"(compiles={c['compiles']}, loads={c['loads']}, max rel err {worst:.2e})")
     return 0 if ok else 1
+
+
+def gemm_sweep(model_name: str, t_max: int) -> float:
+    """Every FP8 GEMM shape of the model at TP 1, every T in 1..t_max and prefill sizes, under the seal; the worst
+    per-token error against float64 at a few T of each shape (every GEMM form: ring, split, large M)."""
+    import dsv4_jit
+    from dsv4_jit.model_config import load_model_config
+    from dsv4_jit.kernels.gemm.family import gemm_shapes, make_activations, make_weights
+    from dsv4_jit.kernels.gemm.reference import ref_fp8_gemm
+
+    g = torch.Generator(device="cuda").manual_seed(2)
+    tokens = list(range(1, t_max + 1)) + [512, 1000, 2049, 4096, 8192]
+    checked = {1, 16, 64, 65, 128, 129, 256, 257, 2049}
+    worst = 0.0
+    t0 = time.perf_counter()
+    shapes = gemm_shapes(load_model_config(model_name), 1)
+    for s in shapes:
+        n, k, grp = s["n"], s["k"], s["groups"]
+        a, sa = make_activations(max(tokens), grp * k, g, "cuda")
+        b, sb = make_weights(grp, n, k, g, "cuda")
+        for t in tokens:
+            c = dsv4_jit.fp8_gemm(a[:t], sa[:t], b, sb, groups=grp)
+            if t in checked:
+                ref = ref_fp8_gemm(a[:t], sa[:t], b, sb, groups=grp)
+                err = ((c.double() - ref).norm(dim=1) / ref.norm(dim=1).clamp_min(1e-30)).max().item()
+                worst = max(worst, err)
+    torch.cuda.synchronize()
+    print(f"gemm sweep: {len(shapes)} {model_name} shapes x {len(tokens)} token counts in "
+          f"{time.perf_counter() - t0:.1f} s, worst per-token error {worst:.2e}, "
+          f"compiles so far {dsv4_jit.counters()['compiles']}")
+    return worst
 
 
 if __name__ == "__main__":
