@@ -211,8 +211,9 @@ def test_gemm_select_ladder_and_split():
                     st = gops.gemm_static(s["n"], s["k"], s["groups"])
                     seen = {spec.select(arch, st, t) for t in range(1, 16385)}
                     # (large M's 64 x 128 tile can equal the batched-decode variant where that one needs no split)
-                    # (Hopper: one more, the 128-row WGMMA tile with split-K at 129-256 rows)
-                    assert 2 <= len(seen) <= (5 if arch.has_wgmma else 4), [v.name for v in seen]
+                    # (Hopper: the 128-row WGMMA tile with split-K at 129-256 rows, and past 256 rows up to three
+                    # N tiles a CTA: 1, 2, 4 as M grows)
+                    assert 2 <= len(seen) <= (7 if arch.has_wgmma else 4), [v.name for v in seen]
                     kb = s["k"] // 128
                     for t in (1, 16, 17, 64):
                         p = spec.select(arch, st, t).p
@@ -225,6 +226,12 @@ def test_gemm_select_ladder_and_split():
                         assert p["block_m"] == rows and kb % p["split"] == 0
                         assert p.get("wgmma", False) == arch.has_wgmma
                         assert p["split"] == 1 or p["split"] * 256 * 4 <= s["k"]     # partials <= weight bytes
+                    if arch.has_wgmma:   # N tiles a CTA: never fewer CTAs than SMs, and they divide the row
+                        for t in (257, 1000, 2049, 8192):
+                            p = spec.select(arch, st, t).p
+                            nt, tpc = s["n"] // p["block_n"], p["tiles_per_cta"]
+                            assert nt % tpc == 0 and tpc in (1, 2, 4)
+                            assert tpc == 1 or -(-t // 128) * s["groups"] * nt // tpc >= arch.num_sms_hint
                     big = spec.select(arch, st, 257).p
                     if arch.has_wgmma:   # Hopper: TMA + WGMMA, a producer and two consumer warp groups
                         assert (big["split"], big["block_m"], big["threads"], big["wgmma"]) == (1, 128, 256, True)

@@ -157,11 +157,26 @@ def wgmma_params(n: int, k: int, kb: int, groups: int, num_tokens: int, decode_b
         if n % block_n:
             block_n = 64
         split = 1
+        tiles = -(-num_tokens // block_m) * groups * n // block_n
         if num_tokens <= SPLIT_MAX_M:   # partial bytes split * SPLIT_MAX_M * N * 4 <= weight bytes N * K
-            tiles = -(-num_tokens // block_m) * groups * n // block_n
             split = decode_split(tiles, kb, num_sms, k // (4 * SPLIT_MAX_M))
+        else:
+            return {"n": n, "k": k, "groups": groups, "block_m": block_m, "block_n": block_n, "split": 1,
+                    "threads": threads, "stages": max(1, min(_WGMMA_TILE[3], kb)), "wgmma": True,
+                    "tiles_per_cta": tiles_per_cta(n // block_n, tiles, num_sms)}
     return {"n": n, "k": k, "groups": groups, "block_m": block_m, "block_n": block_n, "split": split,
             "threads": threads, "stages": max(1, min(_WGMMA_TILE[3], kb // split)), "wgmma": True}
+
+
+def tiles_per_cta(n_tiles: int, tiles: int, num_sms: int) -> int:
+    """N tiles one CTA of Hopper's large-M form walks: 4 where the row has 16 or more and 4 still leave a CTA for
+    every SM, else 2, else 1. H100, TFLOP/s at 1 / 2 / 4 (2026-11-24, one pipelined loop over the tiles):
+    4096^3 844 / 1,015 / 1,046; 8192 x 4096 x 8192 909 / 1,025 / 1,038; 2048 x 32768 x 1024 686 / 803 / 884;
+    8192 x 8192 x 1024 705 / 821 / 901; 8192 x 1536 x 4096 835 / 999 / 795 (12 tiles a row: 4 leave 1.5 waves)."""
+    for t in (4, 2):
+        if n_tiles % t == 0 and (t == 2 or n_tiles >= 16) and tiles // t >= num_sms:
+            return t
+    return 1
 
 
 def fitting_stages(p: Mapping[str, Any], budget: int, most: int) -> int:
@@ -216,7 +231,8 @@ def ring_wait(stages: int, n_iters: int, i: int) -> int:
 
 
 def build_fp8_gemm(*, n: int, k: int, block_m: int, block_n: int, split: int, stages: int, threads: int,
-                   groups: int = 1, ring: bool = False, k_stage: int = 1, wgmma: bool = False):
+                   groups: int = 1, ring: bool = False, k_stage: int = 1, wgmma: bool = False,
+                   tiles_per_cta: int = 1):
     import tilelang.language as T
 
     BM, BN, BK = block_m, block_n, BLOCK_K
@@ -250,13 +266,19 @@ def build_fp8_gemm(*, n: int, k: int, block_m: int, block_n: int, split: int, st
             for i, j in T.Parallel(BM, BN):
                 acc[i, j] += part[i, j] * sc_s[i]
 
+    TPC = tiles_per_cta
+    STORE_IN_LOOP = wgmma and split == 1
+
     @T.macro
-    def mainloop_wgmma(a, sa, b, sb, acc, bx, by, g, sp):
+    def mainloop_wgmma(a, sa, b, sb, acc, c, bx, by, g, sp):
         # T.copy -> TMA into the pipeline's stages (rows past M zero-filled), T.gemm -> wgmma (each consumer warp
         # group a 64 x BN slice: FullRow), the scaled add in registers. The scales go from global memory straight
         # into a fragment (each thread's rows), loaded before the wgmma so their latency hides behind it; a shared
         # store would land in the producer, which then keeps its registers (no setmaxnreg split). In that order
         # with the TMA store of C: 4096^3 765 -> 841 TFLOP/s, wq_b (K 1,024) 534 -> 673 (H100, 2026-11-24).
+        # Without split the CTA walks TPC N tiles in one pipelined loop and stores each tile's C (by TMA, from a
+        # shared tile) at its last K block, so the next tile's first stages load during that epilogue: one pipeline
+        # fill per TPC tiles (see wgmma_params).
         a_s = T.alloc_shared((BM, BK), FP8)
         b_s = T.alloc_shared((BN, BK), FP8)
         part = T.alloc_fragment((BM, BN), f32)
@@ -268,15 +290,24 @@ def build_fp8_gemm(*, n: int, k: int, block_m: int, block_n: int, split: int, st
             T.annotate_min_blocks_per_sm(2)
         T.use_swizzle(panel_size=10)
         T.clear(acc)
-        for kk in T.Pipelined(KPS, num_stages=stages):
+        if STORE_IN_LOOP:
+            c_s = T.alloc_shared((BM, BN), "bfloat16")
+        for it in T.Pipelined(TPC * KPS, num_stages=stages):
+            kk = it % KPS
+            col = (bx * TPC + it // KPS) * BN    # this iteration's N tile
             T.copy(a[by * BM, g * k + (sp * KPS + kk) * BK], a_s)
-            T.copy(b[g * n + bx * BN, (sp * KPS + kk) * BK], b_s)
+            T.copy(b[g * n + col, (sp * KPS + kk) * BK], b_s)
             for i in T.Parallel(BM):
                 sc[i] = (sa[T.min(by * BM + i, M - 1), g * KB + sp * KPS + kk]
-                         * sb[g * NQ + (bx * BN) // QBLOCK, sp * KPS + kk])
+                         * sb[g * NQ + col // QBLOCK, sp * KPS + kk])
             T.gemm(a_s, b_s, part, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
             for i, j in T.Parallel(BM, BN):
                 acc[i, j] += part[i, j] * sc[i]
+            if STORE_IN_LOOP:
+                if kk == KPS - 1:   # through shared memory, one TMA store (rows past M are clipped by the copy)
+                    T.copy(acc, c_s)
+                    T.copy(c_s, c[by * BM, g * n + col])
+                    T.clear(acc)
 
     @T.macro
     def issue(src, rows, row0, col0, dst, slot):
@@ -326,7 +357,22 @@ def build_fp8_gemm(*, n: int, k: int, block_m: int, block_n: int, split: int, st
                 for i, j in T.Parallel(BM, BN):
                     acc[i, j] += part[i, j] * sc_all[i, ks * KS + u]
 
-    mainloop = mainloop_ring if ring else mainloop_wgmma if wgmma else mainloop_pipelined
+    mainloop = mainloop_ring if ring else mainloop_pipelined
+
+    if STORE_IN_LOOP:
+        @T.prim_func
+        def fp8_gemm(
+            a: T.Tensor[(M, G * k), FP8],
+            sa: T.Tensor[(M, G * KB), f32],
+            b: T.Tensor[(G * n, k), FP8],
+            sb: T.Tensor[(G * NQ, KB), f32],
+            c: T.Tensor[(M, G * n), "bfloat16"],
+        ):
+            with T.Kernel(n // BN // TPC, T.ceildiv(M, BM), G, threads=threads) as (bx, by, g):
+                acc = T.alloc_fragment((BM, BN), f32)
+                mainloop_wgmma(a, sa, b, sb, acc, c, bx, by, g, 0)
+
+        return fp8_gemm
 
     if split == 1:
         @T.prim_func
@@ -340,14 +386,9 @@ def build_fp8_gemm(*, n: int, k: int, block_m: int, block_n: int, split: int, st
             with T.Kernel(n // BN, T.ceildiv(M, BM), G, threads=threads) as (bx, by, g):
                 acc = T.alloc_fragment((BM, BN), f32)
                 mainloop(a, sa, b, sb, acc, bx, by, g, 0)
-                if wgmma:   # through shared memory, one TMA store (rows past M are clipped by the copy)
-                    c_s = T.alloc_shared((BM, BN), "bfloat16")
-                    T.copy(acc, c_s)
-                    T.copy(c_s, c[by * BM, g * n + bx * BN])
-                else:
-                    for i, j in T.Parallel(BM, BN):
-                        if by * BM + i < M:
-                            c[by * BM + i, g * n + bx * BN + j] = T.Cast("bfloat16", acc[i, j])
+                for i, j in T.Parallel(BM, BN):
+                    if by * BM + i < M:
+                        c[by * BM + i, g * n + bx * BN + j] = T.Cast("bfloat16", acc[i, j])
 
         return fp8_gemm
 
@@ -361,7 +402,10 @@ def build_fp8_gemm(*, n: int, k: int, block_m: int, block_n: int, split: int, st
     ):
         with T.Kernel(n // BN, T.ceildiv(M, BM), G * split, threads=threads) as (bx, by, bz):
             acc = T.alloc_fragment((BM, BN), f32)
-            mainloop(a, sa, b, sb, acc, bx, by, bz // split, bz % split)
+            if wgmma:
+                mainloop_wgmma(a, sa, b, sb, acc, partial, bx, by, bz // split, bz % split)
+            else:
+                mainloop(a, sa, b, sb, acc, bx, by, bz // split, bz % split)
             for i, j in T.Parallel(BM, BN):
                 if by * BM + i < M:
                     partial[bz % split, by * BM + i, (bz // split) * n + bx * BN + j] = acc[i, j]
@@ -450,7 +494,8 @@ class Fp8GemmSpec(_GemmSpecBase):
         p = variant.p
         return build_fp8_gemm(n=p["n"], k=p["k"], block_m=p["block_m"], block_n=p["block_n"], split=p["split"],
                               stages=p["stages"], threads=p["threads"], groups=p["groups"],
-                              ring=p.get("ring", False), k_stage=p.get("k_stage", 1), wgmma=p.get("wgmma", False))
+                              ring=p.get("ring", False), k_stage=p.get("k_stage", 1), wgmma=p.get("wgmma", False),
+                              tiles_per_cta=p.get("tiles_per_cta", 1))
 
 
 @register
