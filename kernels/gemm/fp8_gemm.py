@@ -13,7 +13,7 @@ Grouped form (`groups` G > 1, the grouped output projection wo_a): C [M, G*N], A
 stacked), sa [M, G*K/128], sb [G*ceil(N/128), K/128]; C[:, g*N:(g+1)*N] = A[:, g*K:(g+1)*K] . B_g^T, one launch
 (grid z = groups x splits).
 
-Schedules (`select` picks one of four by the token count; the same on every arch family but large M on Hopper):
+Schedules (`select` picks one of four by the token count; the same on every arch family but M > 64 on Hopper):
   * decode, M <= 16 / M <= 64: one M tile (16 / 64 rows), N tiles of 128 columns, or 64 when 128-column tiles
     alone would leave SMs idle, and split-K over a divisor of the K blocks until (N tiles x splits) reaches
     the SM count, so small-M GEMMs stream the weight with the whole GPU. Split > 1 writes fp32 partials
@@ -30,8 +30,9 @@ Schedules (`select` picks one of four by the token count; the same on every arch
     instead (see wgmma_params).
   * large M (> 256): 64 x 128 tiles (K block 128) over 4 warps, no split, 4 cp.async stages (99,328 B of SM12x's
     101,376). On a GPU with WGMMA (Hopper) instead: 128 x 128 tiles, TMA loads into 4 stages, one producer and two
-    consumer warp groups (warp specialization, setmaxnreg), wgmma m64n128k32, C stored by TMA (163,904 B); 3-3.3x
-    the mma.sync form's throughput on an H100 (see mainloop_wgmma). SM120 has no WGMMA and keeps the form above.
+    consumer warp groups (warp specialization, setmaxnreg), wgmma m64n128k32, 1 / 2 / 4 N tiles a CTA in one
+    pipelined loop, C stored by TMA (163,904 B); 2.4-3.9x the mma.sync form's throughput on an H100 (see
+    mainloop_wgmma, tiles_per_cta). SM120 has no WGMMA and keeps the form above.
 The mma.sync forms take SM12x's stage budget on every family (see _STAGE_BUDGET).
 
 Rows past M read the last row (clamped index; the ring's copies zero-fill them instead) and are never stored.
@@ -150,22 +151,21 @@ def wgmma_params(n: int, k: int, kb: int, groups: int, num_tokens: int, decode_b
     V4-Flash, us at M = 96 / 128 / 192 / 256 (2026-11-24): wq_b (128-column tiles) 32.4 -> 26.6 / 32.3 -> 26.8 with
     128 rows; 128 rows from M = 129 on: wq_b 40.0 -> 35.9 / 47.1 -> 36.1, wo_b 42.1 -> 37.7 / 43.1 -> 40.0, wo_a
     36.2 -> 39.5 / 37.7 -> 42.5 (the one shape it costs)."""
+    extra = {}
     if num_tokens <= 2 * DECODE_MAX_M and decode_block_n == 64:
         block_m, block_n, threads, split = DECODE_MAX_M, 64, 128, decode_split_k
     else:
         block_m, block_n, threads, _ = _WGMMA_TILE
         if n % block_n:
             block_n = 64
-        split = 1
         tiles = -(-num_tokens // block_m) * groups * n // block_n
         if num_tokens <= SPLIT_MAX_M:   # partial bytes split * SPLIT_MAX_M * N * 4 <= weight bytes N * K
             split = decode_split(tiles, kb, num_sms, k // (4 * SPLIT_MAX_M))
         else:
-            return {"n": n, "k": k, "groups": groups, "block_m": block_m, "block_n": block_n, "split": 1,
-                    "threads": threads, "stages": max(1, min(_WGMMA_TILE[3], kb)), "wgmma": True,
-                    "tiles_per_cta": tiles_per_cta(n // block_n, tiles, num_sms)}
+            split = 1
+            extra = {"tiles_per_cta": tiles_per_cta(n // block_n, tiles, num_sms)}
     return {"n": n, "k": k, "groups": groups, "block_m": block_m, "block_n": block_n, "split": split,
-            "threads": threads, "stages": max(1, min(_WGMMA_TILE[3], kb // split)), "wgmma": True}
+            "threads": threads, "stages": max(1, min(_WGMMA_TILE[3], kb // split)), "wgmma": True, **extra}
 
 
 def tiles_per_cta(n_tiles: int, tiles: int, num_sms: int) -> int:
@@ -278,14 +278,14 @@ def build_fp8_gemm(*, n: int, k: int, block_m: int, block_n: int, split: int, st
         # with the TMA store of C: 4096^3 765 -> 841 TFLOP/s, wq_b (K 1,024) 534 -> 673 (H100, 2026-11-24).
         # Without split the CTA walks TPC N tiles in one pipelined loop and stores each tile's C (by TMA, from a
         # shared tile) at its last K block, so the next tile's first stages load during that epilogue: one pipeline
-        # fill per TPC tiles (see wgmma_params).
+        # fill per TPC tiles (see tiles_per_cta).
         a_s = T.alloc_shared((BM, BK), FP8)
         b_s = T.alloc_shared((BN, BK), FP8)
         part = T.alloc_fragment((BM, BN), f32)
         sc = T.alloc_fragment((BM,), f32)
         if BM == 64 and BN == 64:
             # 32 + 32 accumulators a thread: no setmaxnreg split (it would take 240 registers a thread and one
-            # CTA an SM) but two CTAs an SM (90 registers): 12-27% faster at M = 96-128 (H100, 2026-11-24)
+            # CTA an SM) but two CTAs an SM (90 registers): 14-27% faster at M = 96-128 (H100, 2026-11-24)
             T.no_set_max_nreg()
             T.annotate_min_blocks_per_sm(2)
         T.use_swizzle(panel_size=10)
@@ -359,7 +359,7 @@ def build_fp8_gemm(*, n: int, k: int, block_m: int, block_n: int, split: int, st
 
     mainloop = mainloop_ring if ring else mainloop_pipelined
 
-    if STORE_IN_LOOP:
+    if split == 1:
         @T.prim_func
         def fp8_gemm(
             a: T.Tensor[(M, G * k), FP8],
@@ -370,25 +370,13 @@ def build_fp8_gemm(*, n: int, k: int, block_m: int, block_n: int, split: int, st
         ):
             with T.Kernel(n // BN // TPC, T.ceildiv(M, BM), G, threads=threads) as (bx, by, g):
                 acc = T.alloc_fragment((BM, BN), f32)
-                mainloop_wgmma(a, sa, b, sb, acc, c, bx, by, g, 0)
-
-        return fp8_gemm
-
-    if split == 1:
-        @T.prim_func
-        def fp8_gemm(
-            a: T.Tensor[(M, G * k), FP8],
-            sa: T.Tensor[(M, G * KB), f32],
-            b: T.Tensor[(G * n, k), FP8],
-            sb: T.Tensor[(G * NQ, KB), f32],
-            c: T.Tensor[(M, G * n), "bfloat16"],
-        ):
-            with T.Kernel(n // BN, T.ceildiv(M, BM), G, threads=threads) as (bx, by, g):
-                acc = T.alloc_fragment((BM, BN), f32)
-                mainloop(a, sa, b, sb, acc, bx, by, g, 0)
-                for i, j in T.Parallel(BM, BN):
-                    if by * BM + i < M:
-                        c[by * BM + i, g * n + bx * BN + j] = T.Cast("bfloat16", acc[i, j])
+                if wgmma:   # stores C itself, tile by tile
+                    mainloop_wgmma(a, sa, b, sb, acc, c, bx, by, g, 0)
+                else:
+                    mainloop(a, sa, b, sb, acc, bx, by, g, 0)
+                    for i, j in T.Parallel(BM, BN):
+                        if by * BM + i < M:
+                            c[by * BM + i, g * n + bx * BN + j] = T.Cast("bfloat16", acc[i, j])
 
         return fp8_gemm
 
