@@ -1,8 +1,9 @@
 """The tensor-core ceiling every mma.sync kernel here runs under: mma.sync throughput with operands in registers
 (no memory traffic), per operand type, on this GPU.
 
-Every SM12x schedule (and, WGMMA being off, every sm_90a one) issues `mma.sync`, so the ceiling a compute-bound
-kernel of this package can reach is this figure, not the GPU's datasheet peak (on Hopper that counts WGMMA).
+Every SM12x schedule (and every sm_90a one but fp8_gemm past 64 rows, which runs WGMMA) issues `mma.sync`, so the
+ceiling a compute-bound kernel of this package can reach there is this figure, not the GPU's datasheet peak (on
+Hopper that counts WGMMA; the torch._scaled_mm row below measures it for the WGMMA GEMM).
 Benchmarks that report TFLOP/s (bench_gemm.py's large M, bench_moe.py's prefill, the indexer logits) read against
 it. Each warp runs 8 independent accumulators (no dependent mma back to back) on register operands loaded once.
 
