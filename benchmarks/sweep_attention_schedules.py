@@ -60,10 +60,10 @@ def precompile(prof, scale: float, args) -> None:
     """Every candidate forward (and its combine) into the store, in parallel."""
     from concurrent.futures import ProcessPoolExecutor
     jobs = []
-    for heads, hb, bi, thr, s in itertools.product(args.heads, args.head_blocks, args.block_i, args.threads,
-                                                  args.splits):
+    for heads, hb, bi, thr, s, ns in itertools.product(args.heads, args.head_blocks, args.block_i, args.threads,
+                                                      args.splits, args.stages):
         params = {"heads": heads, "head_block": hb, "block_i": bi, "threads": thr, "kv_format": "fp8_ds_mla",
-                  "n_splits": s, "softmax_scale": scale}
+                  "n_splits": s, "softmax_scale": scale, "stages": ns}
         v = Variant.make(FWD.name, params, prof, prof.schedule)
         if hb > 2 * heads and hb > 16 or FWD.smem_bytes(v) > prof.max_smem_per_block:
             continue
@@ -88,29 +88,35 @@ def main() -> int:
     ap.add_argument("--block-i", type=int, nargs="+", default=[32, 64])
     ap.add_argument("--threads", type=int, nargs="+", default=[128, 256])
     ap.add_argument("--splits", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    ap.add_argument("--stages", type=int, nargs="+", default=[2, 3], help="cp.async stages of the fp8 gather")
     ap.add_argument("--ratios", type=int, nargs="+", default=None, help="several layer kinds (overrides --ratio)")
     ap.add_argument("-j", "--jobs", type=int, default=1,
                     help="compile every candidate first in this many processes (the store's per-key locks make "
                          "it safe); the timed loop then only loads")
+    ap.add_argument("--compile-only", action="store_true",
+                    help="with -j: only compile the candidates into the store (no GPU needed), e.g. on a build machine")
     ap.add_argument("--out", default="bench_out/sweep_attention.json")
     args = ap.parse_args()
 
     hopper = get_profile("sm_90a")
     prof = hopper if args.schedule == "sm_90a" else get_profile(args.schedule).emulated(hopper)
     scale = D ** -0.5
-    g = torch.Generator(device="cuda").manual_seed(0)
     rows = []
     if args.jobs > 1:
         precompile(prof, scale, args)
+    if args.compile_only:
+        return 0
+    g = torch.Generator(device="cuda").manual_seed(0)
     for ratio, heads, batch in itertools.product(args.ratios or [args.ratio], args.heads, args.batch):
         p = make_point(batch, heads, args.ctx, ratio, g)
         (c1, i1, l1, bs1), (c2, i2, l2, bs2) = p["lists"]
         ref = reference.ref_sparse_mla(p["q"], reference.unpack_fp8_ds_mla(c1, bs1), i1, l1,
                                        reference.unpack_fp8_ds_mla(c2, bs2), i2, l2, p["sink"], scale)
         picked = FWD.select(prof, ops._static(heads, scale, "fp8_ds_mla"), batch)
-        for hb, bi, thr, s in itertools.product(args.head_blocks, args.block_i, args.threads, args.splits):
+        for hb, bi, thr, s, ns in itertools.product(args.head_blocks, args.block_i, args.threads, args.splits,
+                                                    args.stages):
             params = {"heads": heads, "head_block": hb, "block_i": bi, "threads": thr, "kv_format": "fp8_ds_mla",
-                      "n_splits": s, "softmax_scale": scale}
+                      "n_splits": s, "softmax_scale": scale, "stages": ns}
             v = Variant.make(FWD.name, params, prof, prof.schedule)
             row = {"heads": heads, "batch": batch, "ratio": ratio, "ctx": args.ctx, "variant": v.name,
                    "selected": v == picked}
@@ -132,7 +138,7 @@ def main() -> int:
             us, why = graph_us_or_reason(f, reps=1)
             row.update(us=us, why=why, max_token_rel_err=err)
             rows.append(row)
-            print(f"ratio={ratio} H={heads} B={batch} hb={hb} bi={bi} thr={thr} S={s}: {us if us is None else round(us, 1)} us "
+            print(f"ratio={ratio} H={heads} B={batch} hb={hb} bi={bi} thr={thr} S={s} st={ns}: {us if us is None else round(us, 1)} us "
                   f"err {err:.1e}{'  <- select' if row['selected'] else ''}", flush=True)
     write_rows(args.out, rows, schedule=prof.schedule, ratio=args.ratio, ctx=args.ctx)
     return 0

@@ -29,15 +29,22 @@ Shared memory, per CTA:  2*512*(HB + BI)  Q and KV tiles (bf16)
                        + 2*HB*BI          P (bf16, the second GEMM's A operand)
                        + 4*HB*(BI + 4)    the scores (fp32, rows padded)
                        + 4*HB*3           per-row rescale, sum and max
-                       + 4*BI*(3 + 8)     page / offset / validity per row and 8 scales per row (fp32)
-SM12x: HB <= 32, BI = 32, 256 threads -> 73,984 B (HB = 16, 128 threads -> 54,080 B); H = 64 runs as 2 head
-blocks (the public one-CTA-per-64-heads tiling needs 141,312 B, which SM120 cannot launch).
-sm_90a / sm_100a: HB = 64 (one CTA reads a candidate tile for all 64 heads), BI = 32 -> 113,792 B.
+  then, for the fp8 gather, one of two pipelines (`stages`, chosen by select):
+  - stages = 2, the cp.async ring: + 2*BI*(448 + 128 + 8 + 8) + 4*BI  two stages of a tile's raw bytes (NoPE,
+    RoPE, scales) and its rows' page and offset, and the validity of the tile in kv_s. The next tile's bytes
+    go global -> shared by cp.async with no register held, issued before the current tile is waited for, and
+    are dequantized from shared memory. 16 heads: 90,688 B (fits SM12x), 64 heads: 150,400 B (Hopper).
+  - stages = 0, through registers: + 4*BI*(3 + 8) page / offset / validity and 8 fp32 scales per row; tile
+    k+1's bytes are loaded into registers (every load issued before any is used) while tile k is dequantized
+    and multiplied. SM12x at 32 heads (73,984 B: the ring's 110,592 B does not fit) and one-token steps
+    (64 splits, 0-2 tiles a CTA, where the ring's prologue cost more than it hid).
+  The bf16 (prefill) kernel gathers through registers as stages = 0 does.
+SM12x: HB <= 32, BI = 32, 256 threads at 32 heads (registers); 16 heads, 128 threads (the ring); H = 64 runs as 2
+head blocks (the public one-CTA-per-64-heads tiling needs 141,312 B, which SM120 cannot launch).
+sm_90a / sm_100a: HB = 64 (one CTA reads a candidate tile for all 64 heads), BI = 32.
 
-The gather is software-pipelined through registers: tile k+1's bytes are loaded (every load issued before
-any is used) while tile k is dequantized into shared memory and multiplied. Every barrier is explicit, four per
-tile (TileLang's automatic ones were ~36: a block-wide reduction per row held by a thread, and one in each step
-of the dequantize loop).
+Every barrier is explicit, four per tile (TileLang's automatic ones were ~36: a block-wide reduction per row held
+by a thread, and one in each step of the dequantize loop).
 """
 # No `from __future__ import annotations`: TileLang evaluates the T.Tensor annotations.
 import math
@@ -102,6 +109,18 @@ def kv_tile(arch: ArchProfile) -> int:
     return 32
 
 
+def kv_stages(hb: int, bi: int, arch: ArchProfile, n_splits: int) -> int:
+    """The fp8 gather's pipeline: a 2-stage cp.async ring where it fits the block's shared memory and a CTA has
+    tiles to pipeline, else 0 (tile k+1 prefetched through registers). H100, 2026-11-24 (ab sweep, 4 input sets
+    a graph, 256K context): the ring beat registers by 9-20% at 64 tokens and matched or beat them at 8; at 64
+    splits (one token: 0-2 tiles a CTA) registers were 1-2 us faster. 3 stages were 8-25% slower than 2 and 4
+    slower still. SM12x at 32 heads a CTA: the ring (110,592 B) does not fit; 4 CTAs of 16 heads with it were
+    40% slower at 8 tokens on the 256K list than 2 of 32 heads with registers."""
+    if n_splits >= SPLITS[-1]:
+        return 0
+    return 2 if smem_bytes_for(hb, bi, 2) <= arch.max_smem_per_block else 0
+
+
 def ctas_per_sm(arch: ArchProfile, smem: int, threads: int) -> int:
     """CTAs of this variant one SM holds: __launch_bounds__(threads, 1) lets nvcc take up to 255 registers a
     thread, so they are counted at 255 (ptxas: 255 at 64 and 16 heads a CTA, 243 at 32); each CTA also reserves
@@ -124,17 +143,25 @@ def num_splits(num_tokens: int, head_blocks: int, num_sms: int, per_sm: int = 1)
     return s
 
 
-def smem_bytes_for(hb: int, bi: int) -> int:
-    # Q and KV tiles, P, the fp32 scores (padded rows), per-row alpha / sum / max, per-KV-row page, offset,
-    # validity and 8 scales
-    return 2 * D * (hb + bi) + 2 * hb * bi + 4 * hb * (bi + SPAD) + 4 * hb * 3 + 4 * bi * (3 + 8)
+def smem_bytes_for(hb: int, bi: int, stages: int = 0) -> int:
+    """Q and KV tiles, P, the fp32 scores (padded rows), per-row alpha / sum / max; then per KV row: with the
+    fp8 cp.async ring (stages > 0) each stage's NoPE, RoPE and scale bytes and page and offset, and the
+    validity of the tile in kv_s; through registers page, offset, validity and 8 fp32 scales (bf16 uses two
+    of the four words)."""
+    common = 2 * D * (hb + bi) + 2 * hb * bi + 4 * hb * (bi + SPAD) + 4 * hb * 3
+    if stages:
+        return common + stages * bi * (NOPE + 2 * ROPE + SCALE_BYTES + 8) + 4 * bi
+    return common + 4 * bi * (3 + 8)
 
 
 def build_sparse_mla(heads: int, head_block: int, block_i: int, threads: int, kv_format: str, n_splits: int,
-                     softmax_scale: float):
+                     softmax_scale: float, stages: int = 0):
     import tilelang.language as T
 
-    H, HB, BI, S = heads, head_block, block_i, n_splits
+    H, HB, BI, S, NST = heads, head_block, block_i, n_splits, stages
+    if stages not in (0, 2, 3, 4) or stages and kv_format != "fp8_ds_mla":
+        raise ValueError(f"sparse_mla: stages must be 0 (registers) or 2..4 (the fp8_ds_mla cp.async ring), got "
+                         f"{stages} for {kv_format}")
     if threads % HB or not 1 <= threads // HB <= 32 or BI % (threads // HB) or threads & (threads - 1):
         raise ValueError(f"sparse_mla: {threads} threads cannot share {HB} head rows of {BI} scores evenly "
                          f"(threads / head_block must be a power of two <= 32 dividing block_i)")
@@ -171,7 +198,10 @@ def build_sparse_mla(heads: int, head_block: int, block_i: int, threads: int, kv
     def scores(q_s, kv_s, acc_s, acc_b, acc_c, acc_d, s_s):
         # S = Q K^T over 512 dims. A warp holds only 1-2 mma tiles of S, so one accumulator is a chain of 32
         # dependent mma (ncu, H100: the top stall). NACC accumulators take alternate 64-dim slices, so the
-        # chains interleave; they are summed into s_s.
+        # chains interleave; they are summed into s_s. FullRow: at 64 heads the 8 warps tile S 4 x 2 (16 x 16
+        # each), not 2 x 4 (32 x 8), so Q is read from shared memory by 2 warps, not 4 (K by 4, not 2): 256 KB of
+        # ldmatrix a tile where 320 KB were (H100, 64 tokens, 256K list: 156 -> 145 us). At 16 and 32 heads
+        # (M = 16 / 32) it is the same partition as before.
         T.clear(acc_s)
         T.clear(acc_b)
         if NACC == 4:
@@ -179,14 +209,14 @@ def build_sparse_mla(heads: int, head_block: int, block_i: int, threads: int, kv
             T.clear(acc_d)
         for c in T.unroll(D // (QK_SLICE * NACC)):
             k0 = c * QK_SLICE * NACC
-            T.gemm(q_s[:, k0:k0 + QK_SLICE], kv_s[:, k0:k0 + QK_SLICE], acc_s, transpose_B=True)
+            T.gemm(q_s[:, k0:k0 + QK_SLICE], kv_s[:, k0:k0 + QK_SLICE], acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
             T.gemm(q_s[:, k0 + QK_SLICE:k0 + 2 * QK_SLICE], kv_s[:, k0 + QK_SLICE:k0 + 2 * QK_SLICE], acc_b,
-                   transpose_B=True)
+                   transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
             if NACC == 4:
                 T.gemm(q_s[:, k0 + 2 * QK_SLICE:k0 + 3 * QK_SLICE], kv_s[:, k0 + 2 * QK_SLICE:k0 + 3 * QK_SLICE],
-                       acc_c, transpose_B=True)
+                       acc_c, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
                 T.gemm(q_s[:, k0 + 3 * QK_SLICE:k0 + 4 * QK_SLICE], kv_s[:, k0 + 3 * QK_SLICE:k0 + 4 * QK_SLICE],
-                       acc_d, transpose_B=True)
+                       acc_d, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
         for h, j in T.Parallel(HB, BI):
             if NACC == 2:
                 s_s[h, j] = acc_s[h, j] + acc_b[h, j]
@@ -233,16 +263,16 @@ def build_sparse_mla(heads: int, head_block: int, block_i: int, threads: int, kv
         T.gemm(p_s, kv_s, acc_o)
 
     @T.macro
-    def fetch_slot(idx1, lens1, idx2, lens2, t, g, rng, tx, slot_r):
+    def fetch_slot(idx1, lens1, idx2, lens2, t, g, rng, tx, slot_r, k):
         # thread j < BI: the slot of row j of tile g of [list 1 tiles | list 2 tiles], -1 past a length.
         # Read one tile ahead of its use, so the index load's latency hides behind a whole tile's math
         # instead of standing between the barrier and the tile's gather.
         if tx < BI and g < rng[2]:
             if g < rng[0]:
-                slot_r[0] = T.if_then_else(g * BI + tx < T.min(lens1[t], n1),
+                slot_r[k] = T.if_then_else(g * BI + tx < T.min(lens1[t], n1),
                                            idx1[t, T.max(T.min(g * BI + tx, n1 - 1), 0)], -1)
             else:
-                slot_r[0] = T.if_then_else((g - rng[0]) * BI + tx < T.min(lens2[t], n2),
+                slot_r[k] = T.if_then_else((g - rng[0]) * BI + tx < T.min(lens2[t], n2),
                                            idx2[t, T.max(T.min((g - rng[0]) * BI + tx, n2 - 1), 0)], -1)
 
     @T.macro
@@ -290,6 +320,76 @@ def build_sparse_mla(heads: int, head_block: int, block_i: int, threads: int, kv
             kv_s[j, c] = T.Cast("bfloat16", T.Cast("float32", nope_r[j, c]) * sc_s[j, c // GROUP])
         for j, c in T.Parallel(BI, ROPE):
             kv_s[j, NOPE + c] = rope_r[j, c]
+
+    NCH = NOPE // 16          # 16-byte chunks of a row's NoPE bytes
+    RCH = ROPE // 8           # 16-byte chunks of its RoPE (8 bf16 each)
+    ROW16 = TOKEN_BYTES // 16
+
+    @T.macro
+    def fetch_slot_or_end(idx1, lens1, idx2, lens2, t, g, rng, tx, slot_r, k):
+        # fetch_slot into slot_r[k], and -1 for a tile past the split's end (rows are computed that far ahead)
+        if tx < BI:
+            slot_r[k] = -1
+        fetch_slot(idx1, lens1, idx2, lens2, t, g, rng, tx, slot_r, k)
+
+    @T.macro
+    def rows_staged(slot_r, k, tx, pages, rows, st, pg_s, off_s, bs):
+        # one thread per tile row: slot_r[k] -> (page, offset) in stage st of the ring, -1 for a hole / past
+        # the length / outside the cache
+        if tx < BI:
+            slot = slot_r[k]
+            ok = (slot >= 0) and (slot < pages * bs) and (bs > 0) and (rows * 16 >= bs * (TOKEN_BYTES + SCALE_BYTES))
+            pg_s[st, tx] = T.if_then_else(ok, slot // T.max(bs, 1), -1)
+            off_s[st, tx] = T.if_then_else(ok, slot % T.max(bs, 1), 0)
+
+    @T.macro
+    def rows_at(slot_r, k, tx, g, rng, st, pg_s, off_s, bs1, bs2):
+        if g < rng[0]:
+            rows_staged(slot_r, k, tx, P1, R1, st, pg_s, off_s, bs1)
+        else:
+            rows_staged(slot_r, k, tx, P2, R2, st, pg_s, off_s, bs2)
+
+    @T.macro
+    def issue_fp8(kvq, kvs, kvr, bs, st, tx, pg_s, off_s, nope_s, rope_s, scr_s):
+        # tile rows -> stage st by cp.async (no registers held: the next stages' bytes fly during this tile's
+        # math); a masked row's copy is predicated off, which zero-fills its bytes
+        for i in T.unroll((BI * NCH + threads - 1) // threads):
+            k = i * threads + tx
+            if k < BI * NCH:
+                p = pg_s[st, k // NCH]
+                T.ptx_cp_async(T.access_ptr(nope_s[st, k // NCH, (k % NCH) * 16], "w", 16),
+                               T.access_ptr(kvq[T.max(p, 0), off_s[st, k // NCH] * ROW16 + k % NCH, 0], "r", 16),
+                               16, predicate=p >= 0)
+        for i in T.unroll((BI * RCH + threads - 1) // threads):
+            k = i * threads + tx
+            if k < BI * RCH:
+                p = pg_s[st, k // RCH]
+                T.ptx_cp_async(T.access_ptr(rope_s[st, k // RCH, (k % RCH) * 8], "w", 8),
+                               T.access_ptr(kvr[T.max(p, 0), off_s[st, k // RCH] * ROW16 + NCH + k % RCH, 0], "r", 8),
+                               8, predicate=p >= 0)
+        if tx < BI:
+            p = pg_s[st, tx]
+            b = bs * TOKEN_BYTES + off_s[st, tx] * SCALE_BYTES
+            T.ptx_cp_async(T.access_ptr(scr_s[st, tx, 0], "w", 8),
+                           T.access_ptr(kvs[T.max(p, 0), b // 16, b % 16], "r", 8), 8, predicate=p >= 0)
+
+    @T.macro
+    def issue_at(g, rng, st, tx, kvq1, kvs1, kvr1, kvq2, kvs2, kvr2, bs1, bs2, pg_s, off_s, nope_s, rope_s, scr_s):
+        if g < rng[2]:
+            if g < rng[0]:
+                issue_fp8(kvq1, kvs1, kvr1, bs1, st, tx, pg_s, off_s, nope_s, rope_s, scr_s)
+            else:
+                issue_fp8(kvq2, kvs2, kvr2, bs2, st, tx, pg_s, off_s, nope_s, rope_s, scr_s)
+        T.ptx_commit_group()  # always: wait_group counts groups, empty ones included
+
+    @T.macro
+    def dequant_stage(nope_s, rope_s, scr_s, st, kv_s):
+        # UE8M0 e -> 2^(e-127) by placing e in the float's exponent field (e = 0 gives 0, not 2^-127)
+        for j, c in T.Parallel(BI, NOPE):
+            kv_s[j, c] = T.Cast("bfloat16", T.Cast("float32", nope_s[st, j, c]) * T.reinterpret(
+                T.shift_left(T.Cast("uint32", scr_s[st, j, c // GROUP]), T.uint32(23)), "float32"))
+        for j, c in T.Parallel(BI, ROPE):
+            kv_s[j, NOPE + c] = rope_s[st, j, c]
 
     @T.macro
     def rows_bf16(idx, lens, nidx, nrows, t, tile, pg_s):
@@ -373,64 +473,125 @@ def build_sparse_mla(heads: int, head_block: int, block_i: int, threads: int, kv
             o_part: T.Tensor[part_shape, "float32"],
             lse_part: T.Tensor[lse_shape, "float32"],
         ):
-            with T.Kernel(num_tokens, NHB, S, threads=threads) as (t, hb, split):
-                q_s = T.alloc_shared([HB, D], "bfloat16")
-                kv_s = T.alloc_shared([BI, D], "bfloat16")
-                p_s = T.alloc_shared([HB, BI], "bfloat16")
-                s_s = T.alloc_shared([HB, BI + SPAD], "float32")
-                alpha_s = T.alloc_shared([HB], "float32")
-                l_s = T.alloc_shared([HB], "float32")
-                m_s = T.alloc_shared([HB], "float32")
-                pg_s = T.alloc_shared([BI], "int32")
-                off_s = T.alloc_shared([BI], "int32")
-                valid_s = T.alloc_shared([BI], "int32")
-                sc_s = T.alloc_shared([BI, 8], "float32")
-                nope_r = T.alloc_fragment([BI, NOPE], "float8_e4m3fn")
-                rope_r = T.alloc_fragment([BI, ROPE], "bfloat16")
-                e_r = T.alloc_fragment([BI, 8], "uint8")
-                acc_s = T.alloc_fragment([HB, BI], "float32")
-                acc_b = T.alloc_fragment([HB, BI], "float32")
-                acc_c = T.alloc_fragment([HB, BI], "float32")
-                acc_d = T.alloc_fragment([HB, BI], "float32")
-                acc_o = T.alloc_fragment([HB, D], "float32")
-                st = T.alloc_local([2], "float32")
-                rng = T.alloc_local([3], "int32")
-                slot_r = T.alloc_local([1], "int32")
-                tx = T.get_thread_binding()
+            if NST:
+                with T.Kernel(num_tokens, NHB, S, threads=threads) as (t, hb, split):
+                    q_s = T.alloc_shared([HB, D], "bfloat16")
+                    kv_s = T.alloc_shared([BI, D], "bfloat16")
+                    p_s = T.alloc_shared([HB, BI], "bfloat16")
+                    s_s = T.alloc_shared([HB, BI + SPAD], "float32")
+                    alpha_s = T.alloc_shared([HB], "float32")
+                    l_s = T.alloc_shared([HB], "float32")
+                    m_s = T.alloc_shared([HB], "float32")
+                    pg_s = T.alloc_shared([NST, BI], "int32")
+                    off_s = T.alloc_shared([NST, BI], "int32")
+                    valid_s = T.alloc_shared([BI], "int32")
+                    nope_s = T.alloc_shared([NST, BI, NOPE], "float8_e4m3fn")
+                    rope_s = T.alloc_shared([NST, BI, ROPE], "bfloat16")
+                    scr_s = T.alloc_shared([NST, BI, 8], "uint8")
+                    acc_s = T.alloc_fragment([HB, BI], "float32")
+                    acc_b = T.alloc_fragment([HB, BI], "float32")
+                    acc_c = T.alloc_fragment([HB, BI], "float32")
+                    acc_d = T.alloc_fragment([HB, BI], "float32")
+                    acc_o = T.alloc_fragment([HB, D], "float32")
+                    st = T.alloc_local([2], "float32")
+                    rng = T.alloc_local([3], "int32")
+                    slot_r = T.alloc_local([NST + 1], "int32")  # [0]: the next tile's; all NST + 1 in the prologue
+                    tx = T.get_thread_binding()
 
-                load_q(q, q_s, t, hb)
-                T.clear(acc_o)
-                st[0] = neg_inf
-                st[1] = T.float32(0)
-                tile_range(lens1, lens2, t, split, rng)
-                fetch_slot(idx1, lens1, idx2, lens2, t, rng[1], rng, tx, slot_r)
-                # Tiles rng[1] .. rng[2]-1 of [list 1 tiles | list 2 tiles]; tile k+1's bytes load into registers
-                # during tile k's math, and tile k+2's slots with them. Every barrier is placed here (the pass
-                # that adds them sees all shared buffers as one and put seven inside the dequantize loop):
-                # B: sc_s / valid_s written; the previous PV is done with kv_s and p_s
-                # C: kv_s dequantized; pg_s / off_s of the next tile written
-                # D: the scores in s_s        E: p_s and alpha_s
-                for it in T.serial(rng[2] - rng[1] + 1):
-                    if it > 0:
-                        scales_valid(e_r, pg_s, valid_s, sc_s)
-                    T.sync_threads()  # B
-                    if it > 0:
-                        dequant_fp8(nope_r, rope_r, sc_s, kv_s)
-                    if rng[1] + it < rng[2]:
-                        if rng[1] + it < rng[0]:
-                            rows_fp8(slot_r, tx, P1, R1, pg_s, off_s, block_size1)
-                        else:
-                            rows_fp8(slot_r, tx, P2, R2, pg_s, off_s, block_size2)
-                        fetch_slot(idx1, lens1, idx2, lens2, t, rng[1] + it + 1, rng, tx, slot_r)
-                    T.sync_threads()  # C
-                    if rng[1] + it < rng[2]:
-                        if rng[1] + it < rng[0]:
-                            load_fp8(kvq1, kvs1, kvr1, pg_s, off_s, nope_r, rope_r, e_r, block_size1)
-                        else:
-                            load_fp8(kvq2, kvs2, kvr2, pg_s, off_s, nope_r, rope_r, e_r, block_size2)
-                    if it > 0:
+                    load_q(q, q_s, t, hb)
+                    T.clear(acc_o)
+                    st[0] = neg_inf
+                    st[1] = T.float32(0)
+                    tile_range(lens1, lens2, t, split, rng)
+                    # Tiles rng[1] .. rng[2]-1 of [list 1 tiles | list 2 tiles] pass through NST cp.async stages: tile
+                    # it + NST - 1 is issued as tile it is waited for, so NST - 1 tiles' bytes are in flight during a
+                    # tile's math. Rows (page, offset) are computed NST tiles ahead, slots one further.
+                    # the first NST + 1 tiles' slots load together (one index latency, not NST + 1 in a row)
+                    for s0 in T.unroll(NST + 1):
+                        fetch_slot_or_end(idx1, lens1, idx2, lens2, t, rng[1] + s0, rng, tx, slot_r, s0)
+                    for s0 in T.unroll(NST):
+                        rows_at(slot_r, s0, tx, rng[1] + s0, rng, s0, pg_s, off_s, block_size1, block_size2)
+                    slot_r[0] = slot_r[NST]
+                    T.sync_threads()
+                    for s0 in T.unroll(NST - 1):
+                        issue_at(rng[1] + s0, rng, s0, tx, kvq1, kvs1, kvr1, kvq2, kvs2, kvr2, block_size1, block_size2,
+                                 pg_s, off_s, nope_s, rope_s, scr_s)
+                    # Barriers: B: tile it's bytes are in shared memory (every thread's copies), the previous PV is done
+                    # with kv_s and p_s; C: kv_s dequantized, valid_s set; D, E inside attend_tile.
+                    for it in T.serial(rng[2] - rng[1]):
+                        issue_at(rng[1] + it + NST - 1, rng, (it + NST - 1) % NST, tx, kvq1, kvs1, kvr1, kvq2, kvs2, kvr2,
+                                 block_size1, block_size2, pg_s, off_s, nope_s, rope_s, scr_s)
+                        T.ptx_wait_group(NST - 1)
+                        T.sync_threads()  # B
+                        dequant_stage(nope_s, rope_s, scr_s, it % NST, kv_s)
+                        # the same thread reads row tx's validity and then writes the row NST tiles ahead in its place
+                        if tx < BI:
+                            valid_s[tx] = pg_s[it % NST, tx]
+                        rows_at(slot_r, 0, tx, rng[1] + it + NST, rng, it % NST, pg_s, off_s, block_size1, block_size2)
+                        fetch_slot_or_end(idx1, lens1, idx2, lens2, t, rng[1] + it + NST + 1, rng, tx, slot_r, 0)
+                        T.sync_threads()  # C
                         attend_tile(q_s, kv_s, acc_s, acc_b, acc_c, acc_d, s_s, valid_s, p_s, alpha_s, acc_o, st, tx)
-                finish(acc_o, st, l_s, m_s, tx, sink, out, o_part, lse_part, t, hb, split)
+                    T.ptx_wait_group(0)  # no copy outlives the CTA (an empty split issued its prologue too)
+                    finish(acc_o, st, l_s, m_s, tx, sink, out, o_part, lse_part, t, hb, split)
+            else:
+                with T.Kernel(num_tokens, NHB, S, threads=threads) as (t, hb, split):
+                    q_s = T.alloc_shared([HB, D], "bfloat16")
+                    kv_s = T.alloc_shared([BI, D], "bfloat16")
+                    p_s = T.alloc_shared([HB, BI], "bfloat16")
+                    s_s = T.alloc_shared([HB, BI + SPAD], "float32")
+                    alpha_s = T.alloc_shared([HB], "float32")
+                    l_s = T.alloc_shared([HB], "float32")
+                    m_s = T.alloc_shared([HB], "float32")
+                    pg_s = T.alloc_shared([BI], "int32")
+                    off_s = T.alloc_shared([BI], "int32")
+                    valid_s = T.alloc_shared([BI], "int32")
+                    sc_s = T.alloc_shared([BI, 8], "float32")
+                    nope_r = T.alloc_fragment([BI, NOPE], "float8_e4m3fn")
+                    rope_r = T.alloc_fragment([BI, ROPE], "bfloat16")
+                    e_r = T.alloc_fragment([BI, 8], "uint8")
+                    acc_s = T.alloc_fragment([HB, BI], "float32")
+                    acc_b = T.alloc_fragment([HB, BI], "float32")
+                    acc_c = T.alloc_fragment([HB, BI], "float32")
+                    acc_d = T.alloc_fragment([HB, BI], "float32")
+                    acc_o = T.alloc_fragment([HB, D], "float32")
+                    st = T.alloc_local([2], "float32")
+                    rng = T.alloc_local([3], "int32")
+                    slot_r = T.alloc_local([1], "int32")
+                    tx = T.get_thread_binding()
+
+                    load_q(q, q_s, t, hb)
+                    T.clear(acc_o)
+                    st[0] = neg_inf
+                    st[1] = T.float32(0)
+                    tile_range(lens1, lens2, t, split, rng)
+                    fetch_slot(idx1, lens1, idx2, lens2, t, rng[1], rng, tx, slot_r, 0)
+                    # Tiles rng[1] .. rng[2]-1 of [list 1 tiles | list 2 tiles]; tile k+1's bytes load into registers
+                    # during tile k's math, and tile k+2's slots with them. Every barrier is placed here (the pass
+                    # that adds them sees all shared buffers as one and put seven inside the dequantize loop):
+                    # B: sc_s / valid_s written; the previous PV is done with kv_s and p_s
+                    # C: kv_s dequantized; pg_s / off_s of the next tile written
+                    # D: the scores in s_s        E: p_s and alpha_s
+                    for it in T.serial(rng[2] - rng[1] + 1):
+                        if it > 0:
+                            scales_valid(e_r, pg_s, valid_s, sc_s)
+                        T.sync_threads()  # B
+                        if it > 0:
+                            dequant_fp8(nope_r, rope_r, sc_s, kv_s)
+                        if rng[1] + it < rng[2]:
+                            if rng[1] + it < rng[0]:
+                                rows_fp8(slot_r, tx, P1, R1, pg_s, off_s, block_size1)
+                            else:
+                                rows_fp8(slot_r, tx, P2, R2, pg_s, off_s, block_size2)
+                            fetch_slot(idx1, lens1, idx2, lens2, t, rng[1] + it + 1, rng, tx, slot_r, 0)
+                        T.sync_threads()  # C
+                        if rng[1] + it < rng[2]:
+                            if rng[1] + it < rng[0]:
+                                load_fp8(kvq1, kvs1, kvr1, pg_s, off_s, nope_r, rope_r, e_r, block_size1)
+                            else:
+                                load_fp8(kvq2, kvs2, kvr2, pg_s, off_s, nope_r, rope_r, e_r, block_size2)
+                        if it > 0:
+                            attend_tile(q_s, kv_s, acc_s, acc_b, acc_c, acc_d, s_s, valid_s, p_s, alpha_s, acc_o, st, tx)
+                    finish(acc_o, st, l_s, m_s, tx, sink, out, o_part, lse_part, t, hb, split)
 
         return sparse_mla_fwd
 
@@ -600,9 +761,16 @@ class SparseMlaSpec(KernelSpec):
         # 8 warps hide the gather's latency; a 16-row head block splits over 4 (mma.sync needs 16 rows x 8
         # columns per warp, and the 32-wide score tile has only 4 such column blocks)
         bi, threads = kv_tile(arch), 128 if hb == 16 else 256
-        per_sm = ctas_per_sm(arch, smem_bytes_for(hb, bi), threads)
+        # the split count as the ring would run; at 64 splits registers take over (their smaller footprint holds
+        # at least as many CTAs an SM, so the count stands)
+        ring = 2 if fmt == "fp8_ds_mla" else 0
+        per_sm = ctas_per_sm(arch, smem_bytes_for(hb, bi, ring), threads)
+        n_splits = num_splits(num_tokens, nhb, arch.num_sms_hint, per_sm)
+        stages = kv_stages(hb, bi, arch, n_splits) if fmt == "fp8_ds_mla" else 0
         params = {"heads": heads, "head_block": hb, "block_i": bi, "threads": threads, "kv_format": fmt,
-                  "n_splits": num_splits(num_tokens, nhb, arch.num_sms_hint, per_sm), "softmax_scale": scale}
+                  "n_splits": n_splits, "softmax_scale": scale}
+        if stages:
+            params["stages"] = stages
         return Variant.make(self.name, params, arch, schedule_name(arch))
 
     def build(self, variant: Variant):
@@ -610,7 +778,7 @@ class SparseMlaSpec(KernelSpec):
 
     def smem_bytes(self, variant: Variant) -> int:
         p = variant.p
-        return smem_bytes_for(p["head_block"], p["block_i"])
+        return smem_bytes_for(p["head_block"], p["block_i"], p.get("stages", 0))
 
     def pass_configs(self, variant: Variant) -> dict[str, Any]:
         return pass_configs_for(variant)
