@@ -114,6 +114,33 @@ def test_softmax_row_groups_fit_every_selected_variant_and_bad_ones_are_refused(
                                     n_splits=1, softmax_scale=SCALE)
 
 
+def test_fp8_gather_pipeline_choice_fits_and_registers_stay_only_for_one_token_64_head_ctas():
+    # the 1-stage cp.async ring wherever a CTA has tiles to pipeline and it fits (SM12x at 32 heads included:
+    # 91,648 B of 101,376); registers (stages absent) only at 64 heads a CTA with 64 splits
+    for arch in sorted(PROFILES):
+        prof = get_profile(arch)
+        for heads in (8, 16, 32, 64, 128):
+            for t in (1, 2, 8, 64, 4096):
+                v = FWD.select(prof, {"heads": heads, "softmax_scale": SCALE}, t)
+                p = v.p
+                assert FWD.smem_bytes(v) <= prof.max_smem_per_block
+                if p["head_block"] >= 64 and p["n_splits"] == 64:
+                    assert "stages" not in p
+                else:
+                    assert p["stages"] == 1, (arch, heads, t, p)
+                bf16 = FWD.select(prof, {"heads": heads, "softmax_scale": SCALE, "kv_format": "bf16"}, t).p
+                assert "stages" not in bf16
+    assert sparse_mla.smem_bytes_for(32, 32, 1) == 91_648
+    assert sparse_mla.smem_bytes_for(32, 32, 2) > get_profile("sm_120a").max_smem_per_block  # why one stage on SM12x
+    pytest.importorskip("tilelang")
+    with pytest.raises(ValueError, match="stages must be"):
+        sparse_mla.build_sparse_mla(heads=16, head_block=16, block_i=32, threads=128, kv_format="bf16", n_splits=1,
+                                    softmax_scale=SCALE, stages=1)
+    with pytest.raises(ValueError, match="stages must be"):
+        sparse_mla.build_sparse_mla(heads=16, head_block=16, block_i=32, threads=128, kv_format="fp8_ds_mla",
+                                    n_splits=1, softmax_scale=SCALE, stages=5)
+
+
 def test_ctas_per_sm_counts_registers_and_shared_memory():
     # 128 threads at 255 registers: two CTAs by registers; the 54 KB 16-head tile: four fit a Hopper SM's
     # shared memory, one an SM12x SM's (100 KB)

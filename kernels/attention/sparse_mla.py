@@ -30,17 +30,17 @@ Shared memory, per CTA:  2*512*(HB + BI)  Q and KV tiles (bf16)
                        + 4*HB*(BI + 4)    the scores (fp32, rows padded)
                        + 4*HB*3           per-row rescale, sum and max
   then, for the fp8 gather, one of two pipelines (`stages`, chosen by select):
-  - stages = 2, the cp.async ring: + 2*BI*(448 + 128 + 8 + 8) + 4*BI  two stages of a tile's raw bytes (NoPE,
-    RoPE, scales) and its rows' page and offset, and the validity of the tile in kv_s. The next tile's bytes
-    go global -> shared by cp.async with no register held, issued before the current tile is waited for, and
-    are dequantized from shared memory. 16 heads: 90,688 B (fits SM12x), 64 heads: 150,400 B (Hopper).
+  - stages >= 1, the cp.async ring: + stages*BI*(448 + 128 + 8 + 8) + 4*BI  a tile's raw bytes (NoPE, RoPE,
+    scales) and its rows' page and offset per stage, and the validity of the tile in kv_s. The bytes go
+    global -> shared by cp.async with no register held and are dequantized from shared memory. One stage
+    (select's): the next tile is issued once this one is dequantized out of the stage, and flies during its
+    math. 16 heads 71,744 B, 32 heads 91,648 B (both fit SM12x), 64 heads 131,456 B (Hopper).
   - stages = 0, through registers: + 4*BI*(3 + 8) page / offset / validity and 8 fp32 scales per row; tile
     k+1's bytes are loaded into registers (every load issued before any is used) while tile k is dequantized
-    and multiplied. SM12x at 32 heads (73,984 B: the ring's 110,592 B does not fit) and one-token steps
-    (64 splits, 0-2 tiles a CTA, where the ring's prologue cost more than it hid).
+    and multiplied. Kept for one-token steps at 64 heads on Hopper (64 splits, 0-2 tiles a CTA).
   The bf16 (prefill) kernel gathers through registers as stages = 0 does.
-SM12x: HB <= 32, BI = 32, 256 threads at 32 heads (registers); 16 heads, 128 threads (the ring); H = 64 runs as 2
-head blocks (the public one-CTA-per-64-heads tiling needs 141,312 B, which SM120 cannot launch).
+SM12x: HB <= 32, BI = 32, 256 threads (16 heads: 128); H = 64 runs as 2 head blocks (the public
+one-CTA-per-64-heads tiling needs 141,312 B, which SM120 cannot launch).
 sm_90a / sm_100a: HB = 64 (one CTA reads a candidate tile for all 64 heads), BI = 32.
 
 Every barrier is explicit, four per tile (TileLang's automatic ones were ~36: a block-wide reduction per row held
@@ -110,15 +110,16 @@ def kv_tile(arch: ArchProfile) -> int:
 
 
 def kv_stages(hb: int, bi: int, arch: ArchProfile, n_splits: int) -> int:
-    """The fp8 gather's pipeline: a 2-stage cp.async ring where it fits the block's shared memory and a CTA has
-    tiles to pipeline, else 0 (tile k+1 prefetched through registers). H100, 2026-11-24 (ab sweep, 4 input sets
-    a graph, 256K context): the ring beat registers by 9-20% at 64 tokens and matched or beat them at 8; at 64
-    splits (one token: 0-2 tiles a CTA) registers were 1-2 us faster. 3 stages were 8-25% slower than 2 and 4
-    slower still. SM12x at 32 heads a CTA: the ring (110,592 B) does not fit; 4 CTAs of 16 heads with it were
-    40% slower at 8 tokens on the 256K list than 2 of 32 heads with registers."""
-    if n_splits >= SPLITS[-1]:
+    """The fp8 gather's pipeline: a 1-stage cp.async ring (the next tile's bytes go global -> shared while this
+    tile is multiplied, no register held), or 0: through registers. H100, 2026-11-24 (ab/sweep, 4 input sets a
+    graph, 256K context, every point below within 1 us or better): the ring beat registers by 9-20% at 64 tokens
+    (SM120 schedule at 32 heads a CTA: 255.7 -> 223.5 us on the ratio-128 list, 82.5 -> 73.1 on ratio 4) and by up
+    to 10% at 8; one stage matched or beat two (issued before the current tile is waited for) at every point, and
+    three were 8-25% slower than two. Registers stay where a CTA has almost nothing to pipeline and 64 heads fill
+    its registers: one-token steps on Hopper (64 splits, 0-2 tiles a CTA; 1.8 us faster)."""
+    if hb >= 64 and n_splits >= SPLITS[-1]:
         return 0
-    return 2 if smem_bytes_for(hb, bi, 2) <= arch.max_smem_per_block else 0
+    return 1 if smem_bytes_for(hb, bi, 1) <= arch.max_smem_per_block else 0
 
 
 def ctas_per_sm(arch: ArchProfile, smem: int, threads: int) -> int:
@@ -159,8 +160,8 @@ def build_sparse_mla(heads: int, head_block: int, block_i: int, threads: int, kv
     import tilelang.language as T
 
     H, HB, BI, S, NST = heads, head_block, block_i, n_splits, stages
-    if stages not in (0, 2, 3, 4) or stages and kv_format != "fp8_ds_mla":
-        raise ValueError(f"sparse_mla: stages must be 0 (registers) or 2..4 (the fp8_ds_mla cp.async ring), got "
+    if stages not in (0, 1, 2, 3, 4) or stages and kv_format != "fp8_ds_mla":
+        raise ValueError(f"sparse_mla: stages must be 0 (registers) or 1..4 (the fp8_ds_mla cp.async ring), got "
                          f"{stages} for {kv_format}")
     if threads % HB or not 1 <= threads // HB <= 32 or BI % (threads // HB) or threads & (threads - 1):
         raise ValueError(f"sparse_mla: {threads} threads cannot share {HB} head rows of {BI} scores evenly "
@@ -503,9 +504,11 @@ def build_sparse_mla(heads: int, head_block: int, block_i: int, threads: int, kv
                     st[0] = neg_inf
                     st[1] = T.float32(0)
                     tile_range(lens1, lens2, t, split, rng)
-                    # Tiles rng[1] .. rng[2]-1 of [list 1 tiles | list 2 tiles] pass through NST cp.async stages: tile
-                    # it + NST - 1 is issued as tile it is waited for, so NST - 1 tiles' bytes are in flight during a
-                    # tile's math. Rows (page, offset) are computed NST tiles ahead, slots one further.
+                    # Tiles rng[1] .. rng[2]-1 of [list 1 tiles | list 2 tiles] pass through NST cp.async stages. With
+                    # NST >= 2, tile it + NST - 1 is issued before tile it is waited for (NST - 1 tiles' bytes in flight
+                    # during its wait, dequantize and math); with one stage, tile it + 1 is issued once tile it is
+                    # dequantized out of the stage (in flight during its math only, as the register path's loads).
+                    # Rows (page, offset) are computed NST tiles ahead, slots one further.
                     # the first NST + 1 tiles' slots load together (one index latency, not NST + 1 in a row)
                     for s0 in T.unroll(NST + 1):
                         fetch_slot_or_end(idx1, lens1, idx2, lens2, t, rng[1] + s0, rng, tx, slot_r, s0)
@@ -513,14 +516,15 @@ def build_sparse_mla(heads: int, head_block: int, block_i: int, threads: int, kv
                         rows_at(slot_r, s0, tx, rng[1] + s0, rng, s0, pg_s, off_s, block_size1, block_size2)
                     slot_r[0] = slot_r[NST]
                     T.sync_threads()
-                    for s0 in T.unroll(NST - 1):
+                    for s0 in T.unroll(max(1, NST - 1)):
                         issue_at(rng[1] + s0, rng, s0, tx, kvq1, kvs1, kvr1, kvq2, kvs2, kvr2, block_size1, block_size2,
                                  pg_s, off_s, nope_s, rope_s, scr_s)
                     # Barriers: B: tile it's bytes are in shared memory (every thread's copies), the previous PV is done
                     # with kv_s and p_s; C: kv_s dequantized, valid_s set; D, E inside attend_tile.
                     for it in T.serial(rng[2] - rng[1]):
-                        issue_at(rng[1] + it + NST - 1, rng, (it + NST - 1) % NST, tx, kvq1, kvs1, kvr1, kvq2, kvs2, kvr2,
-                                 block_size1, block_size2, pg_s, off_s, nope_s, rope_s, scr_s)
+                        if NST > 1:
+                            issue_at(rng[1] + it + NST - 1, rng, (it + NST - 1) % NST, tx, kvq1, kvs1, kvr1, kvq2, kvs2,
+                                     kvr2, block_size1, block_size2, pg_s, off_s, nope_s, rope_s, scr_s)
                         T.ptx_wait_group(NST - 1)
                         T.sync_threads()  # B
                         dequant_stage(nope_s, rope_s, scr_s, it % NST, kv_s)
@@ -530,6 +534,9 @@ def build_sparse_mla(heads: int, head_block: int, block_i: int, threads: int, kv
                         rows_at(slot_r, 0, tx, rng[1] + it + NST, rng, it % NST, pg_s, off_s, block_size1, block_size2)
                         fetch_slot_or_end(idx1, lens1, idx2, lens2, t, rng[1] + it + NST + 1, rng, tx, slot_r, 0)
                         T.sync_threads()  # C
+                        if NST == 1:
+                            issue_at(rng[1] + it + 1, rng, 0, tx, kvq1, kvs1, kvr1, kvq2, kvs2, kvr2, block_size1,
+                                     block_size2, pg_s, off_s, nope_s, rope_s, scr_s)
                         attend_tile(q_s, kv_s, acc_s, acc_b, acc_c, acc_d, s_s, valid_s, p_s, alpha_s, acc_o, st, tx)
                     T.ptx_wait_group(0)  # no copy outlives the CTA (an empty split issued its prologue too)
                     finish(acc_o, st, l_s, m_s, tx, sink, out, o_part, lse_part, t, hb, split)
@@ -662,7 +669,9 @@ def build_sparse_mla(heads: int, head_block: int, block_i: int, threads: int, kv
 def build_combine(heads: int, n_splits: int, head_block: int, threads: int):
     """out[t, h] = sum_s 2^lse_s o_s / (sum_s 2^lse_s + e^sink[h]), in log2 units against the max.
     A split with no candidate (lse = -inf) wrote no partial O and is not read: with 64 splits of a short list
-    most are empty."""
+    most are empty. Programmatic dependent launch (this kernel launched behind the forward one, which triggers
+    past its tile loop) was tried and not kept: 0.5-1.2 us faster at one token, but the SM120 schedule's 16-head
+    CTAs at 64 tokens went 106.7 -> 126.9 us on the 256K list (H100, 2026-11-24)."""
     import tilelang.language as T
 
     H, S, HC = heads, n_splits, head_block
@@ -761,9 +770,9 @@ class SparseMlaSpec(KernelSpec):
         # 8 warps hide the gather's latency; a 16-row head block splits over 4 (mma.sync needs 16 rows x 8
         # columns per warp, and the 32-wide score tile has only 4 such column blocks)
         bi, threads = kv_tile(arch), 128 if hb == 16 else 256
-        # the split count as the ring would run; at 64 splits registers take over (their smaller footprint holds
-        # at least as many CTAs an SM, so the count stands)
-        ring = 2 if fmt == "fp8_ds_mla" else 0
+        # the split count as the ring would run; where registers take over, their footprint holds at least as
+        # many CTAs an SM (the count stands)
+        ring = 1 if fmt == "fp8_ds_mla" else 0
         per_sm = ctas_per_sm(arch, smem_bytes_for(hb, bi, ring), threads)
         n_splits = num_splits(num_tokens, nhb, arch.num_sms_hint, per_sm)
         stages = kv_stages(hb, bi, arch, n_splits) if fmt == "fp8_ds_mla" else 0
