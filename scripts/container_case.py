@@ -6,6 +6,9 @@ forbidden (seal "error" before the first call). Passes only with zero compiles a
 
 --gemm-model also runs every FP8 GEMM shape of that model (TP 1) at token counts 1..--gemm-sweep and a few
 prefill sizes, checking numerics at some of them: a bundle built by `dsv4-jit warmup --family mhc,gemm`.
+--attention-model runs the model's sparse MLA decode (fp8_ds_mla cache, SWA + compressed lists) and prefill
+(gathered bf16 KV) at TP 1 for every token count 1..--attention-sweep, checking numerics at some of them: a bundle
+with the attention family.
 """
 from __future__ import annotations
 
@@ -24,6 +27,9 @@ def main() -> int:
     ap.add_argument("--sweep", type=int, default=8192, help="launch every op at every T in 1..N")
     ap.add_argument("--gemm-model", default=None, help="also run this model's FP8 GEMMs (bundle with the gemm family)")
     ap.add_argument("--gemm-sweep", type=int, default=300, help="GEMM token counts 1..N, then prefill sizes")
+    ap.add_argument("--attention-model", default=None,
+                    help="also run this model's sparse MLA decode and prefill (bundle with the attention family)")
+    ap.add_argument("--attention-sweep", type=int, default=300, help="attention token counts 1..N")
     args = ap.parse_args()
     import dsv4_jit
     from dsv4_jit.cache_tools.bundle import import_bundle
@@ -76,6 +82,8 @@ def main() -> int:
           f"compiles so far {dsv4_jit.counters()['compiles']}")
     if args.gemm_model:
         worst = max(worst, gemm_sweep(args.gemm_model, args.gemm_sweep))
+    if args.attention_model:
+        worst = max(worst, attention_sweep(args.attention_model, args.attention_sweep))
     c = dsv4_jit.counters()
     print(json.dumps({"tokens": args.tokens, "sweep": args.sweep, "max_rel_err": worst, "counters": {k: c[k] for k in ("hits", "loads", "compiles")}}))
     ok = c["compiles"] == 0 and worst < 2e-2
@@ -109,6 +117,49 @@ def gemm_sweep(model_name: str, t_max: int) -> float:
                 worst = max(worst, err)
     torch.cuda.synchronize()
     print(f"gemm sweep: {len(shapes)} {model_name} shapes x {len(tokens)} token counts in "
+          f"{time.perf_counter() - t0:.1f} s, worst per-token error {worst:.2e}, "
+          f"compiles so far {dsv4_jit.counters()['compiles']}")
+    return worst
+
+
+def attention_sweep(model_name: str, t_max: int) -> float:
+    """Sparse MLA decode and prefill of the model at TP 1 (its heads, its scale) at every T in 1..t_max, under the
+    seal: every split count and gather pipeline select can pick. Per-token error against float64 at a few T."""
+    import dsv4_jit
+    from dsv4_jit.model_config import load_model_config
+    from dsv4_jit.kernels.attention import reference as aref
+
+    m = load_model_config(model_name)
+    heads, scale, d = m.num_attention_heads, m.head_dim ** -0.5, 512
+    g = torch.Generator(device="cuda").manual_seed(3)
+    bs, n1, n2, rows = 64, m.sliding_window, m.index_topk, 4096
+    pages = rows // bs
+    kv = torch.randn(rows, d, device="cuda", generator=g) * torch.exp(torch.rand(rows, 1, device="cuda", generator=g) - 0.5)
+    cache = aref.pack_fp8_ds_mla(kv, torch.arange(rows, device="cuda"), pages, bs)
+    unpacked = aref.unpack_fp8_ds_mla(cache, bs)
+    kv_bf16 = kv.to(torch.bfloat16)
+    q_all = (torch.randn(t_max, heads, d, device="cuda", generator=g) * 2).to(torch.bfloat16)
+    idx1_all = torch.randint(0, rows, (t_max, n1), device="cuda", generator=g, dtype=torch.int32)
+    idx2_all = torch.randint(0, rows, (t_max, n2), device="cuda", generator=g, dtype=torch.int32)
+    len1_all = torch.randint(1, n1 + 1, (t_max,), device="cuda", generator=g, dtype=torch.int32)
+    len2_all = torch.randint(0, n2 + 1, (t_max,), device="cuda", generator=g, dtype=torch.int32)
+    sink = torch.randn(heads, device="cuda", generator=g)
+    checked = {1, 2, 8, 24, 64, 192, t_max}
+    worst = 0.0
+    t0 = time.perf_counter()
+    for t in range(1, t_max + 1):
+        q, i1, i2, l1, l2 = q_all[:t], idx1_all[:t], idx2_all[:t], len1_all[:t], len2_all[:t]
+        dec = dsv4_jit.sparse_mla_decode(q, cache, i1, l1, sink, block_size=bs, extra_kv_cache=cache,
+                                         extra_indices=i2, extra_lengths=l2, extra_block_size=bs, softmax_scale=scale)
+        pre = dsv4_jit.sparse_mla_prefill(q, kv_bf16, i1, l1, sink, extra_kv=kv_bf16, extra_indices=i2,
+                                          extra_lengths=l2, softmax_scale=scale)
+        if t in checked:
+            for got, src in ((dec, unpacked), (pre, kv_bf16.float())):
+                ref = aref.ref_sparse_mla(q, src, i1, l1, src, i2, l2, sink, scale)
+                err = ((got.double() - ref).flatten(1).norm(dim=1) / ref.flatten(1).norm(dim=1).clamp_min(1e-30)).max()
+                worst = max(worst, err.item())
+    torch.cuda.synchronize()
+    print(f"attention sweep: {model_name} ({heads} heads) decode + prefill x {t_max} token counts in "
           f"{time.perf_counter() - t0:.1f} s, worst per-token error {worst:.2e}, "
           f"compiles so far {dsv4_jit.counters()['compiles']}")
     return worst
