@@ -189,6 +189,15 @@ def build_sparse_mla(heads: int, head_block: int, block_i: int, threads: int, kv
         else:
             T.copy(q[t, hb * HB:(hb + 1) * HB, :], q_s)
 
+    @T.macro
+    def load_q_async(q, q_s, t, hb):
+        # the ring kernel: q by cp.async in its own commit group, so its DRAM round trip overlaps the length,
+        # index and first tile loads; the first wait for a tile waits for it too (groups complete in order)
+        if pad_heads:
+            load_q(q, q_s, t, hb)
+        else:
+            T.async_copy(q[t, hb * HB:(hb + 1) * HB, :], q_s)
+
     NACC = 2 if HB >= 64 else 4  # score accumulators (registers: 255 a thread at HB = 64 already)
     QK_SLICE = 64
     TPR = threads // HB          # threads per head row in the softmax
@@ -499,7 +508,7 @@ def build_sparse_mla(heads: int, head_block: int, block_i: int, threads: int, kv
                     slot_r = T.alloc_local([NST + 1], "int32")  # [0]: the next tile's; all NST + 1 in the prologue
                     tx = T.get_thread_binding()
 
-                    load_q(q, q_s, t, hb)
+                    load_q_async(q, q_s, t, hb)
                     T.clear(acc_o)
                     st[0] = neg_inf
                     st[1] = T.float32(0)
