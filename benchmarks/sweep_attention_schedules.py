@@ -56,14 +56,23 @@ def run_variant(prof, v: Variant, p: dict, scale: float, out: torch.Tensor):
     return f
 
 
+def fwd_params(heads: int, hb: int, bi: int, thr: int, s: int, scale: float, stages: int) -> dict:
+    """A hand-built forward variant's params, spelled as select spells them (no `stages` key for the register
+    path), so the selected candidate is recognised."""
+    p = {"heads": heads, "head_block": hb, "block_i": bi, "threads": thr, "kv_format": "fp8_ds_mla", "n_splits": s,
+         "softmax_scale": scale}
+    if stages:
+        p["stages"] = stages
+    return p
+
+
 def precompile(prof, scale: float, args) -> None:
     """Every candidate forward (and its combine) into the store, in parallel."""
     from concurrent.futures import ProcessPoolExecutor
     jobs = []
     for heads, hb, bi, thr, s, ns in itertools.product(args.heads, args.head_blocks, args.block_i, args.threads,
                                                       args.splits, args.stages):
-        params = {"heads": heads, "head_block": hb, "block_i": bi, "threads": thr, "kv_format": "fp8_ds_mla",
-                  "n_splits": s, "softmax_scale": scale, "stages": ns}
+        params = fwd_params(heads, hb, bi, thr, s, scale, ns)
         v = Variant.make(FWD.name, params, prof, prof.schedule)
         if hb > 2 * heads and hb > 16 or FWD.smem_bytes(v) > prof.max_smem_per_block:
             continue
@@ -88,7 +97,8 @@ def main() -> int:
     ap.add_argument("--block-i", type=int, nargs="+", default=[32, 64])
     ap.add_argument("--threads", type=int, nargs="+", default=[128, 256])
     ap.add_argument("--splits", type=int, nargs="+", default=[1, 2, 4, 8, 16])
-    ap.add_argument("--stages", type=int, nargs="+", default=[2, 3], help="cp.async stages of the fp8 gather")
+    ap.add_argument("--stages", type=int, nargs="+", default=[0, 1],
+                    help="the fp8 gather: 0 = through registers, 1-4 = cp.async stages")
     ap.add_argument("--ratios", type=int, nargs="+", default=None, help="several layer kinds (overrides --ratio)")
     ap.add_argument("-j", "--jobs", type=int, default=1,
                     help="compile every candidate first in this many processes (the store's per-key locks make "
@@ -115,8 +125,7 @@ def main() -> int:
         picked = FWD.select(prof, ops._static(heads, scale, "fp8_ds_mla"), batch)
         for hb, bi, thr, s, ns in itertools.product(args.head_blocks, args.block_i, args.threads, args.splits,
                                                     args.stages):
-            params = {"heads": heads, "head_block": hb, "block_i": bi, "threads": thr, "kv_format": "fp8_ds_mla",
-                      "n_splits": s, "softmax_scale": scale, "stages": ns}
+            params = fwd_params(heads, hb, bi, thr, s, scale, ns)
             v = Variant.make(FWD.name, params, prof, prof.schedule)
             row = {"heads": heads, "batch": batch, "ratio": ratio, "ctx": args.ctx, "variant": v.name,
                    "selected": v == picked}

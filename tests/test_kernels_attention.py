@@ -142,8 +142,8 @@ def test_fp8_gather_pipeline_choice_fits_and_registers_stay_only_for_one_token_6
 
 
 def test_ctas_per_sm_counts_registers_and_shared_memory():
-    # 128 threads at 255 registers: two CTAs by registers; the 54 KB 16-head tile: four fit a Hopper SM's
-    # shared memory, one an SM12x SM's (100 KB)
+    # 128 threads at 255 registers: two CTAs by registers; the 72 KB 16-head tile (the cp.async stage): three fit
+    # a Hopper SM's shared memory, one an SM12x SM's (100 KB)
     v16 = FWD.select(get_profile("sm_90a"), {"heads": 16, "softmax_scale": SCALE}, 64)
     assert (v16.p["head_block"], v16.p["threads"]) == (16, 128)
     assert sparse_mla.ctas_per_sm(get_profile("sm_90a"), FWD.smem_bytes(v16), 128) == 2

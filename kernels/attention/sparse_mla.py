@@ -286,13 +286,18 @@ def build_sparse_mla(heads: int, head_block: int, block_i: int, threads: int, kv
                                            idx2[t, T.max(T.min((g - rng[0]) * BI + tx, n2 - 1), 0)], -1)
 
     @T.macro
-    def rows_fp8(slot_r, tx, pages, rows, pg_s, off_s, bs):
-        # one thread per tile row: slot -> (page, offset), -1 for a hole / past the length / outside the cache
+    def rows_fp8(slot_r, k, tx, pages, rows, st, pg_s, off_s, bs):
+        # one thread per tile row: slot_r[k] -> (page, offset), -1 for a hole / past the length / outside the
+        # cache; into stage st of the ring's page / offset buffers, or (st None) the register path's one row each
         if tx < BI:
-            slot = slot_r[0]
+            slot = slot_r[k]
             ok = (slot >= 0) and (slot < pages * bs) and (bs > 0) and (rows * 16 >= bs * (TOKEN_BYTES + SCALE_BYTES))
-            pg_s[tx] = T.if_then_else(ok, slot // T.max(bs, 1), -1)
-            off_s[tx] = T.if_then_else(ok, slot % T.max(bs, 1), 0)
+            if st is None:
+                pg_s[tx] = T.if_then_else(ok, slot // T.max(bs, 1), -1)
+                off_s[tx] = T.if_then_else(ok, slot % T.max(bs, 1), 0)
+            else:
+                pg_s[st, tx] = T.if_then_else(ok, slot // T.max(bs, 1), -1)
+                off_s[st, tx] = T.if_then_else(ok, slot % T.max(bs, 1), 0)
 
     @T.macro
     def load_fp8(kvq, kvs, kvr, pg_s, off_s, nope_r, rope_r, e_r, bs):
@@ -343,21 +348,12 @@ def build_sparse_mla(heads: int, head_block: int, block_i: int, threads: int, kv
         fetch_slot(idx1, lens1, idx2, lens2, t, g, rng, tx, slot_r, k)
 
     @T.macro
-    def rows_staged(slot_r, k, tx, pages, rows, st, pg_s, off_s, bs):
-        # one thread per tile row: slot_r[k] -> (page, offset) in stage st of the ring, -1 for a hole / past
-        # the length / outside the cache
-        if tx < BI:
-            slot = slot_r[k]
-            ok = (slot >= 0) and (slot < pages * bs) and (bs > 0) and (rows * 16 >= bs * (TOKEN_BYTES + SCALE_BYTES))
-            pg_s[st, tx] = T.if_then_else(ok, slot // T.max(bs, 1), -1)
-            off_s[st, tx] = T.if_then_else(ok, slot % T.max(bs, 1), 0)
-
-    @T.macro
     def rows_at(slot_r, k, tx, g, rng, st, pg_s, off_s, bs1, bs2):
+        # rows_fp8 from the cache of the list tile g belongs to
         if g < rng[0]:
-            rows_staged(slot_r, k, tx, P1, R1, st, pg_s, off_s, bs1)
+            rows_fp8(slot_r, k, tx, P1, R1, st, pg_s, off_s, bs1)
         else:
-            rows_staged(slot_r, k, tx, P2, R2, st, pg_s, off_s, bs2)
+            rows_fp8(slot_r, k, tx, P2, R2, st, pg_s, off_s, bs2)
 
     @T.macro
     def issue_fp8(kvq, kvs, kvr, bs, st, tx, pg_s, off_s, nope_s, rope_s, scr_s):
@@ -594,10 +590,7 @@ def build_sparse_mla(heads: int, head_block: int, block_i: int, threads: int, kv
                         if it > 0:
                             dequant_fp8(nope_r, rope_r, sc_s, kv_s)
                         if rng[1] + it < rng[2]:
-                            if rng[1] + it < rng[0]:
-                                rows_fp8(slot_r, tx, P1, R1, pg_s, off_s, block_size1)
-                            else:
-                                rows_fp8(slot_r, tx, P2, R2, pg_s, off_s, block_size2)
+                            rows_at(slot_r, 0, tx, rng[1] + it, rng, None, pg_s, off_s, block_size1, block_size2)
                             fetch_slot(idx1, lens1, idx2, lens2, t, rng[1] + it + 1, rng, tx, slot_r, 0)
                         T.sync_threads()  # C
                         if rng[1] + it < rng[2]:
