@@ -23,7 +23,10 @@ status=0
 STEPS=${STEPS:-"container warm tests bench_mhc bench_attention bench_indexer bench_gemm bench_moe plugin warm_load host"}
 step() { case " $STEPS " in *" $1 "*) return 0;; *) return 1;; esac; }
 run() { local log=$1; shift; "$@" 2>&1 | tee "$OUT/$log.log"; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1; }
-if step container && [ -n "$bundle" ]; then run container_case python3 scripts/container_case.py "$bundle"; fi
+# CONTAINER_ARGS adds families to the container case, e.g. "--gemm-model deepseek-v4-flash --attention-model
+# deepseek-v4-flash" for a bundle built with `dsv4-jit warmup --family mhc,gemm,attention`
+# shellcheck disable=SC2086
+if step container && [ -n "$bundle" ]; then run container_case python3 scripts/container_case.py "$bundle" ${CONTAINER_ARGS:-}; fi
 step warm && run warm python3 scripts/build_gpu_bundle.py /tmp/dsv4-gpu-pass-bundle.tar.gz -j "$(nproc)"
 if step tests; then
   export DSV4_JIT_GPU_REPORT="$OUT/gpu_cases.jsonl"
