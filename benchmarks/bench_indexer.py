@@ -13,6 +13,11 @@ small contexts are not served from L2 across repeated calls; a step that cannot 
   vllm logits / vllm +topk   vLLM 0.33's Triton paged MQA logits (its ROCm path) + its torch top-k
                              (benchmarks/peer_vllm_indexer.py; NOT what vLLM runs on SM12x: DeepGEMM SM120 +
                              persistent_topk). Missing peer: the reason is printed and the column is empty.
+  ours logits/L, +topk/L      per layer: one CUDA graph runs ours over --layers (default 8) distinct input sets
+                             (caches, tables, q, outputs), as a decode step's successive ratio-4 layers do, L2
+                             flushed before each replay, graph time / layers. The one-call columns carry the
+                             replay's launch latency (~5 us for a 1-element kernel on the H100) once per call;
+                             these carry it once per graph. GB/s and %copy use logits/L.
 The logits width is sized for the largest context (65,536 + 64 columns) in every row, as a CUDA graph
 captured for max_model_len would be: rows at 8K context show the early exit past each request's length.
 
@@ -80,8 +85,13 @@ def main() -> None:
     ap.add_argument("--contexts", type=int, nargs="+", default=[8192, 65536, 262144])
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 8, 64])
     ap.add_argument("--arch", default=None, help="schedule to run: native (default) or sm_120a (emulated)")
+    ap.add_argument("--layers", type=int, default=8,
+                    help="distinct input sets per timed graph for the per-layer columns (1: one-call columns only)")
+    ap.add_argument("--no-torch", action="store_true", help="skip the torch baseline columns (the slowest to time)")
     ap.add_argument("--out", default="bench_out/indexer.json")
     args = ap.parse_args()
+    if args.layers < 1:
+        ap.error("--layers must be >= 1")
 
     import dsv4_jit
     from dsv4_jit.arch import detect_arch, get_profile
@@ -99,7 +109,8 @@ def main() -> None:
     g = torch.Generator(device="cuda").manual_seed(0)
     bw = copy_bandwidth_gbs()
     rows = []
-    hdr = (f"{'ctx':>7} {'B':>3} {'ours logits':>11} {'ours topk':>9} {'ours +topk':>10} {'GB/s':>7} {'%copy':>6} "
+    hdr = (f"{'ctx':>7} {'B':>3} {'ours logits':>11} {'ours topk':>9} {'ours +topk':>10} {'logits/L':>8} {'+topk/L':>7} "
+           f"{'GB/s':>7} {'%copy':>6} "
            f"{'torch logits':>12} {'torch +topk':>11} {'vllm logits':>11} {'vllm +topk':>10}")
     print(f"{torch.cuda.get_device_name()}; schedule {arch.schedule} on {arch.name}; copy bandwidth {bw:,.0f} GB/s")
     print(hdr)
@@ -117,9 +128,36 @@ def main() -> None:
                                                                arch=arch, out=(idx, lens)))
             ours_t, r2 = cold_us(lambda: dsv4_jit.indexer_decode_topk(*args_, topk=TOPK, workspace=(lg, info),
                                                                                 out=(idx, lens), **kw))
+            per_l = per_t = None
+            if args.layers > 1:
+                # every layer its own inputs and outputs: each call reads its own index-K, none is served from L2
+                sets = [(args_, lg, info, idx, lens)]
+                for _ in range(args.layers - 1):
+                    dl = make_inputs(b, ctx, width, g)
+                    sets.append(((dl["q"], dl["q_scale"], dl["weights"], dl["kv_cache"], dl["seq_lens"], dl["block_table"]),
+                                 torch.empty_like(lg), torch.empty_like(info), torch.empty_like(idx), torch.empty_like(lens)))
+
+                def all_logits():
+                    for a, lg_, info_, _, _ in sets:
+                        dsv4_jit.indexer_decode_logits(*a, out=lg_, row_info=info_, **kw)
+
+                def all_steps():
+                    for a, lg_, info_, idx_, lens_ in sets:
+                        dsv4_jit.indexer_decode_topk(*a, topk=TOPK, workspace=(lg_, info_), out=(idx_, lens_), **kw)
+                many_l, r4 = graph_us_or_reason(all_logits, reps=1)
+                many_t, r5 = graph_us_or_reason(all_steps, reps=1)
+                per_l = None if many_l is None else many_l / len(sets)
+                per_t = None if many_t is None else many_t / len(sets)
+                # the layers' answers are the same op's: check the last set's top-k like the first's
+                a, lg_, info_, idx_, lens_ = sets[-1]
+                if many_t is not None and not torch.equal(lens_, torch.clamp(info_[:, 1] - info_[:, 0], max=TOPK)):
+                    raise RuntimeError("per-layer run: top-k lengths disagree with row_info")
+                sets = None
             tl = torch.empty_like(lg)
-            t_l, _ = cold_us(lambda: torch_logits(d, tl))
-            t_t, _ = cold_us(lambda: torch.topk(torch_logits(d, tl), TOPK, dim=1))
+            t_l = t_t = None
+            if not args.no_torch:
+                t_l, _ = cold_us(lambda: torch_logits(d, tl))
+                t_t, _ = cold_us(lambda: torch.topk(torch_logits(d, tl), TOPK, dim=1))
             v_l = v_t = None
             v_reason = peer_reason
             if peer is not None:
@@ -132,21 +170,26 @@ def main() -> None:
                 except Exception as e:
                     v_reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]
             kbytes = b * d["comp"] * (DIM + 4)
-            gbs = kbytes / (ours_l * 1e-6) / 1e9 if ours_l else None
+            t_bw = per_l if per_l else ours_l
+            gbs = kbytes / (t_bw * 1e-6) / 1e9 if t_bw else None
             row = {"ctx": ctx, "compressed": d["comp"], "batch": b, "width": width, "index_k_bytes": kbytes,
-                   "ours_logits_us": ours_l, "ours_topk_us": ours_k, "ours_logits_topk_us": ours_t, "ours_gbs": gbs,
+                   "ours_logits_us": ours_l, "ours_topk_us": ours_k, "ours_logits_topk_us": ours_t, "layers": args.layers,
+                   "ours_logits_per_layer_us": per_l, "ours_logits_topk_per_layer_us": per_t, "ours_gbs": gbs,
                    "ours_pct_copy": (100 * gbs / bw) if gbs else None, "torch_logits_us": t_l, "torch_logits_topk_us": t_t,
                    "vllm_logits_us": v_l, "vllm_logits_topk_us": v_t,
                    "notes": [r for r in (r1, r3, r2, v_reason) if r]}
+            if args.layers > 1:
+                row["notes"] += [r for r in (r4, r5) if r]
             rows.append(row)
             f = lambda x, w_=10: f"{x:>{w_}.1f}" if isinstance(x, float) else f"{'-':>{w_}}"  # noqa: E731
-            print(f"{ctx:>7} {b:>3} {f(ours_l, 11)} {f(ours_k, 9)} {f(ours_t)} {f(gbs, 7)} {f(row['ours_pct_copy'], 6)} "
+            print(f"{ctx:>7} {b:>3} {f(ours_l, 11)} {f(ours_k, 9)} {f(ours_t)} {f(per_l, 8)} {f(per_t, 7)} {f(gbs, 7)} {f(row['ours_pct_copy'], 6)} "
                   f"{f(t_l, 12)} {f(t_t, 11)} {f(v_l, 11)} {f(v_t)}")
             del d
             torch.cuda.empty_cache()
     if peer_reason:
         print(f"\nvLLM peer unavailable: {peer_reason}")
-    print("\nGB/s, %copy: index-K bytes (batch x ctx/4 x 132 B) / ours logits time, vs the copy bandwidth above. "
+    print("\nGB/s, %copy: index-K bytes (batch x ctx/4 x 132 B) / ours logits time per layer (one call where "
+          "--layers 1), vs the copy bandwidth above. "
           "vLLM columns: its ROCm-path Triton logits + torch top-k, not its SM12x path (see peer_vllm_indexer.py).")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
