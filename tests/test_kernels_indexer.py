@@ -207,6 +207,16 @@ def test_sm120_shared_memory_figures():
     assert max(got.values()) <= 101_376
 
 
+def test_hopper_logits_shared_memory():
+    """Hopper's f16 form: q as f16, 2 fp8 stages and their scales, then the f16 K tile at a 1,024-byte boundary
+    (WGMMA's swizzled operand). Four CTAs (and their 1 KB reserves) fit the 233,472 B an SM has."""
+    spec = get_spec("indexer_decode_logits")
+    v = spec.select(get_profile("sm_90a"), ops.decode_static(64, 128, 1, 64), 8)
+    used = 16_384 + 2 * (8_192 + 256)
+    assert spec.smem_bytes(v) == -(-used // 1024) * 1024 + 16_384 == 50_176
+    assert 4 * (spec.smem_bytes(v) + 1024) <= 233_472
+
+
 def test_logits_variant_is_one_per_static():
     """Context length, batch and token count never enter the logits select: the grid's column width follows the
     token count at launch (ceil(target CTAs / groups)), so one variant serves every batch and a new context never
@@ -214,11 +224,13 @@ def test_logits_variant_is_one_per_static():
     from dsv4_jit.kernels.indexer.logits import CTAS_PER_SM
     spec = get_spec("indexer_decode_logits")
     st = ops.decode_static(64, 128, 2, 64)
-    for arch in ("sm_120a", "sm_90a"):
+    # SM12x: fp8 mma.sync, 3 stages; Hopper: f16 WGMMA (its fp8 mma.sync is emulated), 2 stages
+    for arch, stages, tc in (("sm_120a", 3, ("float8_e4m3", False)), ("sm_90a", 2, ("float16", True))):
         vs = _variants("indexer_decode_logits", st, arch)
         assert len(vs) == 1
         (v,) = vs
-        assert (v.p["block_n"], v.p["stages"], v.p["threads"]) == (64, 3, 128)
+        assert (v.p["block_n"], v.p["stages"], v.p["threads"]) == (64, stages, 128)
+        assert (v.p["operand"], v.p["wgmma"]) == tc
         assert v.p["target_ctas"] == CTAS_PER_SM * get_profile(arch).num_sms_hint
     assert spec.select(ARCH, st, 2) == spec.select(ARCH, dict(st), 2)
 
@@ -314,3 +326,14 @@ def test_decode_logits_page_size_must_tile_the_row_view():
     for page in (32, 64, 128, 256):
         assert spec.select(ARCH, ops.decode_static(64, 128, 1, page), 1).p["page_size"] == page
     assert spec.select(ARCH, ops.decode_static(64, 64, 1, 16), 1).p["page_size"] == 16
+
+
+def test_logits_builder_rejects_one_stage():
+    """One stage would make the ring wait on a negative group count: an error, not garbage logits."""
+    from dsv4_jit.kernels.indexer.logits import build_logits
+    kw = dict(paged=True, heads=64, dim=128, group=1, block_n=64, threads=128, target_ctas=528, max_tiles=32,
+              page_size=64, ratio=4)
+    with pytest.raises(ValueError, match="stages=1"):
+        build_logits(stages=1, **kw)
+    with pytest.raises(ValueError, match="operand"):
+        build_logits(stages=2, operand="bfloat16", **kw)

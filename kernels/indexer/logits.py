@@ -29,7 +29,7 @@ compile), and at large batch no CTA walks more than max_tiles tiles. A CTA stage
 q once, then walks the row's column tiles with a stride of the grid width: a tile no valid range of its tokens
 reaches (past the request's length) is written -inf without reading K, so the grid can stay sized to W (CUDA-
 graph capture) while the work follows each request's length (the public SM12x fix: 433 -> 29 us at 28K context).
-Small CTAs (4 warps, 64-column tiles), several per SM, each with a 3-stage cp.async ring written out by hand
+Small CTAs (4 warps, 64-column tiles), several per SM, each with a 2-3 stage cp.async ring written out by hand
 (T.async_copy + constant ptx_wait_group): TileLang 0.1.15's T.Pipelined cannot take the loop's dynamic trip
 count. The cache is read through a row view [pages * (P + 4P/D), D] so a tile's rows are one copy region (page
 sizes with 4P % D == 0: 32-256 at D = 128). The previous
@@ -52,14 +52,28 @@ SCALE_BYTES = 4
 
 
 # Per schedule family: (block_n, stages, threads). 4 warps along 64 columns (FullRow: each warp owns 16 columns
-# and every head of its tokens, so the head reduction stays inside the warp), mma.sync fp8 only. Shared memory:
-# q (group x heads x D) + 3 stages of a K tile (64 x D) and its scales: 33,536 B at next_n 1 and 64 heads. An SM12x
-# SM (100 KB of shared memory, 1 KB reserved per CTA) holds two such CTAs, a Hopper SM the four the registers
-# allow. Two stages would let SM12x hold three; which is faster there is unmeasured (no SM12x GPU here).
+# and every head of its tokens, so the head reduction stays inside the warp). Shared memory on SM12x: q (group x
+# heads x D fp8) + 3 stages of a K tile (64 x D) and its scales: 33,536 B at next_n 1 and 64 heads. An SM12x SM
+# (100 KB of shared memory, 1 KB reserved per CTA) holds two such CTAs. Two stages would let SM12x hold three;
+# which is faster there is unmeasured (no SM12x GPU here). Hopper: 2 stages (50,176 B with its f16 buffers, below),
+# so the four CTAs the registers allow fit an SM; 3 stages fit three and were 17-40% slower (H100, 2026-11-24).
 SCHEDULES = {
     "blackwell_consumer": (64, 3, 128),
-    "hopper": (64, 3, 128),
+    "hopper": (64, 2, 128),
     "blackwell_dc": (64, 3, 128),
+}
+# The tensor-core form per family: (operand type, WGMMA). SM12x runs fp8 mma.sync natively (m16n8k32 e4m3) and has
+# no WGMMA. Hopper has fp8 only in WGMMA: its mma.sync e4m3 is emulated (ptxas unpacks both operands to f16 before
+# every m16n8k16 HMMA and adds the halves in fp32: 47% of the kernel's instructions at 64K x 8, ncu, H100,
+# 2026-11-24), and fp8 WGMMA accumulates with too few bits (per-token errors up to 1.2e-2). So Hopper keeps q in
+# shared memory as f16 (converted once a CTA), converts each K tile to f16 once (every e4m3 value is exact in f16:
+# the products and their fp32 sums are fp8's, 7e-8 apart) and runs f16 WGMMA (m64n64k16). Against the emulated
+# fp8 mma.sync, per layer on the H100: 64K x 8 16.7 -> 13.8 us, 256K x 8 45.7 -> 35.9, 256K x 64 310 -> 246,
+# prefill 2,048 tokens x 16K columns 1,214 -> 753 (f16 mma.sync alone: 15.8 / 45.2 / 320 / 1,077).
+TENSOR_CORES = {
+    "blackwell_consumer": (FP8, False),
+    "hopper": ("float16", True),
+    "blackwell_dc": (FP8, False),
 }
 # Resident CTAs aimed for per SM (registers allow ~4 at 128 threads): the grid's column width is sized so that
 # rows x CTAs per row reaches this many per SM. MIN_BLOCKS: the CTAs per SM the registers are capped for.
@@ -90,17 +104,33 @@ def min_blocks(rows: int) -> int:
 
 
 def logits_smem_bytes(p: Mapping[str, Any]) -> int:
-    """Pre-nvcc shared memory: the q tile (group * heads rows of D fp8), one K tile of block_n x D fp8 and its
-    block_n fp32 row scales. Weights and the accumulator live in registers; the head reduction stays inside a
-    warp (FullRow), so TileLang adds no reduction workspace."""
-    return p["group"] * p["heads"] * p["dim"] + p["stages"] * p["block_n"] * (p["dim"] + SCALE_BYTES)
+    """Pre-nvcc shared memory, in TileLang's allocation order: the q tile (group * heads rows of D, in the
+    operand type), `stages` K tiles of block_n x D fp8, their block_n fp32 row scales, and with an f16 operand the
+    converted K tile (at a 1,024-byte boundary under WGMMA: its swizzled descriptor's alignment). Weights and the
+    accumulator live in registers; the head reduction stays inside a warp (FullRow), so TileLang adds no
+    reduction workspace."""
+    ob = 1 if p.get("operand", FP8) == FP8 else 2
+    used = p["group"] * p["heads"] * p["dim"] * ob + p["stages"] * p["block_n"] * (p["dim"] + SCALE_BYTES)
+    if ob == 1:
+        return used
+    if p.get("wgmma"):
+        used = -(-used // 1024) * 1024
+    return used + p["block_n"] * p["dim"] * ob
 
 
 def build_logits(*, paged: bool, heads: int, dim: int, group: int, block_n: int, threads: int, target_ctas: int,
-                 max_tiles: int, stages: int, page_size: int = 0, ratio: int = 0):
+                 max_tiles: int, stages: int, page_size: int = 0, ratio: int = 0, operand: str = FP8):
     import tilelang.language as T
 
     H, D, G, BN, NS = heads, dim, group, block_n, stages
+    if NS < 2:
+        # the ring waits for all but the newest NS - 2 tiles: one stage would wait on a negative group count
+        # (garbage logits on an H100, 2026-11-24)
+        raise ValueError(f"indexer logits: stages={NS}; the cp.async ring needs at least 2")
+    if operand not in (FP8, "float16"):
+        raise ValueError(f"indexer logits: operand={operand!r} (supported: {FP8!r}, 'float16')")
+    OP = operand
+    CONVERT = OP != FP8         # f16 operands: q converted once, each K tile once (Hopper: no fp8 mma.sync)
     P = page_size
     acc = "float32"
     neg_inf = -T.infinity(acc)
@@ -156,8 +186,9 @@ def build_logits(*, paged: bool, heads: int, dim: int, group: int, block_n: int,
     @T.macro
     def body(q, q_scale, weights, k_a, k_b, src_a, src_b, src_c, logits, row_info):
         with T.Kernel(grid_x, T.ceildiv(num_tokens, G), threads=threads) as (bc, bg):
-            q_shared = T.alloc_shared([G * H, D], FP8)
+            q_shared = T.alloc_shared([G * H, D], OP)
             k_shared = T.alloc_shared([NS, BN, D], FP8)
+            k_op = T.alloc_shared([BN, D], OP) if CONVERT else None
             k_rows = T.view(k_a, (num_pages * RPP, D)) if paged else k_a
             ks_frag = T.alloc_fragment([BN], acc)
             w_frag = T.alloc_fragment([G, H], acc)
@@ -185,7 +216,7 @@ def build_logits(*, paged: bool, heads: int, dim: int, group: int, block_n: int,
                         row_info[bg * G + g, 2] = bounds(bg * G + g, bg, src_a, src_b, src_c)[2]
 
             for gh, d in T.Parallel(G * H, D):
-                q_shared[gh, d] = q[T.min(bg * G + gh // H, num_tokens - 1), gh % H, d]
+                q_shared[gh, d] = T.Cast(OP, q[T.min(bg * G + gh // H, num_tokens - 1), gh % H, d])
             for g, h in T.Parallel(G, H):
                 w_frag[g, h] = T.if_then_else(
                     bg * G + g < num_tokens,
@@ -227,8 +258,13 @@ def build_logits(*, paged: bool, heads: int, dim: int, group: int, block_n: int,
                                k_shared, ks_shared, T.floormod(i + NS - 1, NS))
                 for n in T.Parallel(BN):
                     ks_frag[n] = ks_shared[T.floormod(i, NS), n]
-                T.gemm(k_shared[T.floormod(i, NS), :, :], q_shared, s, transpose_B=True, clear_accum=True,
-                       policy=T.GemmWarpPolicy.FullRow)
+                if CONVERT:
+                    for n, d in T.Parallel(BN, D):
+                        k_op[n, d] = T.Cast(OP, k_shared[T.floormod(i, NS), n, d])
+                    T.gemm(k_op, q_shared, s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
+                else:
+                    T.gemm(k_shared[T.floormod(i, NS), :, :], q_shared, s, transpose_B=True, clear_accum=True,
+                           policy=T.GemmWarpPolicy.FullRow)
                 for n, g, h in T.Parallel(BN, G, H):
                     s_r[n, g, h] = T.max(s_r[n, g, h], 0.0) * w_frag[g, h] * ks_frag[n]
                 T.reduce_sum(s_r, l_frag, dim=-1, clear=True)
@@ -285,6 +321,7 @@ class _LogitsSpec(KernelSpec):
         dim = int_param(self.name, static, "dim", (64, 128))
         block_n, stages, threads = SCHEDULES[arch.family]
         return {"heads": heads, "dim": dim, "block_n": block_n, "stages": stages, "threads": threads,
+                "operand": TENSOR_CORES[arch.family][0], "wgmma": TENSOR_CORES[arch.family][1],
                 "target_ctas": CTAS_PER_SM * arch.num_sms_hint, "max_tiles": MAX_TILES_PER_CTA}
 
     def smem_bytes(self, variant: Variant) -> int:
@@ -293,9 +330,8 @@ class _LogitsSpec(KernelSpec):
     def pass_configs(self, variant: Variant) -> dict[str, Any]:
         cfg = dict(get_profile(variant.schedule).pass_configs)
         cfg["tl.disable_vectorize_256"] = True  # 16-byte vectors only: the SM12x schedule proven on sm_90a
-        # mma.sync (fp8 m16n8k32) on sm_90a too: its WGMMA variant gave per-token errors up to 1.2e-2 on an
-        # H100 where the mma.sync SM120 schedule matched the float64 reference
-        cfg["tl.disable_wgmma"] = True
+        # WGMMA only where the schedule asks for it (Hopper's f16 form, TENSOR_CORES)
+        cfg["tl.disable_wgmma"] = not variant.p.get("wgmma", False)
         return cfg
 
 
@@ -328,7 +364,8 @@ class IndexerDecodeLogitsSpec(_LogitsSpec):
         p = variant.p
         return build_logits(paged=True, heads=p["heads"], dim=p["dim"], group=p["group"], block_n=p["block_n"],
                             stages=p["stages"], threads=p["threads"], target_ctas=p["target_ctas"],
-                            max_tiles=p["max_tiles"], page_size=p["page_size"], ratio=p["ratio"])
+                            max_tiles=p["max_tiles"], page_size=p["page_size"], ratio=p["ratio"],
+                            operand=p.get("operand", FP8))
 
 
 # Prefill query tokens per CTA: two tokens x 64 heads = 128 B-operand rows (the tilelang example's
@@ -355,4 +392,4 @@ class IndexerPrefillLogitsSpec(_LogitsSpec):
         p = variant.p
         return build_logits(paged=False, heads=p["heads"], dim=p["dim"], group=p["group"], block_n=p["block_n"],
                             stages=p["stages"], threads=p["threads"], target_ctas=p["target_ctas"],
-                            max_tiles=p["max_tiles"])
+                            max_tiles=p["max_tiles"], operand=p.get("operand", FP8))
