@@ -68,13 +68,17 @@ SPAD = 4           # fp32 pad per score row in shared memory (spreads the fragme
 
 def pass_configs_for(variant: Variant) -> dict[str, Any]:
     # 128-bit vectors only: TileLang emits 256-bit loads for sm_100+/sm_120 that an SM120 schedule proven
-    # on an sm_90a GPU would never exercise. mma.sync on every arch: with WGMMA allowed, the sm_90a variant
-    # of the register-prefetch pipeline gave wrong results on an H100 (per-token error 1.5; likely the KV
-    # tile stored by threads and read by WGMMA's async proxy), and the sparse gather, not the MMA, bounds
-    # this kernel.
-    cfg = dict(get_profile(variant.schedule).pass_configs)
+    # on an sm_90a GPU would never exercise. WGMMA where the schedule's GPU has it (Hopper), for the GEMMs whose
+    # M is a warp group's 64 heads; T.gemm keeps mma.sync at 16 / 32 heads a CTA. TileLang fences the async proxy
+    # (fence.proxy.async) between the threads' stores of kv_s / p_s and the wgmma that reads them. H100,
+    # 64 heads, 256K context (bench_attention, 2026-11-24): batch 64 143.3 -> 125.0 us (ratio 128) and
+    # 55.0 -> 49.1 (ratio 4), batch 8 33.6 -> 31.0, one token 24.1 -> 22.8; same errors against float64.
+    # (An earlier form of this kernel, its register-prefetch pipeline, gave per-token errors of 1.5 with WGMMA
+    # allowed; the kernel has been restructured since, and its GPU cases pass with WGMMA.)
+    profile = get_profile(variant.schedule)
+    cfg = dict(profile.pass_configs)
     cfg["tl.disable_vectorize_256"] = True
-    cfg["tl.disable_wgmma"] = True
+    cfg["tl.disable_wgmma"] = not profile.has_wgmma
     # every barrier is explicit (see the loop): TileLang's pass sees all shared buffers as one allocation and
     # put a barrier in each iteration of the dequantize loop
     cfg["tl.disable_thread_storage_sync"] = True
