@@ -9,6 +9,9 @@ prefill sizes, checking numerics at some of them: a bundle built by `dsv4-jit wa
 --attention-model runs the model's sparse MLA decode (fp8_ds_mla cache, SWA + compressed lists) and prefill
 (gathered bf16 KV) at TP 1 for every token count 1..--attention-sweep, checking numerics at some of them: a bundle
 with the attention family.
+--indexer-model runs the model's lightning indexer: decode logits + top-k at next_n 1 for every token count
+1..--indexer-sweep and at next_n 2 / 3 for a few, and prefill logits + top-k at a few token counts, checking the
+logits against float64 and the top-k as a set: a bundle with the indexer family.
 """
 from __future__ import annotations
 
@@ -30,6 +33,9 @@ def main() -> int:
     ap.add_argument("--attention-model", default=None,
                     help="also run this model's sparse MLA decode and prefill (bundle with the attention family)")
     ap.add_argument("--attention-sweep", type=int, default=300, help="attention token counts 1..N")
+    ap.add_argument("--indexer-model", default=None,
+                    help="also run this model's indexer decode / prefill logits and top-k (bundle with the indexer family)")
+    ap.add_argument("--indexer-sweep", type=int, default=300, help="indexer decode token counts 1..N (next_n 1)")
     args = ap.parse_args()
     import dsv4_jit
     from dsv4_jit.cache_tools.bundle import import_bundle
@@ -84,6 +90,8 @@ def main() -> int:
         worst = max(worst, gemm_sweep(args.gemm_model, args.gemm_sweep))
     if args.attention_model:
         worst = max(worst, attention_sweep(args.attention_model, args.attention_sweep))
+    if args.indexer_model:
+        worst = max(worst, indexer_sweep(args.indexer_model, args.indexer_sweep))
     c = dsv4_jit.counters()
     print(json.dumps({"tokens": args.tokens, "sweep": args.sweep, "max_rel_err": worst, "counters": {k: c[k] for k in ("hits", "loads", "compiles")}}))
     ok = c["compiles"] == 0 and worst < 2e-2
@@ -160,6 +168,74 @@ def attention_sweep(model_name: str, t_max: int) -> float:
                 worst = max(worst, err.item())
     torch.cuda.synchronize()
     print(f"attention sweep: {model_name} ({heads} heads) decode + prefill x {t_max} token counts in "
+          f"{time.perf_counter() - t0:.1f} s, worst per-token error {worst:.2e}, "
+          f"compiles so far {dsv4_jit.counters()['compiles']}")
+    return worst
+
+
+def indexer_sweep(model_name: str, t_max: int) -> float:
+    """The indexer of the model under the seal: decode logits + top-k (next_n 1) at every T in 1..t_max over paged
+    caches of mixed lengths up to 64K context, next_n 2 / 3 at a few batches, prefill logits + top-k at a few T.
+    Per-token logits error against float64 at a few T; top-k must be a valid set there (exact)."""
+    import dsv4_jit
+    from dsv4_jit.model_config import load_model_config
+    from dsv4_jit.kernels.indexer import family as ifam
+    from dsv4_jit.kernels.indexer import reference as iref
+
+    m = load_model_config(model_name)
+    topk, page = m.index_topk, ifam.INDEX_PAGE_SIZE
+    g = torch.Generator().manual_seed(4)
+    checked = {1, 2, 8, 64, t_max}
+    worst = 0.0
+    t0 = time.perf_counter()
+
+    def check(logits, info, lg_ref, info_ref, idx, lens, bt):
+        err = 0.0
+        lg_ref = lg_ref.to(logits.device)
+        info_ref = info_ref.to(logits.device)
+        fin = torch.isfinite(lg_ref)
+        num = (logits.double() - lg_ref).where(fin, torch.zeros_like(lg_ref)).norm(dim=1)
+        den = lg_ref.where(fin, torch.zeros_like(lg_ref)).norm(dim=1).clamp_min(1e-30)
+        err = max(err, (num / den).max().item())
+        if not torch.equal(torch.isinf(logits), torch.isinf(lg_ref)) or not torch.equal(info.long(), info_ref.long()):
+            err = float("inf")
+        # top-k against the kernel's own logits (the family cases' rule): a valid set, exactly
+        want = iref.check_topk_sets(idx, logits, info.long(), bt, topk, page)
+        n = (info[:, 1] - info[:, 0]).clamp(min=0, max=topk)
+        if not torch.equal(idx.long(), want.long()) or not torch.equal(lens.long(), n.long()):
+            err = float("inf")
+        return err
+
+    for next_n, batches in ((1, range(1, t_max + 1)), (2, (1, 8, 64)), (3, (1, 8, 64))):
+        inp = ifam._decode_inputs(m, next_n, max(batches) * next_n, "cuda", g, max_ctx=65_536)
+        for b in batches:
+            t = b * next_n
+            q, qs, w = inp["q"][:t], inp["q_scale"][:t], inp["weights"][:t]
+            sl, bt = inp["seq_lens"][:b], inp["block_table"][:b]
+            logits, info = dsv4_jit.indexer_decode_logits(q, qs, w, inp["kv_cache"], sl, bt, next_n=next_n,
+                                                          width=inp["width"])
+            idx, lens = dsv4_jit.indexer_topk(logits, info, bt, topk=topk, page_size=page)
+            if b in checked:
+                lg_ref, info_ref = iref.ref_decode_logits(q, qs, w, inp["kv_cache"], sl, bt, next_n, inp["width"],
+                                                          ifam.RATIO)
+                worst = max(worst, check(logits, info, lg_ref, info_ref, idx, lens, bt))
+    # prefill: T query tokens of one request over a contiguous compressed K, causal ranges
+    nk = 4096
+    k8, ks8 = iref.quantize_rows_fp8(torch.randn(nk, m.index_head_dim, device="cuda"))
+    bt = torch.arange(nk // page, device="cuda", dtype=torch.int32)[None]
+    for t in (1, 7, 64, 513, 2049):
+        q8, qs = iref.quantize_rows_fp8(torch.randn(t, m.index_n_heads * m.index_head_dim, device="cuda"))
+        q8 = q8.view(t, m.index_n_heads, m.index_head_dim)
+        w = torch.randn(t, m.index_n_heads, device="cuda") * m.index_n_heads ** -0.5
+        ke = torch.linspace(1, nk, t, device="cuda").to(torch.int32)
+        ks = torch.zeros(t, dtype=torch.int32, device="cuda")
+        req = torch.zeros(t, dtype=torch.int32, device="cuda")
+        logits, info = dsv4_jit.indexer_prefill_logits(q8, qs, w, k8, ks8, ks, ke, req)
+        idx, lens = dsv4_jit.indexer_topk(logits, info, bt, topk=topk, page_size=page)
+        lg_ref, info_ref = iref.ref_prefill_logits(q8, qs, w, k8, ks8, ks, ke, req, nk)
+        worst = max(worst, check(logits, info, lg_ref, info_ref, idx, lens, bt))
+    torch.cuda.synchronize()
+    print(f"indexer sweep: {model_name} decode logits + top-k x {t_max} token counts (+ next_n 2 / 3, prefill) in "
           f"{time.perf_counter() - t0:.1f} s, worst per-token error {worst:.2e}, "
           f"compiles so far {dsv4_jit.counters()['compiles']}")
     return worst
