@@ -39,6 +39,31 @@ def test_the_kernels_word_conversion_decodes_every_nibble():
         assert e4m3_pair_py(v << 16 | other)[1] == want
 
 
+def test_hoppers_word_conversion_gives_exact_f16_halves():
+    """Hopper's form turns the same word into four f16x2 registers, (e0, e1) .. (e6, e7), the lower element in the
+    low half: every 16-bit pattern in either half (the other varied) decodes to torch's float16 of each nibble."""
+    table = torch.tensor([E2M1_VALUES[n & 7] * (-1.0 if n & 8 else 1.0) for n in range(16)], dtype=torch.float16)
+    for half in (0, 1):
+        v = torch.arange(1 << 16, dtype=torch.int64)
+        other = (v * 40503) & 0xFFFF
+        words = (other << 16 | v) if half == 0 else (v << 16 | other)
+        regs = [kmod.f16_quads_py(int(w)) for w in words.tolist()]
+        got = torch.tensor([[r >> (16 * i) & 0xFFFF for q in rg for r in (q,) for i in (0, 1)] for rg in regs],
+                           dtype=torch.int32).to(torch.int16).view(torch.float16)
+        nibs = (words[:, None] >> (4 * torch.arange(8))[None]) & 0xF
+        want = table[nibs]
+        assert torch.equal(got.view(torch.int16), want.view(torch.int16)), half
+
+
+def test_moe_operand_per_family():
+    """SM12x keeps fp8 mma.sync (native there); Hopper converts to f16 (its fp8 mma.sync is emulated)."""
+    spec = get_spec("fp4_moe_gemm")
+    assert "operand" not in spec.select(get_profile("sm_120a"), {"n": 4096, "k": 4096}, 8).p
+    assert spec.select(get_profile("sm_90a"), {"n": 4096, "k": 4096}, 8).p["operand"] == "float16"
+    with pytest.raises(ValueError, match="operand"):
+        kmod.build_fp4_moe_gemm(n=4096, k=4096, block_m=16, block_n=64, stages=2, threads=128, operand="bfloat16")
+
+
 @pytest.mark.parametrize("t,topk,experts,block_m", [(1, 6, 8, 16), (7, 6, 8, 16), (33, 2, 5, 32), (200, 6, 256, 16),
                                                     (300, 8, 16, 64), (5, 1, 1, 16)])
 def test_moe_align_matches_a_plain_loop(t, topk, experts, block_m):

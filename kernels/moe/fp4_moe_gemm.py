@@ -35,6 +35,15 @@ to 8,192 tokens and 1.35-1.66x at one (bench_moe.py, V4-Flash, H100). How:
 Hand-written mma.sync (tl::mma_sync) and cp.async; TileLang's automatic barriers are off (every barrier is
 written here).
 
+Hopper's form (`operand` "float16"): sm_90a has fp8 only in WGMMA, and ptxas emulates mma.sync e4m3 (both operands
+unpacked to f16 before two HMMA m16n8k16 and fp32 adds, every mma). Every e2m1 and e4m3 value is exact in f16, so
+that form converts once, to f16, and runs two f16 m16n8k16 mma.sync a slice: the weight nibbles become f16 high
+bytes by the same byte permutes (an f16 of an e2m1 value has a zero low byte), the activations by cvt
+e4m3x2 -> f16x2 once a K block for every weight tile. The K order inside a slice is permuted as before, now onto
+the f16 fragments: for the lane with g = lane % 4, step s (k 16s..16s+15) holds k 16s+2g, +1 <-> elements 8g+4s,
++1 and k 16s+2g+8, +9 <-> 8g+4s+2, +3, for the weight rows (A) and the routed rows (B) alike. Products and fp32
+sums are the e4m3 form's.
+
 Grid (N / block_n, M / block_m); N and K are compile-time, M and E dynamic. `select` depends on the token count
 only (never on routing): block_m 16 while the average expert sees <= 12 rows at V4's 6-of-256 routing, then 32,
 then 64, so the planner enumerates every variant an engine asks for.
@@ -57,8 +66,23 @@ ROW_WORDS = ACT_BLOCK // 8          # int32 words of one weight row per K block 
 TOK_WORDS = ACT_BLOCK // 4          # words of one activation row per K block (128 B)
 MMA_FP8 = ("tl::mma_sync<tl::DataType::kFloat8_e4m3, tl::DataType::kFloat8_e4m3, tl::DataType::kFloat32, "
            "16, 8, 32, false, true>")
+MMA_F16 = ("tl::mma_sync<tl::DataType::kFloat16, tl::DataType::kFloat16, tl::DataType::kFloat32, "
+           "16, 8, 16, false, true>")
 # e4m3 bytes of the e2m1 magnitudes 0..7 (0, 0.5, 1, 1.5, 2, 3, 4, 6), little-endian: the byte-permute table
 LUT_LO, LUT_HI = 0x3C383000, 0x4C484440
+# f16 high bytes of the same magnitudes (their low bytes are 0): Hopper's f16 form
+LUT16_LO, LUT16_HI = 0x3E3C3800, 0x46444240
+# Tensor-core operand type per family: SM12x runs fp8 mma.sync natively; Hopper's is emulated (module doc)
+OPERAND = {"blackwell_consumer": FP8, "hopper": "float16", "blackwell_dc": FP8}
+# e4m3 pair -> f16x2 (PTX cvt, sm_89+): the low byte's value in the low half
+_CVT_SRC = """
+__device__ __forceinline__ unsigned dsv4_e4m3x2_f16x2(unsigned v) {
+  unsigned r;
+  unsigned short s = (unsigned short)(v & 0xFFFFu);
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(r) : "h"(s));
+  return r;
+}
+"""
 # Token-count thresholds of the three row-block sizes (see the module doc).
 BLOCK_M_BY_TOKENS = ((512, 16), (2048, 32))
 BLOCK_M_LARGE = 64
@@ -138,7 +162,10 @@ def moe_params(arch: ArchProfile, n: int, k: int, num_tokens: int) -> dict:
     stages = max(1, min(STAGES, -(-(k // ACT_BLOCK) // warps)))
     while stages > 1 and moe_smem_bytes_for(k, stages, bm) > arch.max_smem_per_block:
         stages -= 1
-    return {"n": n, "k": k, "block_m": bm, "block_n": block_cols(bm), "threads": 32 * warps, "stages": stages}
+    p = {"n": n, "k": k, "block_m": bm, "block_n": block_cols(bm), "threads": 32 * warps, "stages": stages}
+    if OPERAND[arch.family] != FP8:
+        p["operand"] = OPERAND[arch.family]
+    return p
 
 
 def e4m3_pair_py(u: int) -> tuple[int, int]:
@@ -157,12 +184,30 @@ def e4m3_pair_py(u: int) -> tuple[int, int]:
     return lo, hi
 
 
-def build_fp4_moe_gemm(*, n: int, k: int, block_m: int, block_n: int, stages: int, threads: int):
+def f16_quads_py(u: int) -> tuple[int, int, int, int]:
+    """Hopper's word -> four f16x2 registers in plain Python, op for op: (e0, e1), (e2, e3), (e4, e5), (e6, e7) of
+    the 8 packed e2m1 weights, the lower element in the low half (tests compare every half with torch's float16)."""
+    u &= 0xFFFFFFFF
+    m = u & 0x77777777
+
+    def sign(x: int) -> int:
+        return (((x << 4) & 0x00FF00FF) | (x & 0xFF00FF00)) & 0x80808080
+
+    lo = byte_perm(LUT16_LO, LUT16_HI, m & 0xFFFF) | sign(byte_perm(u, 0, 0x1100))
+    hi = byte_perm(LUT16_LO, LUT16_HI, m >> 16) | sign(byte_perm(u, 0, 0x3322))
+    return (byte_perm(lo, 0, 0x1404), byte_perm(lo, 0, 0x3424), byte_perm(hi, 0, 0x1404), byte_perm(hi, 0, 0x3424))
+
+
+def build_fp4_moe_gemm(*, n: int, k: int, block_m: int, block_n: int, stages: int, threads: int,
+                       operand: str = FP8):
     import tilelang.language as T
 
     if block_m not in ROWS or block_n != block_cols(block_m) or threads != 32 * cta_warps(k):
         raise ValueError(f"fp4_moe_gemm: block_m {block_m} / block_n {block_n} / threads {threads} is not a tile "
                          f"of this kernel (block_m in {ROWS}, block_n = block_cols, one warp per K block up to 4)")
+    if operand not in (FP8, "float16"):
+        raise ValueError(f"fp4_moe_gemm: operand={operand!r} (supported: {FP8!r}, 'float16')")
+    F16 = operand == "float16"
     S = stages
     R, J = block_m, block_m // 8        # routed rows, and the n8 halves of each weight fragment
     STAGE_WORDS = stage_words(R)
@@ -223,15 +268,16 @@ def build_fp4_moe_gemm(*, n: int, k: int, block_m: int, block_n: int, stages: in
     ):
         with T.Kernel(n // COLS, NB, threads=32 * WARPS) as (bx, by):
             # the templates of the hand-written cp.async and mma (TileLang includes them only for its own ops)
-            T.import_source("#include <tl_templates/cuda/copy.h>\n#include <tl_templates/cuda/instruction/mma.h>\n")
+            T.import_source("#include <tl_templates/cuda/copy.h>\n#include <tl_templates/cuda/instruction/mma.h>\n"
+                            + (_CVT_SRC if F16 else ""))
             ring = T.alloc_shared((WARPS * WARP_WORDS,), u32)
             sw_s = T.alloc_shared((COLS * SW_PITCH,), "uint8")
             sa_s = T.alloc_shared((R * SA_PITCH,), f32)
             acc = T.alloc_local((4 * TL * J,), f32)  # [tile TL][n8 half J][c 4]
             blk = T.alloc_local((4 * TL * J,), f32)  # this K block's sum, before its activation scales
             part = T.alloc_local((4,), f32)
-            af = T.alloc_local((4,), u32)
-            bf = T.alloc_local((2 * J,), u32)    # [n8 half J][2]
+            af = T.alloc_local((8 if F16 else 4,), u32)          # [f16: step 2][reg 4]
+            bf = T.alloc_local((4 * J if F16 else 2 * J,), u32)  # [n8 half J][f16: 4 / e4m3: 2]
             scl = T.alloc_local((2,), f32)
             ex = T.alloc_var("int32")
             tid = T.get_thread_binding()
@@ -289,22 +335,45 @@ def build_fp4_moe_gemm(*, n: int, k: int, block_m: int, block_n: int, stages: in
                         for j in T.unroll(J):
                             t = j * 8 + r
                             tw = base + COLS * ROW_WORDS + t * TOK_WORDS + ((s * 2 + g // 2) ^ ((t & 3) * 2)) * 4 + (g % 2) * 2
-                            bf[j * 2] = ring[tw]
-                            bf[j * 2 + 1] = ring[tw + 1]
+                            if F16:
+                                # (e0, e1), (e2, e3) | (e4, e5), (e6, e7): step 0's two B registers, then step 1's
+                                for q in T.unroll(2):
+                                    bf[j * 4 + q * 2] = T.call_extern(u32, "dsv4_e4m3x2_f16x2", ring[tw + q])
+                                    bf[j * 4 + q * 2 + 1] = T.call_extern(u32, "dsv4_e4m3x2_f16x2",
+                                                                          ring[tw + q] >> c32(16))
+                            else:
+                                bf[j * 2] = ring[tw]
+                                bf[j * 2 + 1] = ring[tw + 1]
                         for tile in T.unroll(TL):
                             for h in T.unroll(2):
                                 row = tile * 16 + h * 8 + r
                                 u = ring[base + row * ROW_WORDS + (s ^ ((r >> 1) & 3)) * 4 + g]
                                 mg = u & c32(0x77777777)
-                                af[h] = perm(c32(LUT_LO), c32(LUT_HI), mg) | sign(perm(u, c32(0), c32(0x1100)))
-                                af[h + 2] = (perm(c32(LUT_LO), c32(LUT_HI), mg >> c32(16))
-                                             | sign(perm(u, c32(0), c32(0x3322))))
+                                if F16:
+                                    # f16 high bytes of e0..e3 and e4..e7, spread into (x, y) halves: A registers
+                                    # h (row r / r + 8) and h + 2 of each step
+                                    qlo = perm(c32(LUT16_LO), c32(LUT16_HI), mg) | sign(perm(u, c32(0), c32(0x1100)))
+                                    qhi = (perm(c32(LUT16_LO), c32(LUT16_HI), mg >> c32(16))
+                                           | sign(perm(u, c32(0), c32(0x3322))))
+                                    af[h] = perm(qlo, c32(0), c32(0x1404))
+                                    af[h + 2] = perm(qlo, c32(0), c32(0x3424))
+                                    af[4 + h] = perm(qhi, c32(0), c32(0x1404))
+                                    af[4 + h + 2] = perm(qhi, c32(0), c32(0x3424))
+                                else:
+                                    af[h] = perm(c32(LUT_LO), c32(LUT_HI), mg) | sign(perm(u, c32(0), c32(0x1100)))
+                                    af[h + 2] = (perm(c32(LUT_LO), c32(LUT_HI), mg >> c32(16))
+                                                 | sign(perm(u, c32(0), c32(0x3322))))
                                 scl[h] = ue8m0(sw_s[row * SW_PITCH + kb * 4 + s])
                             for j in T.unroll(J):
                                 for v in T.unroll(4):
                                     part[v] = 0.0
-                                T.call_extern("handle", MMA_FP8, T.address_of(part[0]), T.address_of(af[0]),
-                                              T.address_of(bf[j * 2]))
+                                if F16:
+                                    for q in T.unroll(2):
+                                        T.call_extern("handle", MMA_F16, T.address_of(part[0]), T.address_of(af[q * 4]),
+                                                      T.address_of(bf[j * 4 + q * 2]))
+                                else:
+                                    T.call_extern("handle", MMA_FP8, T.address_of(part[0]), T.address_of(af[0]),
+                                                  T.address_of(bf[j * 2]))
                                 for v in T.unroll(4):
                                     blk[(tile * J + j) * 4 + v] += part[v] * scl[v // 2]
                     for tile in T.unroll(TL):
