@@ -56,7 +56,7 @@ SCALE_BYTES = 4
 # heads x D fp8) + 3 stages of a K tile (64 x D) and its scales: 33,536 B at next_n 1 and 64 heads. An SM12x SM
 # (100 KB of shared memory, 1 KB reserved per CTA) holds two such CTAs. Two stages would let SM12x hold three;
 # which is faster there is unmeasured (no SM12x GPU here). Hopper: 2 stages (50,176 B with its f16 buffers, below),
-# so the four CTAs the registers allow fit an SM; 3 stages fit three and were 17-40% slower (H100, 2026-11-24).
+# so the four CTAs the registers allow fit an SM; 3 stages fit three and were 16-46% slower (H100, 2026-11-24).
 SCHEDULES = {
     "blackwell_consumer": (64, 3, 128),
     "hopper": (64, 2, 128),
