@@ -168,10 +168,10 @@ def moe_params(arch: ArchProfile, n: int, k: int, num_tokens: int) -> dict:
     return p
 
 
-def e4m3_pair_py(u: int) -> tuple[int, int]:
-    """The kernel's word -> two e4m3 quads in plain Python, op for op: the low quad holds elements 0..3 of the 8
-    packed e2m1 weights (element i in nibble i of u), the high quad 4..7, one e4m3 byte each (tests compare every
-    byte with fp4_moe_gemm.e2m1_e4m3_byte)."""
+def _byte_quads_py(u: int, lut_lo: int, lut_hi: int) -> tuple[int, int]:
+    """The kernel's word -> two quads of bytes in plain Python, op for op: each element's magnitude byte from the
+    8-byte table (lut_lo | lut_hi << 32) and its sign at bit 7; the low quad holds elements 0..3 of the 8 packed
+    e2m1 weights (element i in nibble i of u), the high quad 4..7."""
     u &= 0xFFFFFFFF
     m = u & 0x77777777
 
@@ -179,22 +179,20 @@ def e4m3_pair_py(u: int) -> tuple[int, int]:
         # byte 0 / 2 carry their element's sign at bit 3 (shift to bit 7), bytes 1 / 3 at bit 7 already
         return (((x << 4) & 0x00FF00FF) | (x & 0xFF00FF00)) & 0x80808080
 
-    lo = byte_perm(LUT_LO, LUT_HI, m & 0xFFFF) | sign(byte_perm(u, 0, 0x1100))
-    hi = byte_perm(LUT_LO, LUT_HI, m >> 16) | sign(byte_perm(u, 0, 0x3322))
+    lo = byte_perm(lut_lo, lut_hi, m & 0xFFFF) | sign(byte_perm(u, 0, 0x1100))
+    hi = byte_perm(lut_lo, lut_hi, m >> 16) | sign(byte_perm(u, 0, 0x3322))
     return lo, hi
 
 
+def e4m3_pair_py(u: int) -> tuple[int, int]:
+    """Two e4m3 quads, one byte an element (tests compare every byte with fp4_moe_gemm.e2m1_e4m3_byte)."""
+    return _byte_quads_py(u, LUT_LO, LUT_HI)
+
+
 def f16_quads_py(u: int) -> tuple[int, int, int, int]:
-    """Hopper's word -> four f16x2 registers in plain Python, op for op: (e0, e1), (e2, e3), (e4, e5), (e6, e7) of
-    the 8 packed e2m1 weights, the lower element in the low half (tests compare every half with torch's float16)."""
-    u &= 0xFFFFFFFF
-    m = u & 0x77777777
-
-    def sign(x: int) -> int:
-        return (((x << 4) & 0x00FF00FF) | (x & 0xFF00FF00)) & 0x80808080
-
-    lo = byte_perm(LUT16_LO, LUT16_HI, m & 0xFFFF) | sign(byte_perm(u, 0, 0x1100))
-    hi = byte_perm(LUT16_LO, LUT16_HI, m >> 16) | sign(byte_perm(u, 0, 0x3322))
+    """Hopper's four f16x2 registers: (e0, e1), (e2, e3), (e4, e5), (e6, e7), the lower element in the low half; each
+    f16 is its element's high byte over a zero low byte (tests compare every half with torch's float16)."""
+    lo, hi = _byte_quads_py(u, LUT16_LO, LUT16_HI)
     return (byte_perm(lo, 0, 0x1404), byte_perm(lo, 0, 0x3424), byte_perm(hi, 0, 0x1404), byte_perm(hi, 0, 0x3424))
 
 
@@ -234,6 +232,12 @@ def build_fp4_moe_gemm(*, n: int, k: int, block_m: int, block_n: int, stages: in
 
     def sign(x):
         return (((x << c32(4)) & c32(0x00FF00FF)) | (x & c32(0xFF00FF00))) & c32(0x80808080)
+
+    def quads(u, mg, lut_lo, lut_hi):
+        """Word u (mg = its magnitude bits) -> its two quads of bytes (elements 0..3, 4..7) from the table: the
+        kernel form of _byte_quads_py."""
+        return (perm(c32(lut_lo), c32(lut_hi), mg) | sign(perm(u, c32(0), c32(0x1100))),
+                perm(c32(lut_lo), c32(lut_hi), mg >> c32(16)) | sign(perm(u, c32(0), c32(0x3322))))
 
     def ue8m0(byte):
         return T.reinterpret(T.shift_left(T.Cast(u32, byte), c32(23)), f32)
@@ -352,17 +356,15 @@ def build_fp4_moe_gemm(*, n: int, k: int, block_m: int, block_n: int, stages: in
                                 if F16:
                                     # f16 high bytes of e0..e3 and e4..e7, spread into (x, y) halves: A registers
                                     # h (row r / r + 8) and h + 2 of each step
-                                    qlo = perm(c32(LUT16_LO), c32(LUT16_HI), mg) | sign(perm(u, c32(0), c32(0x1100)))
-                                    qhi = (perm(c32(LUT16_LO), c32(LUT16_HI), mg >> c32(16))
-                                           | sign(perm(u, c32(0), c32(0x3322))))
+                                    qlo = quads(u, mg, LUT16_LO, LUT16_HI)[0]
+                                    qhi = quads(u, mg, LUT16_LO, LUT16_HI)[1]
                                     af[h] = perm(qlo, c32(0), c32(0x1404))
                                     af[h + 2] = perm(qlo, c32(0), c32(0x3424))
                                     af[4 + h] = perm(qhi, c32(0), c32(0x1404))
                                     af[4 + h + 2] = perm(qhi, c32(0), c32(0x3424))
                                 else:
-                                    af[h] = perm(c32(LUT_LO), c32(LUT_HI), mg) | sign(perm(u, c32(0), c32(0x1100)))
-                                    af[h + 2] = (perm(c32(LUT_LO), c32(LUT_HI), mg >> c32(16))
-                                                 | sign(perm(u, c32(0), c32(0x3322))))
+                                    af[h] = quads(u, mg, LUT_LO, LUT_HI)[0]
+                                    af[h + 2] = quads(u, mg, LUT_LO, LUT_HI)[1]
                                 scl[h] = ue8m0(sw_s[row * SW_PITCH + kb * 4 + s])
                             for j in T.unroll(J):
                                 for v in T.unroll(4):
