@@ -99,6 +99,20 @@ def main() -> int:
     return 0 if ok else 1
 
 
+def token_err(got, ref) -> float:
+    """Worst per-token relative error: each row of the first dim of `got` against the float64 reference."""
+    g, r = got.double().flatten(1), ref.double().flatten(1)
+    return ((g - r).norm(dim=1) / r.norm(dim=1).clamp_min(1e-30)).max().item()
+
+
+def sweep_done(what: str, t0: float, worst: float) -> float:
+    import dsv4_jit
+    torch.cuda.synchronize()
+    print(f"{what} in {time.perf_counter() - t0:.1f} s, worst per-token error {worst:.2e}, "
+          f"compiles so far {dsv4_jit.counters()['compiles']}")
+    return worst
+
+
 def gemm_sweep(model_name: str, t_max: int) -> float:
     """Every FP8 GEMM shape of the model at TP 1, every T in 1..t_max and prefill sizes, under the seal; the worst
     per-token error against float64 at a few T of each shape (every GEMM form: ring, split, large M)."""
@@ -120,14 +134,8 @@ def gemm_sweep(model_name: str, t_max: int) -> float:
         for t in tokens:
             c = dsv4_jit.fp8_gemm(a[:t], sa[:t], b, sb, groups=grp)
             if t in checked:
-                ref = ref_fp8_gemm(a[:t], sa[:t], b, sb, groups=grp)
-                err = ((c.double() - ref).norm(dim=1) / ref.norm(dim=1).clamp_min(1e-30)).max().item()
-                worst = max(worst, err)
-    torch.cuda.synchronize()
-    print(f"gemm sweep: {len(shapes)} {model_name} shapes x {len(tokens)} token counts in "
-          f"{time.perf_counter() - t0:.1f} s, worst per-token error {worst:.2e}, "
-          f"compiles so far {dsv4_jit.counters()['compiles']}")
-    return worst
+                worst = max(worst, token_err(c, ref_fp8_gemm(a[:t], sa[:t], b, sb, groups=grp)))
+    return sweep_done(f"gemm sweep: {len(shapes)} {model_name} shapes x {len(tokens)} token counts", t0, worst)
 
 
 def attention_sweep(model_name: str, t_max: int) -> float:
@@ -163,14 +171,9 @@ def attention_sweep(model_name: str, t_max: int) -> float:
                                           extra_lengths=l2, softmax_scale=scale)
         if t in checked:
             for got, src in ((dec, unpacked), (pre, kv_bf16.float())):
-                ref = aref.ref_sparse_mla(q, src, i1, l1, src, i2, l2, sink, scale)
-                err = ((got.double() - ref).flatten(1).norm(dim=1) / ref.flatten(1).norm(dim=1).clamp_min(1e-30)).max()
-                worst = max(worst, err.item())
-    torch.cuda.synchronize()
-    print(f"attention sweep: {model_name} ({heads} heads) decode + prefill x {t_max} token counts in "
-          f"{time.perf_counter() - t0:.1f} s, worst per-token error {worst:.2e}, "
-          f"compiles so far {dsv4_jit.counters()['compiles']}")
-    return worst
+                worst = max(worst, token_err(got, aref.ref_sparse_mla(q, src, i1, l1, src, i2, l2, sink, scale)))
+    return sweep_done(f"attention sweep: {model_name} ({heads} heads) decode + prefill x {t_max} token counts", t0,
+                      worst)
 
 
 def indexer_sweep(model_name: str, t_max: int) -> float:
@@ -190,13 +193,11 @@ def indexer_sweep(model_name: str, t_max: int) -> float:
     t0 = time.perf_counter()
 
     def check(logits, info, lg_ref, info_ref, idx, lens, bt):
-        err = 0.0
         lg_ref = lg_ref.to(logits.device)
         info_ref = info_ref.to(logits.device)
-        fin = torch.isfinite(lg_ref)
-        num = (logits.double() - lg_ref).where(fin, torch.zeros_like(lg_ref)).norm(dim=1)
-        den = lg_ref.where(fin, torch.zeros_like(lg_ref)).norm(dim=1).clamp_min(1e-30)
-        err = max(err, (num / den).max().item())
+        fin = torch.isfinite(lg_ref)   # the -inf columns must match exactly (below); the rest by the error
+        zero = torch.zeros_like(lg_ref)
+        err = token_err(logits.double().where(fin, zero), lg_ref.where(fin, zero))
         if not torch.equal(torch.isinf(logits), torch.isinf(lg_ref)) or not torch.equal(info.long(), info_ref.long()):
             err = float("inf")
         # top-k against the kernel's own logits (the family cases' rule): a valid set, exactly
@@ -234,11 +235,8 @@ def indexer_sweep(model_name: str, t_max: int) -> float:
         idx, lens = dsv4_jit.indexer_topk(logits, info, bt, topk=topk, page_size=page)
         lg_ref, info_ref = iref.ref_prefill_logits(q8, qs, w, k8, ks8, ks, ke, req, nk)
         worst = max(worst, check(logits, info, lg_ref, info_ref, idx, lens, bt))
-    torch.cuda.synchronize()
-    print(f"indexer sweep: {model_name} decode logits + top-k x {t_max} token counts (+ next_n 2 / 3, prefill) in "
-          f"{time.perf_counter() - t0:.1f} s, worst per-token error {worst:.2e}, "
-          f"compiles so far {dsv4_jit.counters()['compiles']}")
-    return worst
+    return sweep_done(f"indexer sweep: {model_name} decode logits + top-k x {t_max} token counts (+ next_n 2 / 3, "
+                      "prefill)", t0, worst)
 
 
 if __name__ == "__main__":
