@@ -27,6 +27,11 @@ class ArchProfile:
     # Whose schedule this is: differs from `name` only when emulating (an SM120 schedule built
     # for sm_90a to prove it correct on a Hopper GPU).
     schedule_of: str = ""
+    # The operand type an fp8 kernel's tensor-core code runs in. "float16" on Hopper: sm_90a has fp8 only in
+    # WGMMA, and ptxas emulates mma.sync e4m3 (both operands unpacked to f16 before two HMMA m16n8k16 and fp32
+    # adds, every mma: ncu SASS, H100, 2026-11-24); every e4m3 / e2m1 value is exact in f16, so converting once
+    # gives the same products. SM12x runs fp8 mma.sync natively.
+    fp8_mma_operand: str = "float8_e4m3"
 
     @property
     def schedule(self) -> str:
@@ -44,7 +49,7 @@ class ArchProfile:
             name=on.name, family=self.family, max_smem_per_block=self.max_smem_per_block,
             num_sms_hint=self.num_sms_hint, has_wgmma=False, mma_path="mma.sync",
             pass_configs=dict(self.pass_configs), description=f"{self.name} schedule on {on.name}",
-            schedule_of=self.name,
+            schedule_of=self.name, fp8_mma_operand=self.fp8_mma_operand,
         )
 
 
@@ -53,7 +58,7 @@ _SM12X_PASSES = {DISABLE_WARP_SPECIALIZED: True, DISABLE_TMA_LOWER: True, DISABL
 PROFILES: dict[str, ArchProfile] = {
     "sm_90a": ArchProfile("sm_90a", "hopper", 232_448, 132, True, "wgmma",
                           {DISABLE_WARP_SPECIALIZED: True, DISABLE_TMA_LOWER: True},
-                          "H100 / H200 / H20"),
+                          "H100 / H200 / H20", fp8_mma_operand="float16"),
     "sm_100a": ArchProfile("sm_100a", "blackwell_dc", 232_448, 148, False, "tcgen05",
                            {DISABLE_WARP_SPECIALIZED: True, DISABLE_TMA_LOWER: True},
                            "B200 / GB200"),

@@ -60,6 +60,10 @@ def test_moe_operand_per_family():
     spec = get_spec("fp4_moe_gemm")
     assert "operand" not in spec.select(get_profile("sm_120a"), {"n": 4096, "k": 4096}, 8).p
     assert spec.select(get_profile("sm_90a"), {"n": 4096, "k": 4096}, 8).p["operand"] == "float16"
+    # the SM120 schedule proven on an H100 keeps the SM12x instruction stream
+    emulated = get_profile("sm_120a").emulated(get_profile("sm_90a"))
+    assert emulated.fp8_mma_operand == "float8_e4m3"
+    assert "operand" not in spec.select(emulated, {"n": 4096, "k": 4096}, 8).p
     with pytest.raises(ValueError, match="operand"):
         kmod.build_fp4_moe_gemm(n=4096, k=4096, block_m=16, block_n=64, stages=2, threads=128, operand="bfloat16")
 

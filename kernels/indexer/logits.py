@@ -62,19 +62,13 @@ SCHEDULES = {
     "hopper": (64, 2, 128),
     "blackwell_dc": (64, 3, 128),
 }
-# The tensor-core form per family: (operand type, WGMMA). SM12x runs fp8 mma.sync natively (m16n8k32 e4m3) and has
-# no WGMMA. Hopper has fp8 only in WGMMA: its mma.sync e4m3 is emulated (ptxas unpacks both operands to f16 before
-# every m16n8k16 HMMA and adds the halves in fp32: 47% of the kernel's instructions at 64K x 8, ncu, H100,
-# 2026-11-24), and fp8 WGMMA accumulates with too few bits (per-token errors up to 1.2e-2). So Hopper keeps q in
-# shared memory as f16 (converted once a CTA), converts each K tile to f16 once (every e4m3 value is exact in f16:
-# the products and their fp32 sums are fp8's, 7e-8 apart) and runs f16 WGMMA (m64n64k16). Against the emulated
-# fp8 mma.sync, per layer on the H100: 64K x 8 16.7 -> 13.8 us, 256K x 8 45.7 -> 35.9, 256K x 64 310 -> 246,
-# prefill 2,048 tokens x 16K columns 1,214 -> 753 (f16 mma.sync alone: 15.8 / 45.2 / 320 / 1,077).
-TENSOR_CORES = {
-    "blackwell_consumer": (FP8, False),
-    "hopper": ("float16", True),
-    "blackwell_dc": (FP8, False),
-}
+# The tensor-core form follows the arch profile's fp8_mma_operand. SM12x: fp8 mma.sync (m16n8k32 e4m3, native).
+# Hopper (its fp8 mma.sync is emulated: 47% of this kernel's instructions at 64K x 8; fp8 WGMMA accumulates with
+# too few bits, per-token errors up to 1.2e-2): q in shared memory as f16 (converted once a CTA), each K tile
+# converted to f16 once (the products and their fp32 sums are fp8's, 7e-8 apart), and f16 WGMMA (m64n64k16).
+# Against the emulated fp8 mma.sync, per layer on the H100: 64K x 8 16.7 -> 13.8 us, 256K x 8 45.7 -> 35.9,
+# 256K x 64 310 -> 246, prefill 2,048 tokens x 16K columns 1,214 -> 753 (f16 mma.sync alone: 15.8 / 45.2 / 320 /
+# 1,077).
 # Resident CTAs aimed for per SM (registers allow ~4 at 128 threads): the grid's column width is sized so that
 # rows x CTAs per row reaches this many per SM. MIN_BLOCKS: the CTAs per SM the registers are capped for.
 CTAS_PER_SM = 4
@@ -321,7 +315,7 @@ class _LogitsSpec(KernelSpec):
         dim = int_param(self.name, static, "dim", (64, 128))
         block_n, stages, threads = SCHEDULES[arch.family]
         return {"heads": heads, "dim": dim, "block_n": block_n, "stages": stages, "threads": threads,
-                "operand": TENSOR_CORES[arch.family][0], "wgmma": TENSOR_CORES[arch.family][1],
+                "operand": arch.fp8_mma_operand, "wgmma": arch.has_wgmma and arch.fp8_mma_operand != FP8,
                 "target_ctas": CTAS_PER_SM * arch.num_sms_hint, "max_tiles": MAX_TILES_PER_CTA}
 
     def smem_bytes(self, variant: Variant) -> int:
@@ -330,7 +324,7 @@ class _LogitsSpec(KernelSpec):
     def pass_configs(self, variant: Variant) -> dict[str, Any]:
         cfg = dict(get_profile(variant.schedule).pass_configs)
         cfg["tl.disable_vectorize_256"] = True  # 16-byte vectors only: the SM12x schedule proven on sm_90a
-        # WGMMA only where the schedule asks for it (Hopper's f16 form, TENSOR_CORES)
+        # WGMMA only where the variant asks for it (Hopper's f16 form)
         cfg["tl.disable_wgmma"] = not variant.p.get("wgmma", False)
         return cfg
 

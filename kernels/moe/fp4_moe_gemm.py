@@ -72,8 +72,6 @@ MMA_F16 = ("tl::mma_sync<tl::DataType::kFloat16, tl::DataType::kFloat16, tl::Dat
 LUT_LO, LUT_HI = 0x3C383000, 0x4C484440
 # f16 high bytes of the same magnitudes (their low bytes are 0): Hopper's f16 form
 LUT16_LO, LUT16_HI = 0x3E3C3800, 0x46444240
-# Tensor-core operand type per family: SM12x runs fp8 mma.sync natively; Hopper's is emulated (module doc)
-OPERAND = {"blackwell_consumer": FP8, "hopper": "float16", "blackwell_dc": FP8}
 # e4m3 pair -> f16x2 (PTX cvt, sm_89+): the low byte's value in the low half
 _CVT_SRC = """
 __device__ __forceinline__ unsigned dsv4_e4m3x2_f16x2(unsigned v) {
@@ -163,8 +161,8 @@ def moe_params(arch: ArchProfile, n: int, k: int, num_tokens: int) -> dict:
     while stages > 1 and moe_smem_bytes_for(k, stages, bm) > arch.max_smem_per_block:
         stages -= 1
     p = {"n": n, "k": k, "block_m": bm, "block_n": block_cols(bm), "threads": 32 * warps, "stages": stages}
-    if OPERAND[arch.family] != FP8:
-        p["operand"] = OPERAND[arch.family]
+    if arch.fp8_mma_operand != FP8:     # Hopper: f16 (its fp8 mma.sync is emulated; module doc)
+        p["operand"] = arch.fp8_mma_operand
     return p
 
 
