@@ -223,16 +223,19 @@ def _norm_arch(a: str) -> str:
 
 def export_bundle(store: Store, dest: str | os.PathLike, fingerprint: dict, *,
                   archs: Iterable[str] | None = None, kernels: Iterable[str] | None = None,
-                  coverage: object = None) -> dict:
+                  keys: Iterable[str] | None = None, coverage: object = None) -> dict:
     """Write the store's entries (first layer wins per key; filtered by fields['arch'] /
-    fields['kernel']) to `dest` (local path, written tmp + rename; or an fsspec URL)."""
+    fields['kernel'] / an explicit key set) to `dest` (local path, written tmp + rename; or an fsspec URL)."""
     t0 = time.monotonic()
     dest = os.fspath(dest)
     want_archs = {_norm_arch(a) for a in archs} if archs else None
     want_kernels = set(kernels) if kernels else None
+    want_keys = set(keys) if keys is not None else None
     chosen: dict[str, object] = {}
     for e in store.entries():
         if e.key in chosen:
+            continue
+        if want_keys is not None and e.key not in want_keys:
             continue
         if want_archs is not None and _norm_arch(str(e.fields.get("arch"))) not in want_archs:
             continue

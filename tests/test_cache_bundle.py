@@ -72,6 +72,10 @@ def test_export_filters_and_import_merges(src_store, tmp_path):
     assert export_bundle(src_store, b90, FP, archs=["sm90"])["entries"] == 2  # alias normalised
     bpost = tmp_path / "bpost.tar.gz"
     assert export_bundle(src_store, bpost, FP, kernels=["mhc_post"])["entries"] == 1
+    keys = sorted(e.key for e in src_store.entries())
+    bkeys = tmp_path / "bkeys.tar.gz"
+    assert export_bundle(src_store, bkeys, FP, keys=keys[:1] + ["not-in-the-store"])["entries"] == 1
+    assert export_bundle(src_store, bkeys, FP, keys=[])["entries"] == 0
     dst = Store(tmp_path / "dst", layers=[])
     assert import_bundle(dst, bpost, FP)["installed"] == 1
     r = import_bundle(dst, b90, FP)

@@ -440,7 +440,10 @@ def export_plan_bundle(plan: Plan, dest: str, store, report: WarmupReport | None
     coverage = plan.coverage()
     if report is not None:
         coverage["not_built"] = sorted(r.key for r in report.results if r.status in ("failed", "not_done"))
-    return export_bundle(store, dest, toolchain_fingerprint(), archs=plan.archs, coverage=coverage)
+    # the plan's entries only: a store that served other models, families or older kernel code has entries the
+    # image does not need (and stale ones it could never load)
+    return export_bundle(store, dest, toolchain_fingerprint(), archs=plan.archs, keys=coverage["keys"],
+                         coverage=coverage)
 
 
 def run_warmup_cli(args, model, shapes, archs, reason: str, notes: list[str]) -> int:
