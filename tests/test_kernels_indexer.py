@@ -199,11 +199,14 @@ def test_sm120_shared_memory_figures():
     assert got[("indexer_decode_logits", 1, 128)] == 8_192 + 3 * (8_192 + 256) == 33_536
     assert got[("indexer_decode_logits", 3, 128)] == 24_576 + 3 * (8_192 + 256) == 49_920
     assert got[("indexer_prefill_logits", 2, 128)] == 16_384 + 3 * (8_192 + 256)
-    # histogram 1,040 + scan totals 32 + counters 16 + threshold 16, then the resident row: 11,264 keys (two CTAs
-    # per SM: 2 x (48,208 + 1 KB reserved) <= 102,400), or SPLIT_RESIDENT_MAX keys for the split kernel, and the
-    # 512 selected columns
-    assert got[("indexer_topk", None, 1024)] == got[("indexer_topk", None, 512)] == 1_104 + 4 * 11_264 + 4 * 512 == 48_208
-    assert got[("indexer_topk_split", None, 512)] == 1_040 + 32 + 16 + 16 + 4 * 8_192 + 4 * 512 == 35_920
+    # histogram (2,049 bins) 8,208 + scan totals (one a warp) + counters 16 + threshold 16, the 512 selected
+    # columns and CAND_MAX candidate columns, then the resident row: 7,168 keys (two CTAs per SM:
+    # 2 x (47,280 + 1 KB reserved) <= 102,400), or the split kernel's cap (split_schedule)
+    fixed = 8_208 + 16 + 16 + 4 * 512 + 4 * 2_048
+    assert got[("indexer_topk", None, 1024)] == fixed + 4 * 32 + 4 * 7_168 == 47_280
+    assert got[("indexer_topk", None, 512)] == fixed + 4 * 16 + 4 * 7_168 == 47_216
+    assert got[("indexer_topk_split", None, 512)] == fixed + 4 * 16 + 4 * 8_192 == 51_312        # 16 splits
+    assert got[("indexer_topk_split", None, 1024)] == fixed + 4 * 32 + 4 * 16_384 == 84_144      # 2-8 splits
     assert max(got.values()) <= 101_376
 
 
@@ -299,6 +302,66 @@ def test_row_split_radix_select_model_is_an_exact_top_k(n, splits):
     assert passes[0] <= 3 and passes[3] <= 3 and passes[2] == 4
 
 
+def _resident_select_model(row: torch.Tensor, k: int) -> tuple[set[int], str]:
+    """The resident select's algorithm (topk._resident_select): a histogram of the keys' top FIRST_BITS bits, one
+    walk that takes the keys above the threshold bin and copies the bin's columns as candidates (up to CAND_MAX),
+    two passes over the remaining 21 bits (11 + 10) on the candidates (or on the whole row restricted to the bin
+    when they overflow), then the collection. Returns (selected positions, path: "bin" (the whole threshold bin
+    taken), "candidates" or "row")."""
+    from dsv4_jit.kernels.indexer.topk import CAND_MAX, FIRST_BITS, WIDE_BINS
+
+    def threshold(digits: torch.Tensor, rem: int) -> tuple[int, int, int]:
+        hist = torch.bincount(digits, minlength=WIDE_BINS)
+        suf = torch.cat([hist.flip(0).cumsum(0).flip(0), torch.zeros(1, dtype=torch.long)])
+        thr = [b for b in range(WIDE_BINS) if suf[b] >= rem > suf[b + 1]]
+        assert len(thr) == 1
+        return thr[0], int(suf[thr[0] + 1]), int(suf[thr[0]] - suf[thr[0] + 1])
+
+    keys, top = _keys(row), 32 - FIRST_BITS
+    thr, above, in_bin = threshold(keys >> top, k)
+    rem = k - above
+    if in_bin == rem:
+        return set(((keys >> top) >= thr).nonzero().flatten().tolist()), "bin"
+    taken = ((keys >> top) > thr).nonzero().flatten().tolist()
+    bin_cols = ((keys >> top) == thr).nonzero().flatten()
+    path = "candidates" if len(bin_cols) <= CAND_MAX else "row"
+    prefix, mask = thr << top, ((1 << FIRST_BITS) - 1) << top
+    for shift, bits in ((10, 2047), (0, 1023)):
+        kb = keys[bin_cols]
+        kb = kb[(kb & mask) == prefix]
+        d, a, c = threshold((kb >> shift) & bits, rem)
+        rem -= a
+        prefix |= d << shift
+        mask |= bits << shift
+        if c == rem:
+            break
+    kb = keys[bin_cols]
+    above_in = bin_cols[(kb & mask) > prefix].tolist()
+    ties = bin_cols[(kb & mask) == prefix].tolist()
+    assert len(taken) + len(above_in) == k - rem and len(ties) >= rem
+    return set(taken) | set(above_in) | set(ties[:rem]), path
+
+
+@pytest.mark.parametrize("n", [513, 2048, 16384, 27648])
+def test_resident_two_level_select_model_is_an_exact_top_k(n):
+    g = torch.Generator().manual_seed(n)
+    k = 512
+    paths = []
+    for row in (torch.randn(n, generator=g), (torch.randn(n, generator=g) * 4).round() / 4,
+                torch.full((n,), 0.5), torch.randn(n, generator=g).abs() * 3 + 5.0,
+                torch.cat([torch.full((max(n - 600, 0),), -float("inf")), torch.randn(min(n, 600), generator=g)])):
+        got, path = _resident_select_model(row, k)
+        paths.append(path)
+        assert len(got) == k
+        kth = row.double().sort(descending=True).values[k - 1]
+        vals = row.double()[list(got)]
+        assert (vals >= kth).all() and int((row.double() > kth).sum()) <= k
+    # continuous rows leave few candidates after the first pass (11 bits: sign, exponent, 2 mantissa bits); an
+    # all-equal row longer than CAND_MAX walks the row
+    assert paths[0] == paths[3] == "candidates"
+    assert paths[2] == ("row" if n > 2048 else "candidates")
+
+
 def test_resident_row_fits_the_sm_and_is_whole_kilo_keys():
     from dsv4_jit.kernels.indexer.topk import resident_keys
     sm120, h100 = get_profile("sm_120a"), get_profile("sm_90a")
@@ -309,6 +372,21 @@ def test_resident_row_fits_the_sm_and_is_whole_kilo_keys():
         for ctas in (1, 2, 3):
             r = resident_keys(arch, 1_104, ctas)
             assert r % 1024 == 0 and ctas * (1_104 + 4 * r + 1_024) <= arch.max_smem_per_block + 1_024
+
+
+def test_split_kernel_threads_follow_the_splits():
+    """16 splits (the fewest rows) stream long rows with 512 threads and keep rows up to 8K keys in one CTA; 2-8
+    splits run 1,024 threads and keep rows up to 16K keys (64K context) in one CTA (topk.split_schedule)."""
+    spec = get_spec("indexer_topk_split")
+    st = {"topk": 512, "page_size": 64}
+    for arch in (get_profile("sm_90a"), get_profile("sm_120a")):
+        for t in (1, 8, 16, 64, 200):
+            p = spec.select(arch, st, t).p
+            want = (512, 8_192) if p["splits"] == 16 else (1_024, 16_384)
+            assert (p["threads"], p["resident"]) == want, (arch.name, t, p)
+            assert spec.smem_bytes(spec.select(arch, st, t)) <= arch.max_smem_per_block
+    assert spec.select(get_profile("sm_90a"), st, 1).p["splits"] == 16
+    assert spec.select(get_profile("sm_90a"), st, 64).p["splits"] == 2
 
 
 def test_topk_splits_fill_the_gpu_and_stop_at_one_cta_per_row():

@@ -5,19 +5,24 @@ indexer_topk, one CTA per query token (row):
   the row's candidate columns are [lo, hi) from row_info [T, 3] = (lo, hi, request) (written by the logits
   kernels, logits.py); column lo + j is compressed position j of that request. With n = hi - lo:
   * n <= topk: every position is taken (no selection), the rest of the row is -1;
-  * otherwise an exact radix select of the topk-th largest fp32 key, 8 bits per pass over 4 passes (order-
-    preserving uint32 keys; a 257-bin suffix-summed histogram in shared memory per pass, restricted to the
-    keys that match the prefix chosen so far), then one collection pass: every key above the threshold and
-    the first (topk - #above) keys equal to it (ties broken by atomic order: any tie order is valid). The
-    passes stop early once the threshold bin holds exactly the keys still needed (the whole bin is taken; keys
-    are then compared under the mask of the passes run): continuous logits usually stop after pass 3.
-  The first pass's histogram atomics are warp-aggregated (match_any): logits of one row share their top key
-  byte (sign + high exponent bits), so plain per-key atomics would all hit one bin and serialize. The
-  collection's output slots are warp-aggregated too (ballot + popc, one shared atomic per warp). Suffix
-  sums run as warp shuffles (two barriers per pass).
-  Each pass reads the row from global memory (L2 for the decode rows), LOADS_IN_FLIGHT keys per thread
-  before the first use; no candidate buffer, so any distribution (all ties, all -inf) is exact with fixed
-  shared memory.
+  * a row that fits in shared memory (n <= the variant's `resident` keys) is read once into shared memory and
+    selected there (_resident_select): a histogram of the keys' top FIRST_BITS = 11 bits (sign, exponent, two
+    mantissa bits; order-preserving uint32 keys) gives the threshold bin; one walk puts every key above it in
+    the output and copies the bin's columns (usually a few hundred) to a candidate list; two passes of 11 and
+    10 bits over the candidates find the exact topk-th largest key; the candidates above it and the first ties
+    are collected (ties broken in any order: any is valid). A bin of more than CAND_MAX keys (heavy ties) is
+    walked in the row itself, so any distribution is exact with fixed shared memory;
+  * a longer row streams from global memory: an exact radix select, 8 bits per pass over 4 passes (a 257-bin
+    suffix-summed histogram in shared memory per pass, restricted to the keys that match the prefix chosen so
+    far), then one collection pass: every key above the threshold and the first (topk - #above) keys equal to
+    it. The passes stop early once the threshold bin holds exactly the keys still needed (the whole bin is
+    taken; keys are then compared under the mask of the passes run): continuous logits usually stop after
+    pass 3. The first pass's histogram atomics are warp-aggregated (match_any): logits of one row share their
+    top key byte (sign + high exponent bits), so plain per-key atomics would all hit one bin and serialize.
+    Each pass reads the row from global memory (L2 for the decode rows), LOADS_IN_FLIGHT keys per thread
+    before the first use.
+  Every walk that places columns counts its items per thread first and takes output slots once per warp and
+  class (warp_slots: a shuffle scan and one atomic), and the suffix sums run as warp shuffles.
   Output: indices [T, topk] int32 = slots of the compressed KV cache the sparse-attention kernel reads,
       slot = block_table[request, pos // page_size] * page_size + pos % page_size  (-1 for a -1 page),
   in no particular order (a set), -1 padded; lengths [T] int32 = min(n, topk).
@@ -49,11 +54,19 @@ from .logits import check_arch, int_param, schedule_name
 
 RADIX = 256
 PASSES = 4  # 8 bits each over the 32-bit key
+# The resident select's digits: the key's top FIRST_BITS bits, then 11 and 10 (WIDE_BINS bins each pass), over at
+# most CAND_MAX candidates after the first pass
+FIRST_BITS = 11
+WIDE_BINS = 2048
+CAND_MAX = 2048
 # Both top-k kernels place every barrier they need themselves (T.sync_threads). TileLang's automatic barrier
 # insertion sees all shared buffers as one merged allocation, so a data-dependent histogram atomic next to a
 # resident-key read put two __syncthreads() inside every per-key loop iteration (~30 instructions and two
 # block-wide barriers per key: 25 us for a 16K-column row on the H100, 2026-11-24).
-_OWN_BARRIERS = {"tl.disable_thread_storage_sync": True}
+# Every global index of both kernels is in bounds by construction (columns clamped to [lo, lo + n - 1] within the
+# width, block-table pages to [0, max_pages - 1] with max_pages >= 1 checked by the op, tokens by the grid), so
+# TileLang's per-access guards are off: they were ~15 of the load loop's ~30 instructions per key (ncu, H100).
+_TOPK_PASS_CONFIGS = {"tl.disable_thread_storage_sync": True, "tl.disable_safe_memory_legalize": True}
 # Keys each thread loads before it uses any of them (registers), so the L2 latency of a pass is paid once
 # per 8 keys, and the next 8 load while these are counted (next_keys).
 LOADS_IN_FLIGHT = 8
@@ -81,12 +94,19 @@ def _a16(n: int) -> int:
     return -(-n // 16) * 16
 
 
+def scan_warps(threads: int) -> int:
+    """Entries of the per-warp scan totals: one per warp of the CTA (the resident select's wide scan), at least
+    RADIX / 32 (the streamed select's 256-bin scan)."""
+    return max(RADIX // 32, threads // 32)
+
+
 def topk_smem_bytes(p: Mapping[str, Any]) -> int:
-    """Histogram (RADIX + 1 bins), per-warp scan totals (RADIX / 32), two collection counters and the
-    threshold, int32, then the resident row (p["resident"] uint32 keys) and its topk selected columns, each
-    buffer placed at a 16-byte boundary in the merged dynamic allocation."""
-    return (_a16(4 * (RADIX + 1)) + _a16(4 * (RADIX // 32)) + _a16(4 * 2) + _a16(4 * 1)
-            + _a16(4 * p.get("resident", 0)) + _a16(4 * p["topk"]))
+    """Histogram (WIDE_BINS + 1 bins; the streamed passes use its first RADIX + 1), per-warp scan totals, two
+    collection counters and the threshold, int32, then the resident row (p["resident"] uint32 keys), its topk
+    selected columns and the CAND_MAX candidate columns, each buffer placed at a 16-byte boundary in the merged
+    dynamic allocation."""
+    return (_a16(4 * (WIDE_BINS + 1)) + _a16(4 * scan_warps(p["threads"])) + _a16(4 * 2) + _a16(4 * 1)
+            + _a16(4 * p.get("resident", 0)) + _a16(4 * p["topk"]) + _a16(4 * CAND_MAX))
 
 
 def _key_and_slot(T, P: int, max_pages):
@@ -137,41 +157,122 @@ def _scan_threshold(T):
     return scan_threshold
 
 
+def _scan_wide(T, threads: int):
+    """scan_wide(hist, wsum, s_thr, tx, rem), the resident select's scan over WIDE_BINS bins (each thread owns
+    WIDE_BINS / threads consecutive bins): hist[b] becomes the number of keys whose digit is >= b (hist[WIDE_BINS]
+    stays 0), then s_thr[0] the digit of the rem-th largest key. Three barriers. The later warps' totals are
+    summed by a butterfly over the warp's lanes (lane l holds warp l's total if l is a later warp): a loop over
+    every warp's total cost each thread ~100 instructions a scan at 1,024 threads."""
+    assert WIDE_BINS % threads == 0 and threads % 32 == 0
+    per, warps = WIDE_BINS // threads, threads // 32
+
+    @T.macro
+    def scan_wide(hist, wsum, s_thr, tx, rem):
+        own = T.alloc_local([per], "int32")
+        val = T.alloc_var("int32")
+        other = T.alloc_var("int32")
+        later = T.alloc_var("int32")
+        val = 0
+        for b in T.unroll(per):
+            own[b] = hist[tx * per + b]
+            val = val + own[b]
+        for st in T.unroll(5):  # suffix sums over the warp's lanes
+            other = T.shfl_down(val, 1 << st)
+            if tx % 32 + (1 << st) < 32:
+                val = val + other
+        if tx % 32 == 0:
+            wsum[tx // 32] = val
+        T.sync_threads()
+        later = T.if_then_else(tx % 32 < warps and tx % 32 > tx // 32, wsum[T.min(tx % 32, warps - 1)], 0)
+        for st in T.unroll(5):
+            later = later + T.shfl_xor(later, 1 << st)
+        val = val + later
+        for b in T.unroll(per):  # val: keys in bins >= tx * per + b
+            hist[tx * per + b] = val
+            val = val - own[b]
+        T.sync_threads()
+        for b in T.unroll(per):
+            if hist[tx * per + b] >= rem and hist[tx * per + b + 1] < rem:
+                s_thr[0] = tx * per + b
+        T.sync_threads()
+
+    return scan_wide
+
+
+def _warp_slots(T):
+    """warp_slots(cnt, counters, at0, at1, tx, off) (counters[at0], counters[at1]: int32, shared or global): cnt packs a thread's item counts of two classes (class 0 in
+    the low 16 bits, class 1 in the high, each < 65,536 a warp); off[c] becomes the thread's first output slot of
+    class c: its warp's base from one atomicAdd on its counter (lane 31, only for a nonzero count)
+    plus the counts of the lanes below (a shuffle scan). Every lane of the warp must call it."""
+    @T.macro
+    def warp_slots(cnt, counters, at0, at1, tx, off):
+        incl = T.alloc_var("int32")
+        other = T.alloc_var("int32")
+        b0 = T.alloc_var("int32")
+        b1 = T.alloc_var("int32")
+        incl = cnt
+        for st in T.unroll(5):
+            other = T.shfl_up(incl, 1 << st)
+            if tx % 32 >= (1 << st):
+                incl = incl + other
+        b0 = 0
+        b1 = 0
+        if tx % 32 == 31:
+            if (incl & 65535) > 0:
+                b0 = T.call_extern("int32", "atomicAdd", T.address_of(counters[at0]), incl & 65535)
+            if (incl >> 16) > 0:
+                b1 = T.call_extern("int32", "atomicAdd", T.address_of(counters[at1]), incl >> 16)
+        b0 = T.shfl_sync(b0, 31)
+        b1 = T.shfl_sync(b1, 31)
+        off[0] = b0 + ((incl - cnt) & 65535)
+        off[1] = b1 + ((incl - cnt) >> 16)
+
+    return warp_slots
+
+
 def _resident_select(T, *, threads: int, topk: int, to_key, slot):
     """The select of a row that fits in shared memory (topk < n <= the resident size), by one CTA; both kernels
     run it. The row is read from global memory once (LOADS_IN_FLIGHT loads per thread in flight), its keys kept
-    in `skeys`, and pass 0's histogram counted as it lands; passes 1-3 and the collection walk `skeys` one key
-    per thread per step. The streaming path's unrolled loads and per-slot guards cost ~30 instructions per key
-    and pass, and one CTA's passes were latency-bound on them (64K context: ~25 us for a 16K-column row,
-    whether it re-read global memory or not, H100 ncu, 2026-11-24)."""
+    in `skeys`, and a histogram of their top FIRST_BITS bits counted as they land. One walk over the row then
+    places every key above the threshold bin in the output and copies the threshold bin's columns to `cand`
+    (up to CAND_MAX); the remaining 21 bits are selected over those candidates in two passes (11 + 10 bits),
+    then the candidates are collected. A threshold bin larger than CAND_MAX (heavy ties) runs the same two passes
+    and collection over the whole row instead, restricted to the bin: exact for any distribution.
+    The walks that place columns count each thread's items first and take output slots once per warp and class
+    (warp_slots), then place them: a ballot, an atomic and a shuffle per key and class were ~70 instructions per
+    32 keys, 40% of the kernel (ncu, 16K keys, H100, 2026-11-24)."""
     U = LOADS_IN_FLIGHT
-    scan_threshold = _scan_threshold(T)
+    scan_wide = _scan_wide(T, threads)
+    warp_slots = _warp_slots(T)
+    top_shift = 32 - FIRST_BITS
 
     @T.macro
-    def resident_select(logits, bx, lo, n, req, tx, block_table, indices, skeys, hist, wsum, s_thr, s_cnt, s_pos):
+    def resident_select(logits, bx, lo, n, req, tx, block_table, indices, skeys, hist, wsum, s_thr, s_cnt, s_pos,
+                        cand):
         rem = T.alloc_var("int32")
         thr = T.alloc_var("int32")
         done = T.alloc_var("int32")
-        pos_out = T.alloc_var("int32")
-        base = T.alloc_var("int32")
+        walk = T.alloc_var("int32")    # 1: the candidate passes run
+        m = T.alloc_var("int32")       # items the candidate passes walk: candidates, or the whole row
+        cnt = T.alloc_var("int32")
+        col = T.alloc_var("int32")
         prefix = T.alloc_var("uint32")
         mask = T.alloc_var("uint32")
-        votes = T.alloc_var("uint32")
         kk = T.alloc_var("uint32")
-        lanes_below = T.alloc_var("uint32")
+        off = T.alloc_local([2], "int32")
         vals = T.alloc_local([U], "float32")
 
-        lanes_below = (T.Cast("uint32", 1) << T.Cast("uint32", tx % 32)) - T.Cast("uint32", 1)
         rem = topk
-        prefix = T.Cast("uint32", 0)
-        mask = T.Cast("uint32", 0)
         done = 0
-        if tx < RADIX + 1:
-            hist[tx] = 0
+        for i in T.serial(T.ceildiv(WIDE_BINS + 1, threads)):
+            if i * threads + tx < WIDE_BINS + 1:
+                hist[i * threads + tx] = 0
+        if tx == 0:
+            s_cnt[0] = 0
+            s_cnt[1] = 0
         T.sync_threads()
-        # pass 0 while the row lands: keep every key, count its top byte. Plain shared atomics: the streamed
-        # select's warp aggregation (match_any) made this pass slower here, 16K keys 22.2 -> 18.3 us without it
-        # (sweep_topk, H100, 2026-11-24)
+        # the row lands in skeys; its top FIRST_BITS bits counted with plain shared atomics (the streamed
+        # select's warp aggregation, match_any, made this slower here: sweep_topk, H100, 2026-11-24)
         for i in T.serial(T.ceildiv(n, threads * U)):
             for u in T.unroll(U):
                 vals[u] = logits[bx, lo + T.min((i * U + u) * threads + tx, n - 1)]
@@ -179,56 +280,88 @@ def _resident_select(T, *, threads: int, topk: int, to_key, slot):
                 if (i * U + u) * threads + tx < n:
                     kk = to_key(vals[u])
                     skeys[(i * U + u) * threads + tx] = kk
-                    T.atomic_add(hist[T.Cast("int32", kk >> T.Cast("uint32", 24))], 1)
+                    T.atomic_add(hist[T.Cast("int32", kk >> T.Cast("uint32", top_shift))], 1)
         T.sync_threads()
-        for rnd in T.serial(PASSES):
-            if done == 0:
-                if rnd > 0:
-                    if tx < RADIX + 1:
-                        hist[tx] = 0
-                    T.sync_threads()
-                    for j in T.serial(T.ceildiv(n, threads)):
-                        if j * threads + tx < n:
-                            kk = skeys[j * threads + tx]
-                            if (kk & mask) == prefix:
-                                T.atomic_add(hist[T.Cast("int32", (kk >> T.Cast("uint32", 24 - 8 * rnd))
-                                                       & T.Cast("uint32", 255))], 1)
-                    T.sync_threads()
-                scan_threshold(hist, wsum, s_thr, tx, rem, hist[T.min(tx, RADIX)])
-                thr = s_thr[0]
-                rem = rem - hist[thr + 1]
-                if hist[thr] - hist[thr + 1] == rem:  # the whole threshold bin is taken
-                    done = 1
-                prefix = prefix | (T.Cast("uint32", thr) << T.Cast("uint32", 24 - 8 * rnd))
-                mask = mask | (T.Cast("uint32", 255) << T.Cast("uint32", 24 - 8 * rnd))
-                T.sync_threads()
-        # collection: the columns of the keys above the threshold class, then of the first rem keys of it, into
-        # s_pos (warp-aggregated slots; a shared atomicAdd, not TileLang's device-scope atomic_ref, which is a
-        # generic-address ATOM); then all topk page-table lookups at once. Looking each one up as it was found
-        # chained a global load, an atomic and a store per key into every step of the loop.
-        if tx == 0:
-            s_cnt[0] = 0
-            s_cnt[1] = 0
-        T.sync_threads()
+        scan_wide(hist, wsum, s_thr, tx, rem)
+        thr = s_thr[0]
+        rem = rem - hist[thr + 1]
+        if hist[thr] - hist[thr + 1] == rem:  # the whole threshold bin is taken
+            done = 1
+        walk = 1 - done
+        prefix = T.Cast("uint32", thr) << T.Cast("uint32", top_shift)
+        mask = T.Cast("uint32", (1 << FIRST_BITS) - 1) << T.Cast("uint32", top_shift)
+        # one walk: keys above the threshold bin (all of it when done) -> s_pos; the bin's columns -> cand
+        cnt = 0
         for j in T.serial(T.ceildiv(n, threads)):
-            if j * threads + tx - tx % 32 < n:  # warp-uniform: the ballots need the whole warp
-                kk = skeys[T.min(j * threads + tx, n - 1)]
-                for c in T.unroll(2):
-                    take = j * threads + tx < n and T.if_then_else(
-                        c == 0, (kk & mask) > prefix, (kk & mask) == prefix)
-                    votes = T.Cast("uint32", T.ballot_sync(take))
-                    if votes != T.Cast("uint32", 0):
-                        if (votes & lanes_below) == T.Cast("uint32", 0) and take:
-                            base = T.call_extern("int32", "atomicAdd", T.address_of(s_cnt[c]),
-                                                 T.popcount(votes))
-                        base = T.shfl_sync(base, T.__ffs(T.Cast("int32", votes)) - 1)
-                        pos_out = base + T.popcount(votes & lanes_below)
-                        if take:
-                            if c == 0:
-                                s_pos[pos_out] = j * threads + tx
-                            elif pos_out < rem:
-                                s_pos[topk - rem + pos_out] = j * threads + tx
+            if j * threads + tx < n:
+                kk = skeys[j * threads + tx]
+                cnt = cnt + T.if_then_else((kk & mask) > prefix or (done == 1 and (kk & mask) == prefix), 1,
+                                           T.if_then_else((kk & mask) == prefix, 65536, 0))
+        warp_slots(cnt, s_cnt, (0,), (1,), tx, off)
+        for j in T.serial(T.ceildiv(n, threads)):
+            if j * threads + tx < n:
+                kk = skeys[j * threads + tx]
+                if (kk & mask) > prefix or (done == 1 and (kk & mask) == prefix):
+                    s_pos[off[0]] = j * threads + tx
+                    off[0] = off[0] + 1
+                elif (kk & mask) == prefix:
+                    if off[1] < CAND_MAX:
+                        cand[off[1]] = j * threads + tx
+                    off[1] = off[1] + 1
         T.sync_threads()
+        if walk == 1:
+            # the threshold bin's keys: its candidates, or (more than CAND_MAX of them) the whole row
+            m = T.if_then_else(s_cnt[1] <= CAND_MAX, s_cnt[1], n)
+            for rnd in T.serial(2):  # bits 10..20 (11), then 0..9 (10)
+                if done == 0:
+                    for i in T.serial(T.ceildiv(WIDE_BINS + 1, threads)):
+                        if i * threads + tx < WIDE_BINS + 1:
+                            hist[i * threads + tx] = 0
+                    T.sync_threads()
+                    for j in T.serial(T.ceildiv(m, threads)):
+                        if j * threads + tx < m:
+                            col = T.if_then_else(m < n, cand[j * threads + tx], j * threads + tx)
+                            kk = skeys[col]
+                            if (kk & mask) == prefix:
+                                T.atomic_add(hist[T.Cast("int32", (kk >> T.Cast("uint32", 10 - 10 * rnd))
+                                                       & T.Cast("uint32", 2047 - 1024 * rnd))], 1)
+                    T.sync_threads()
+                    scan_wide(hist, wsum, s_thr, tx, rem)
+                    thr = s_thr[0]
+                    rem = rem - hist[thr + 1]
+                    if hist[thr] - hist[thr + 1] == rem:
+                        done = 1
+                    prefix = prefix | (T.Cast("uint32", thr) << T.Cast("uint32", 10 - 10 * rnd))
+                    mask = mask | (T.Cast("uint32", 2047 - 1024 * rnd) << T.Cast("uint32", 10 - 10 * rnd))
+                    T.sync_threads()  # every thread has read hist before the next pass zeroes it
+            # collection within the bin: (key & mask) == prefix is the threshold class (the topk-th largest key,
+            # or a whole digit bin after an early exit), the keys above it within the bin continue s_cnt[0] after
+            # the keys above the bin; the first rem of the class fill the last rem slots
+            if tx == 0:
+                s_cnt[1] = 0
+            T.sync_threads()
+            cnt = 0
+            for j in T.serial(T.ceildiv(m, threads)):
+                if j * threads + tx < m:
+                    col = T.if_then_else(m < n, cand[j * threads + tx], j * threads + tx)
+                    kk = skeys[col]
+                    cnt = cnt + T.if_then_else(
+                        (kk >> T.Cast("uint32", top_shift)) == (prefix >> T.Cast("uint32", top_shift))
+                        and (kk & mask) > prefix, 1, T.if_then_else((kk & mask) == prefix, 65536, 0))
+            warp_slots(cnt, s_cnt, (0,), (1,), tx, off)
+            for j in T.serial(T.ceildiv(m, threads)):
+                if j * threads + tx < m:
+                    col = T.if_then_else(m < n, cand[j * threads + tx], j * threads + tx)
+                    kk = skeys[col]
+                    if (kk >> T.Cast("uint32", top_shift)) == (prefix >> T.Cast("uint32", top_shift)) \
+                            and (kk & mask) > prefix:
+                        s_pos[off[0]] = col
+                        off[0] = off[0] + 1
+                    elif (kk & mask) == prefix:
+                        if off[1] < rem:
+                            s_pos[topk - rem + off[1]] = col
+                        off[1] = off[1] + 1
+            T.sync_threads()
         for t in T.serial(T.ceildiv(topk, threads)):
             if t * threads + tx < topk:
                 indices[bx, t * threads + tx] = slot(block_table, req, s_pos[t * threads + tx])
@@ -248,6 +381,7 @@ def build_topk(*, topk: int, page_size: int, threads: int, resident: int):
     to_key, slot = _key_and_slot(T, P, max_pages)
     resident_select = _resident_select(T, threads=threads, topk=topk, to_key=to_key, slot=slot)
     scan_threshold = _scan_threshold(T)
+    warp_slots = _warp_slots(T)
 
     U = LOADS_IN_FLIGHT
 
@@ -279,7 +413,7 @@ def build_topk(*, topk: int, page_size: int, threads: int, resident: int):
     ):
         with T.Kernel(num_tokens, threads=threads) as bx:
             tx = T.get_thread_binding()
-            hist = T.alloc_shared([RADIX + 1], "int32")
+            hist = T.alloc_shared([WIDE_BINS + 1], "int32")
             s_thr = T.alloc_shared([1], "int32")
             s_cnt = T.alloc_shared([2], "int32")
 
@@ -288,20 +422,20 @@ def build_topk(*, topk: int, page_size: int, threads: int, resident: int):
             req = T.alloc_var("int32")
             rem = T.alloc_var("int32")
             thr = T.alloc_var("int32")
-            pos_out = T.alloc_var("int32")
+            cnt = T.alloc_var("int32")
+            off = T.alloc_local([2], "int32")
             prefix = T.alloc_var("uint32")
             mask = T.alloc_var("uint32")
             digit = T.alloc_var("uint32")
             peers = T.alloc_var("uint32")
-            votes = T.alloc_var("uint32")
-            base = T.alloc_var("int32")
             lanes_below = T.alloc_var("uint32")  # bits of the lanes below this one in its warp
             keys = T.alloc_local([LOADS_IN_FLIGHT], "uint32")
             vals = T.alloc_local([LOADS_IN_FLIGHT], "float32")
             done = T.alloc_var("int32")
-            wsum = T.alloc_shared([RADIX // 32], "int32")
+            wsum = T.alloc_shared([scan_warps(threads)], "int32")
             skeys = T.alloc_shared([R], "uint32")
             s_pos = T.alloc_shared([topk], "int32")
+            cand = T.alloc_shared([CAND_MAX], "int32")
 
             lanes_below = (T.Cast("uint32", 1) << T.Cast("uint32", tx % 32)) - T.Cast("uint32", 1)
             lo = T.min(T.max(row_info[bx, 0], 0), width)
@@ -317,7 +451,7 @@ def build_topk(*, topk: int, page_size: int, threads: int, resident: int):
                             i * threads + tx < n, slot(block_table, req, i * threads + tx), -1)
             elif n <= R:
                 resident_select(logits, bx, lo, n, req, tx, block_table, indices, skeys, hist, wsum, s_thr, s_cnt,
-                                s_pos)
+                                s_pos, cand)
             else:
                 rem = topk
                 prefix = T.Cast("uint32", 0)
@@ -364,23 +498,21 @@ def build_topk(*, topk: int, page_size: int, threads: int, resident: int):
                 load_vals(logits, bx, lo, n, 0, tx, vals)
                 for i in T.serial(T.ceildiv(n, threads * U)):
                     next_keys(logits, bx, lo, n, i, tx, vals, keys)
+                    # output slots for this iteration's U keys: one shared atomic per warp and class (warp_slots)
+                    cnt = 0
                     for u in T.unroll(U):
-                        # warp-aggregated output slots: one shared atomic per warp and class (above / tie)
-                        for c in T.unroll(2):
-                            take = (i * U + u) * threads + tx < n and T.if_then_else(
-                                c == 0, (keys[u] & mask) > prefix, (keys[u] & mask) == prefix)
-                            votes = T.Cast("uint32", T.ballot_sync(take))
-                            if votes != T.Cast("uint32", 0):
-                                if (votes & lanes_below) == T.Cast("uint32", 0) and take:
-                                    base = T.atomic_add(s_cnt[c], T.popcount(votes), return_prev=True)
-                                base = T.shfl_sync(base, T.__ffs(T.Cast("int32", votes)) - 1)
-                                pos_out = base + T.popcount(votes & lanes_below)
-                                if take:
-                                    if c == 0:
-                                        indices[bx, pos_out] = slot(block_table, req, (i * U + u) * threads + tx)
-                                    elif pos_out < rem:
-                                        indices[bx, topk - rem + pos_out] = slot(block_table, req,
-                                                                                 (i * U + u) * threads + tx)
+                        cnt = cnt + T.if_then_else((i * U + u) * threads + tx < n, T.if_then_else(
+                            (keys[u] & mask) > prefix, 1, T.if_then_else((keys[u] & mask) == prefix, 65536, 0)), 0)
+                    warp_slots(cnt, s_cnt, (0,), (1,), tx, off)
+                    for u in T.unroll(U):
+                        if (i * U + u) * threads + tx < n:
+                            if (keys[u] & mask) > prefix:
+                                indices[bx, off[0]] = slot(block_table, req, (i * U + u) * threads + tx)
+                                off[0] = off[0] + 1
+                            elif (keys[u] & mask) == prefix:
+                                if off[1] < rem:
+                                    indices[bx, topk - rem + off[1]] = slot(block_table, req, (i * U + u) * threads + tx)
+                                off[1] = off[1] + 1
 
     return indexer_topk
 
@@ -413,20 +545,33 @@ class IndexerTopkSpec(KernelSpec):
         return build_topk(**variant.p)
 
     def pass_configs(self, variant: Variant) -> dict[str, Any]:
-        return {**get_profile(variant.schedule).pass_configs, **_OWN_BARRIERS}
+        return {**get_profile(variant.schedule).pass_configs, **_TOPK_PASS_CONFIGS}
 
 
 # =============================================================================================
 # Top-k with a row split over several CTAs (few rows, long rows)
 # =============================================================================================
 MAX_SPLITS = 16
+# (threads, longest row selected in one CTA from shared memory) of the split kernel, by its splits: longer rows are
+# split over CTAs. Measured with the two-level resident select (sweep_topk and an ab probe, graph us per call
+# incl. the workspace memset, H100, 2026-11-24):
+#   16 splits (the fewest rows): 512 threads / 8K keys against 1,024 / 16K: 8K context 6.0 / 7.5 against 7.4 / 8.2
+#     (batch 1 / 8), 64K 10.3-11.0 / 12.7-13.2 against 10.9-11.0 / 11.1-11.8, 256K 12.5 / 12.7 against
+#     14.5 / 15.0: 512 threads stream a 64K-column row faster over 16 CTAs (threads x LOADS_IN_FLIGHT columns a
+#     step, so 1,024 threads left half the CTAs idle), and small rows pay less for their barriers;
+#   2, 4, 8 splits: 1,024 / 16K wins at 8 rows: 64K context 11.0-11.1 against 12.5-17.6 (512 threads stream
+#     16K columns over 2-8 CTAs or select them from shared memory in 12.7), 256K 44.7 / 28.0 / 18.9 against
+#     51.5 / 31.2 / 20.2.
 SPLIT_THREADS = 512
-# Longest row the split kernel selects in one CTA from shared memory; longer rows are split over CTAs. From
-# benchmarks/sweep_topk.py (H100, sm_90a, graph time per call incl. the workspace memset, 2026-11-24), 512 threads:
-# a 2K-column row took 7.2 us resident against 12.8 split 16 ways, 8K columns 12.3 against 14.5, but 16K columns
-# 18.3 against 14.9-15.3 (four to sixteen CTAs each read a slice). 1,024 threads would take 16K columns resident
-# in 14.7 us but streamed 64K-column rows 3.5 us slower (256K context), so the split kernel keeps 512.
 SPLIT_RESIDENT_MAX = 8192
+FEW_SPLITS_THREADS = 1024
+FEW_SPLITS_RESIDENT_MAX = 16384
+
+
+def split_schedule(splits: int) -> tuple[int, int]:
+    """(threads, resident-row cap) of the split kernel at this many splits (see above)."""
+    return (SPLIT_THREADS, SPLIT_RESIDENT_MAX) if splits >= MAX_SPLITS else (FEW_SPLITS_THREADS,
+                                                                              FEW_SPLITS_RESIDENT_MAX)
 
 
 def topk_splits(num_tokens: int, num_sms: int) -> int:
@@ -471,6 +616,7 @@ def build_topk_split(*, topk: int, page_size: int, threads: int, splits: int, re
     to_key, slot = _key_and_slot(T, P, max_pages)
     resident_select = _resident_select(T, threads=threads, topk=topk, to_key=to_key, slot=slot)
     scan_threshold = _scan_threshold(T)
+    warp_slots = _warp_slots(T)
 
     @T.prim_func
     def indexer_topk_split(
@@ -484,11 +630,12 @@ def build_topk_split(*, topk: int, page_size: int, threads: int, splits: int, re
         # the split index is blockIdx.x: a row's CTAs are dispatched together (forward progress, above)
         with T.Kernel(S, num_tokens, threads=threads) as (sx, bx):
             tx = T.get_thread_binding()
-            sh = T.alloc_shared([RADIX + 1], "int32")
+            sh = T.alloc_shared([WIDE_BINS + 1], "int32")
             s_cnt = T.alloc_shared([2], "int32")
             skeys = T.alloc_shared([R], "uint32")
             s_pos = T.alloc_shared([topk], "int32")
-            wsum = T.alloc_shared([RADIX // 32], "int32")
+            cand = T.alloc_shared([CAND_MAX], "int32")
+            wsum = T.alloc_shared([scan_warps(threads)], "int32")
             s_thr = T.alloc_shared([1], "int32")
             lo = T.alloc_var("int32")
             n = T.alloc_var("int32")
@@ -497,13 +644,12 @@ def build_topk_split(*, topk: int, page_size: int, threads: int, splits: int, re
             c1 = T.alloc_var("int32")
             rem = T.alloc_var("int32")
             thr = T.alloc_var("int32")
-            base = T.alloc_var("int32")
-            pos_out = T.alloc_var("int32")
+            cnt = T.alloc_var("int32")
+            off = T.alloc_local([2], "int32")
             prefix = T.alloc_var("uint32")
             mask = T.alloc_var("uint32")
             digit = T.alloc_var("uint32")
             peers = T.alloc_var("uint32")
-            votes = T.alloc_var("uint32")
             lanes_below = T.alloc_var("uint32")
             done = T.alloc_var("int32")
             keys = T.alloc_local([U], "uint32")
@@ -527,7 +673,7 @@ def build_topk_split(*, topk: int, page_size: int, threads: int, splits: int, re
                     if tx == 0:
                         lengths[bx] = topk
                     resident_select(logits, bx, lo, n, req, tx, block_table, indices, skeys, sh, wsum, s_thr,
-                                    s_cnt, s_pos)
+                                    s_cnt, s_pos, cand)
             else:
                 # this CTA's columns [c0, c1): an equal share, a multiple of threads * U
                 c0 = sx * T.ceildiv(T.ceildiv(n, S), threads * U) * (threads * U)
@@ -591,25 +737,23 @@ def build_topk_split(*, topk: int, page_size: int, threads: int, splits: int, re
                         vals[u] = logits[bx, lo + T.min(c0 + (i * U + u) * threads + tx, n - 1)]
                     for u in T.unroll(U):
                         keys[u] = to_key(vals[u])
+                    # output slots for this iteration's U keys: one global atomic per warp and class (warp_slots)
+                    cnt = 0
                     for u in T.unroll(U):
-                        # warp-aggregated output slots: one global atomic per warp and class (above / tie)
-                        for c in T.unroll(2):
-                            take = c0 + (i * U + u) * threads + tx < c1 and T.if_then_else(
-                                c == 0, (keys[u] & mask) > prefix, (keys[u] & mask) == prefix)
-                            votes = T.Cast("uint32", T.ballot_sync(take))
-                            if votes != T.Cast("uint32", 0):
-                                if (votes & lanes_below) == T.Cast("uint32", 0) and take:
-                                    base = T.atomic_add(hist[bx, PASSES, c], T.popcount(votes), return_prev=True)
-                                base = T.shfl_sync(base, T.__ffs(T.Cast("int32", votes)) - 1)
-                                pos_out = base + T.popcount(votes & lanes_below)
-                                if take:
-                                    if c == 0:
-                                        if pos_out < topk:
-                                            indices[bx, pos_out] = slot(block_table, req,
-                                                                        c0 + (i * U + u) * threads + tx)
-                                    elif pos_out < rem:
-                                        indices[bx, topk - rem + pos_out] = slot(block_table, req,
-                                                                                 c0 + (i * U + u) * threads + tx)
+                        cnt = cnt + T.if_then_else(c0 + (i * U + u) * threads + tx < c1, T.if_then_else(
+                            (keys[u] & mask) > prefix, 1, T.if_then_else((keys[u] & mask) == prefix, 65536, 0)), 0)
+                    warp_slots(cnt, hist, (bx, PASSES, 0), (bx, PASSES, 1), tx, off)
+                    for u in T.unroll(U):
+                        if c0 + (i * U + u) * threads + tx < c1:
+                            if (keys[u] & mask) > prefix:
+                                if off[0] < topk:
+                                    indices[bx, off[0]] = slot(block_table, req, c0 + (i * U + u) * threads + tx)
+                                off[0] = off[0] + 1
+                            elif (keys[u] & mask) == prefix:
+                                if off[1] < rem:
+                                    indices[bx, topk - rem + off[1]] = slot(block_table, req,
+                                                                             c0 + (i * U + u) * threads + tx)
+                                off[1] = off[1] + 1
 
     return indexer_topk_split
 
@@ -632,9 +776,10 @@ class IndexerTopkSplitSpec(KernelSpec):
         if topk > 4096:
             raise ValueError(f"{self.name}: topk={topk} is out of range (1..4096)")
         page_size = int_param(self.name, static, "page_size", (16, 32, 64, 128, 256))
-        p = {"topk": topk, "page_size": page_size, "threads": SPLIT_THREADS,
-             "splits": max(2, topk_splits(num_tokens, arch.num_sms_hint))}
-        p["resident"] = min(SPLIT_RESIDENT_MAX, resident_keys(arch, topk_split_smem_bytes(p), ctas_per_sm=1))
+        splits = max(2, topk_splits(num_tokens, arch.num_sms_hint))
+        threads, cap = split_schedule(splits)
+        p = {"topk": topk, "page_size": page_size, "threads": threads, "splits": splits}
+        p["resident"] = min(cap, resident_keys(arch, topk_split_smem_bytes(p), ctas_per_sm=1))
         return Variant.make(self.name, p, arch, schedule_name(arch))
 
     def smem_bytes(self, variant: Variant) -> int:
@@ -644,7 +789,7 @@ class IndexerTopkSplitSpec(KernelSpec):
         return build_topk_split(**variant.p)
 
     def pass_configs(self, variant: Variant) -> dict[str, Any]:
-        return {**get_profile(variant.schedule).pass_configs, **_OWN_BARRIERS}
+        return {**get_profile(variant.schedule).pass_configs, **_TOPK_PASS_CONFIGS}
 
 
 # =============================================================================================
