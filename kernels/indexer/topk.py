@@ -559,9 +559,9 @@ MAX_SPLITS = 16
 #     (batch 1 / 8), 64K 10.3-11.0 / 12.7-13.2 against 10.9-11.0 / 11.1-11.8, 256K 12.5 / 12.7 against
 #     14.5 / 15.0: 512 threads stream a 64K-column row faster over 16 CTAs (threads x LOADS_IN_FLIGHT columns a
 #     step, so 1,024 threads left half the CTAs idle), and small rows pay less for their barriers;
-#   2, 4, 8 splits: 1,024 / 16K wins at 8 rows: 64K context 11.0-11.1 against 12.5-17.6 (512 threads stream
-#     16K columns over 2-8 CTAs or select them from shared memory in 12.7), 256K 44.7 / 28.0 / 18.9 against
-#     51.5 / 31.2 / 20.2.
+#   2, 4, 8 splits: 1,024 / 16K wins at 8 rows: 64K context 11.0-11.1 against 12.6-17.6 (512 threads stream
+#     16K columns over 2-8 CTAs or select them from shared memory in 12.7), 256K 44.7 / 27.5 / 18.9 against
+#     51.5 / 30.4 / 20.0.
 SPLIT_THREADS = 512
 SPLIT_RESIDENT_MAX = 8192
 FEW_SPLITS_THREADS = 1024
