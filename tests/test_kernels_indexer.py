@@ -285,13 +285,13 @@ def _split_select_model(row: torch.Tensor, k: int, splits: int, unit: int) -> tu
 
 @pytest.mark.parametrize("n,splits", [(600, 2), (5000, 4), (65536, 16), (70001, 16), (513, 16)])
 def test_row_split_radix_select_model_is_an_exact_top_k(n, splits):
-    from dsv4_jit.kernels.indexer.topk import LOADS_IN_FLIGHT, SPLIT_THREADS
+    from dsv4_jit.kernels.indexer.topk import LOADS_IN_FLIGHT, split_schedule
     g = torch.Generator().manual_seed(n)
     k = 512
     passes = []
     for row in (torch.randn(n, generator=g), (torch.randn(n, generator=g) * 4).round() / 4,
                 torch.full((n,), 0.5), torch.randn(n, generator=g).abs() + 3.0):
-        got, used = _split_select_model(row, k, splits, SPLIT_THREADS * LOADS_IN_FLIGHT)
+        got, used = _split_select_model(row, k, splits, split_schedule(splits)[0] * LOADS_IN_FLIGHT)
         passes.append(used)
         assert len(got) == k
         kth = row.double().sort(descending=True).values[k - 1]

@@ -200,10 +200,11 @@ def _scan_wide(T, threads: int):
 
 
 def _warp_slots(T):
-    """warp_slots(cnt, counters, at0, at1, tx, off) (counters[at0], counters[at1]: int32, shared or global): cnt packs a thread's item counts of two classes (class 0 in
-    the low 16 bits, class 1 in the high, each < 65,536 a warp); off[c] becomes the thread's first output slot of
-    class c: its warp's base from one atomicAdd on its counter (lane 31, only for a nonzero count)
-    plus the counts of the lanes below (a shuffle scan). Every lane of the warp must call it."""
+    """warp_slots(cnt, counters, at0, at1, tx, off), counters[at0] / counters[at1] int32 (shared or global): cnt
+    packs a thread's item counts of two classes (class 0 in the low 16 bits, class 1 in the high, each < 65,536 a
+    warp); off[c] becomes the thread's first output slot of class c: its warp's base from one atomicAdd on its
+    counter (lane 31, only for a nonzero count) plus the counts of the lanes below (a shuffle scan). Every lane of
+    the warp must call it."""
     @T.macro
     def warp_slots(cnt, counters, at0, at1, tx, off):
         incl = T.alloc_var("int32")
@@ -511,7 +512,8 @@ def build_topk(*, topk: int, page_size: int, threads: int, resident: int):
                                 off[0] = off[0] + 1
                             elif (keys[u] & mask) == prefix:
                                 if off[1] < rem:
-                                    indices[bx, topk - rem + off[1]] = slot(block_table, req, (i * U + u) * threads + tx)
+                                    indices[bx, topk - rem + off[1]] = slot(block_table, req,
+                                                                            (i * U + u) * threads + tx)
                                 off[1] = off[1] + 1
 
     return indexer_topk
