@@ -349,7 +349,8 @@ def test_resident_two_level_select_model_is_an_exact_top_k(n):
     paths = []
     for row in (torch.randn(n, generator=g), (torch.randn(n, generator=g) * 4).round() / 4,
                 torch.full((n,), 0.5), torch.randn(n, generator=g).abs() * 3 + 5.0,
-                torch.cat([torch.full((max(n - 600, 0),), -float("inf")), torch.randn(min(n, 600), generator=g)])):
+                torch.cat([torch.full((max(n - 600, 0),), -float("inf")), torch.randn(min(n, 600), generator=g)]),
+                torch.cat([torch.rand(n - k, generator=g), torch.full((k,), 1000.0)])):
         got, path = _resident_select_model(row, k)
         paths.append(path)
         assert len(got) == k
@@ -360,6 +361,7 @@ def test_resident_two_level_select_model_is_an_exact_top_k(n):
     # all-equal row longer than CAND_MAX walks the row
     assert paths[0] == paths[3] == "candidates"
     assert paths[2] == ("row" if n > 2048 else "candidates")
+    assert paths[5] == "bin"  # the k largest fill their bin exactly: no candidate passes
 
 
 def test_resident_row_fits_the_sm_and_is_whole_kilo_keys():
