@@ -123,6 +123,26 @@ def _key_and_slot(T, P: int, max_pages):
     return to_key, slot
 
 
+def _warp_suffix_total(T):
+    """val = warp_suffix_total(x, tx, wsum): the sum of x over this lane and the lanes above it in the warp
+    (shuffles); lane 0 also stores its warp's total in wsum[warp]. Both scans' first step; every lane of the warp
+    must call it."""
+    @T.macro
+    def warp_suffix_total(x, tx, wsum):
+        val = T.alloc_var("int32")
+        other = T.alloc_var("int32")
+        val = x
+        for st in T.unroll(5):
+            other = T.shfl_down(val, 1 << st)
+            if tx % 32 + (1 << st) < 32:
+                val = val + other
+        if tx % 32 == 0:
+            wsum[tx // 32] = val
+        return val
+
+    return warp_suffix_total
+
+
 def _scan_threshold(T):
     """scan_threshold(hist, wsum, s_thr, tx, rem, count), every select's scan: given thread tx's bin count `count`
     (bin tx < RADIX: hist[tx] in one CTA, the row's global histogram in the split kernel; the argument is evaluated
@@ -130,18 +150,13 @@ def _scan_threshold(T):
     number of keys whose digit is >= b (suffix sums; hist[RADIX] stays 0), then s_thr[0] the digit of the rem-th
     largest key (exactly one bin has hist[b] >= rem > hist[b + 1]). Within each warp by shuffles, then across the
     RADIX / 32 warp totals: three barriers, the last before s_thr is read."""
+    warp_suffix_total = _warp_suffix_total(T)
+
     @T.macro
     def scan_threshold(hist, wsum, s_thr, tx, rem, count):
         val = T.alloc_var("int32")
-        other = T.alloc_var("int32")
         if tx < RADIX:
-            val = count
-            for st in T.unroll(5):
-                other = T.shfl_down(val, 1 << st)
-                if tx % 32 + (1 << st) < 32:
-                    val = val + other
-            if tx % 32 == 0:
-                wsum[tx // 32] = val
+            val = warp_suffix_total(count, tx, wsum)
         T.sync_threads()
         if tx < RADIX:
             for w in T.unroll(RADIX // 32):
@@ -165,23 +180,19 @@ def _scan_wide(T, threads: int):
     every warp's total cost each thread ~100 instructions a scan at 1,024 threads."""
     assert WIDE_BINS % threads == 0 and threads % 32 == 0
     per, warps = WIDE_BINS // threads, threads // 32
+    warp_suffix_total = _warp_suffix_total(T)
 
     @T.macro
     def scan_wide(hist, wsum, s_thr, tx, rem):
         own = T.alloc_local([per], "int32")
+        mine = T.alloc_var("int32")
         val = T.alloc_var("int32")
-        other = T.alloc_var("int32")
         later = T.alloc_var("int32")
-        val = 0
+        mine = 0
         for b in T.unroll(per):
             own[b] = hist[tx * per + b]
-            val = val + own[b]
-        for st in T.unroll(5):  # suffix sums over the warp's lanes
-            other = T.shfl_down(val, 1 << st)
-            if tx % 32 + (1 << st) < 32:
-                val = val + other
-        if tx % 32 == 0:
-            wsum[tx // 32] = val
+            mine = mine + own[b]
+        val = warp_suffix_total(mine, tx, wsum)
         T.sync_threads()
         later = T.if_then_else(tx % 32 < warps and tx % 32 > tx // 32, wsum[T.min(tx % 32, warps - 1)], 0)
         for st in T.unroll(5):
