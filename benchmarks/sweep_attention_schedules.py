@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import sys
 from pathlib import Path
 
@@ -56,13 +57,19 @@ def run_variant(prof, v: Variant, p: dict, scale: float, out: torch.Tensor):
     return f
 
 
-def fwd_params(heads: int, hb: int, bi: int, thr: int, s: int, scale: float, stages: int) -> dict:
+def fwd_params(heads: int, hb: int, bi: int, thr: int, s: int, scale: float, stages: int,
+               extra: dict | None = None) -> dict:
     """A hand-built forward variant's params, spelled as select spells them (no `stages` key for the register
-    path), so the selected candidate is recognised."""
+    path), so the selected candidate is recognised; `extra` adds keys (a null value drops one)."""
     p = {"heads": heads, "head_block": hb, "block_i": bi, "threads": thr, "kv_format": "fp8_ds_mla", "n_splits": s,
          "softmax_scale": scale}
     if stages:
         p["stages"] = stages
+    for k, v in (extra or {}).items():
+        if v is None:
+            p.pop(k, None)
+        else:
+            p[k] = v
     return p
 
 
@@ -70,9 +77,9 @@ def precompile(prof, scale: float, args) -> None:
     """Every candidate forward (and its combine) into the store, in parallel."""
     from concurrent.futures import ProcessPoolExecutor
     jobs = []
-    for heads, hb, bi, thr, s, ns in itertools.product(args.heads, args.head_blocks, args.block_i, args.threads,
-                                                      args.splits, args.stages):
-        params = fwd_params(heads, hb, bi, thr, s, scale, ns)
+    for heads, hb, bi, thr, s, ns, ex in itertools.product(args.heads, args.head_blocks, args.block_i, args.threads,
+                                                          args.splits, args.stages, args.extra):
+        params = fwd_params(heads, hb, bi, thr, s, scale, ns, ex)
         v = Variant.make(FWD.name, params, prof, prof.schedule)
         if hb > 2 * heads and hb > 16 or FWD.smem_bytes(v) > prof.max_smem_per_block:
             continue
@@ -105,6 +112,9 @@ def main() -> int:
                          "it safe); the timed loop then only loads")
     ap.add_argument("--compile-only", action="store_true",
                     help="with -j: only compile the candidates into the store (no GPU needed), e.g. on a build machine")
+    ap.add_argument("--extra", type=json.loads, nargs="+", default=[{}],
+                    help="JSON objects of further forward params, one candidate each (e.g. '{}' "
+                         "'{\"score_chains\": 1}'; null drops a key)")
     ap.add_argument("--out", default="bench_out/sweep_attention.json")
     args = ap.parse_args()
 
@@ -123,11 +133,11 @@ def main() -> int:
         ref = reference.ref_sparse_mla(p["q"], reference.unpack_fp8_ds_mla(c1, bs1), i1, l1,
                                        reference.unpack_fp8_ds_mla(c2, bs2), i2, l2, p["sink"], scale)
         picked = FWD.select(prof, ops._static(heads, scale, "fp8_ds_mla"), batch)
-        for hb, bi, thr, s, ns in itertools.product(args.head_blocks, args.block_i, args.threads, args.splits,
-                                                    args.stages):
-            params = fwd_params(heads, hb, bi, thr, s, scale, ns)
+        for hb, bi, thr, s, ns, ex in itertools.product(args.head_blocks, args.block_i, args.threads, args.splits,
+                                                        args.stages, args.extra):
+            params = fwd_params(heads, hb, bi, thr, s, scale, ns, ex)
             v = Variant.make(FWD.name, params, prof, prof.schedule)
-            row = {"heads": heads, "batch": batch, "ratio": ratio, "ctx": args.ctx, "variant": v.name,
+            row = {"heads": heads, "batch": batch, "ratio": ratio, "ctx": args.ctx, "variant": v.name, "extra": ex,
                    "selected": v == picked}
             if hb > 2 * heads and hb > 16 or FWD.smem_bytes(v) > prof.max_smem_per_block:
                 row["skipped"] = "over the budget or head block >> heads"
@@ -147,7 +157,7 @@ def main() -> int:
             us, why = graph_us_or_reason(f, reps=1)
             row.update(us=us, why=why, max_token_rel_err=err)
             rows.append(row)
-            print(f"ratio={ratio} H={heads} B={batch} hb={hb} bi={bi} thr={thr} S={s} st={ns}: {us if us is None else round(us, 1)} us "
+            print(f"ratio={ratio} H={heads} B={batch} hb={hb} bi={bi} thr={thr} S={s} st={ns} {ex}: {us if us is None else round(us, 1)} us "
                   f"err {err:.1e}{'  <- select' if row['selected'] else ''}", flush=True)
     write_rows(args.out, rows, schedule=prof.schedule, ratio=args.ratio, ctx=args.ctx)
     return 0

@@ -141,6 +141,72 @@ def test_fp8_gather_pipeline_choice_fits_and_registers_stay_only_for_one_token_6
                                     n_splits=1, softmax_scale=SCALE, stages=5)
 
 
+def test_dequant_bit_placement_is_exact_for_every_e4m3_code():
+    # the kernel places each byte's sign and magnitude bits in a bf16 (the value x 2^-120, subnormal codes
+    # included), then multiplies by 2^120 and by the UE8M0 scale: both powers of two, so nothing rounds
+    codes = torch.arange(256, dtype=torch.uint8)
+    want = codes.view(torch.float8_e4m3fn).float()
+    bits = torch.tensor([sparse_mla.e4m3_bf16_bits(c) for c in range(256)], dtype=torch.int32)
+    placed = (bits << 16).view(torch.float32).double() * 2.0 ** 120
+    finite = ~torch.isnan(want)
+    assert torch.equal(placed[finite], want[finite].double())
+    assert int((~finite).sum()) == 2   # 0x7f / 0xff: NaN in e4m3, never written by the encoder
+
+
+@pytest.mark.gpu
+def test_dequant8_device_function_is_bit_exact_against_torch():
+    # the CUDA source itself (DEQUANT8_SRC), compiled for this GPU: every code x UE8M0 exponents across the range
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    tilelang = pytest.importorskip("tilelang")
+    import tilelang.language as T
+
+    @T.prim_func
+    def dq(src: T.Tensor[(64, 32, 8), "uint8"], e: T.Tensor[(64,), "uint8"], out: T.Tensor[(64, 32, 8), "bfloat16"]):
+        with T.Kernel(64, threads=32) as (bx,):
+            T.import_source(sparse_mla.DEQUANT8_SRC)
+            tx = T.get_thread_binding()
+            T.call_extern("handle", "dsv4_dequant8", T.address_of(out[bx, tx, 0]), T.address_of(src[bx, tx, 0]),
+                          T.Cast("uint32", e[bx]))
+
+    kern = tilelang.compile(dq, target="cuda")
+    codes = torch.arange(256, dtype=torch.uint8).view(1, 32, 8).repeat(64, 1, 1).cuda()
+    es = torch.tensor([0, 1, 2, 60, 100, 110, 117, 120, 126, 127, 128, 134, 135, 140, 200, 254] * 4,
+                      dtype=torch.uint8).cuda()
+    out = torch.empty(64, 32, 8, dtype=torch.bfloat16, device="cuda")
+    kern(codes, es, out)
+    vals = codes.view(torch.float8_e4m3fn).float()
+    scale = torch.where(es == 0, torch.zeros_like(es, dtype=torch.float32), torch.exp2(es.float() - 127))
+    want = (vals * scale[:, None, None]).to(torch.bfloat16)
+    same = (out.view(torch.int16) == want.view(torch.int16)) | torch.isnan(vals)
+    assert bool(same.all()), f"{int((~same).sum())} codes differ"
+
+
+def test_wide_tiles_only_on_wgmma_64_head_ctas_with_at_most_two_splits():
+    # 64-candidate tiles where a WGMMA CTA of 64 heads walks a long share of the list (the fp8 ring); they
+    # never change how many CTAs an SM holds, so the split count select computed with 32 stands
+    for arch in sorted(PROFILES):
+        prof = get_profile(arch)
+        for heads in (8, 16, 32, 64, 128):
+            for t in (1, 2, 8, 24, 44, 45, 64, 200, 4096):
+                for fmt in ("fp8_ds_mla", "bf16"):
+                    v = FWD.select(prof, {"heads": heads, "softmax_scale": SCALE, "kv_format": fmt}, t)
+                    p = v.p
+                    wide = (prof.has_wgmma and p["head_block"] >= 64 and p["n_splits"] <= 2
+                            and p.get("stages", 0) >= 1)
+                    assert p["block_i"] == (64 if wide else 32), (arch, heads, t, fmt, p)
+                    assert FWD.smem_bytes(v) <= prof.max_smem_per_block
+                    if wide:
+                        thr = p["threads"]
+                        assert (sparse_mla.ctas_per_sm(prof, FWD.smem_bytes(v), thr)
+                                == sparse_mla.ctas_per_sm(prof, sparse_mla.smem_bytes_for(p["head_block"], 32, 1), thr))
+    hopper = get_profile("sm_90a")
+    assert FWD.select(hopper, {"heads": 64, "softmax_scale": SCALE}, 64).p["block_i"] == 64
+    assert FWD.select(hopper, {"heads": 64, "softmax_scale": SCALE}, 8).p["block_i"] == 32
+    assert FWD.select(get_profile("sm_120a"), {"heads": 64, "softmax_scale": SCALE}, 64).p["block_i"] == 32
+    assert sparse_mla.smem_bytes_for(64, 64, 1) == 195_584
+
+
 def test_ctas_per_sm_counts_registers_and_shared_memory():
     # 128 threads at 255 registers: two CTAs by registers; the 72 KB 16-head tile (the cp.async stage): three fit
     # a Hopper SM's shared memory, one an SM12x SM's (100 KB)

@@ -34,14 +34,17 @@ Shared memory, per CTA:  2*512*(HB + BI)  Q and KV tiles (bf16)
     scales) and its rows' page and offset per stage, and the validity of the tile in kv_s. The bytes go
     global -> shared by cp.async with no register held and are dequantized from shared memory. One stage
     (select's): the next tile is issued once this one is dequantized out of the stage, and flies during its
-    math. 16 heads 71,744 B, 32 heads 91,648 B (both fit SM12x), 64 heads 131,456 B (Hopper).
+    math. 16 heads 71,744 B, 32 heads 91,648 B (both fit SM12x), 64 heads 131,456 B (Hopper; 195,584 B with
+    64-candidate tiles).
   - stages = 0, through registers: + 4*BI*(3 + 8) page / offset / validity and 8 fp32 scales per row; tile
     k+1's bytes are loaded into registers (every load issued before any is used) while tile k is dequantized
     and multiplied. Kept for one-token steps at 64 heads on Hopper (64 splits, 0-2 tiles a CTA).
   The bf16 (prefill) kernel gathers through registers as stages = 0 does.
 SM12x: HB <= 32, BI = 32, 256 threads (16 heads: 128); H = 64 runs as 2 head blocks (the public
 one-CTA-per-64-heads tiling needs 141,312 B, which SM120 cannot launch).
-sm_90a / sm_100a: HB = 64 (one CTA reads a candidate tile for all 64 heads), BI = 32.
+sm_90a / sm_100a: HB = 64 (one CTA reads a candidate tile for all 64 heads), BI = 32; on Hopper (WGMMA) BI = 64
+where a token's list is split at most 2 ways (kv_tile).
+The fp8 NoPE bytes become bf16 8 at a time by bit placement and two bf16x2 multiplies (DEQUANT8_SRC).
 
 Every barrier is explicit, four per tile (TileLang's automatic ones were ~36: a block-wide reduction per row held
 by a thread, and one in each step of the dequantize loop).
@@ -66,6 +69,39 @@ SMEM_RESERVED = 1024  # shared memory the driver reserves per CTA
 SPAD = 4           # fp32 pad per score row in shared memory (spreads the fragment stores over banks)
 
 
+# 8 e4m3 bytes -> 8 bf16 times 2^(e - 127) (UE8M0 e; e = 0 gives 0), exactly: each byte's sign and 7 magnitude bits
+# placed in a bf16 give the byte's value x 2^-120 (its subnormal codes included: a bf16 subnormal), which two
+# power-of-two bf16x2 multiplies (2^120, then 2^(e - 127) with e in the exponent field) scale without rounding.
+DEQUANT8_SRC = r"""
+__device__ __forceinline__ unsigned dsv4_bf16x2_mul(unsigned a, unsigned b) {
+  unsigned d;   // fma with -0 as the addend: a * b, with the sign of a zero product kept
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));
+  return d;
+}
+__device__ __forceinline__ unsigned dsv4_e4m3x2_bf16x2(unsigned w, unsigned sel, unsigned scale) {
+  unsigned t = __byte_perm(w, 0u, sel);   // the two bytes into bits 8-15 and 24-31
+  unsigned b = (t & 0x80008000u) | ((t >> 4) & 0x07F007F0u);
+  return dsv4_bf16x2_mul(dsv4_bf16x2_mul(b, 0x7B807B80u), scale);
+}
+__device__ __forceinline__ void dsv4_dequant8(void* dst, const void* src, unsigned e) {
+  uint2 w = *reinterpret_cast<const uint2*>(src);
+  unsigned scale = (e << 7) | (e << 23);
+  uint4 o;
+  o.x = dsv4_e4m3x2_bf16x2(w.x, 0x1404u, scale);
+  o.y = dsv4_e4m3x2_bf16x2(w.x, 0x3424u, scale);
+  o.z = dsv4_e4m3x2_bf16x2(w.y, 0x1404u, scale);
+  o.w = dsv4_e4m3x2_bf16x2(w.y, 0x3424u, scale);
+  *reinterpret_cast<uint4*>(dst) = o;
+}
+"""
+
+
+def e4m3_bf16_bits(byte: int) -> int:
+    """DEQUANT8_SRC's bit placement in plain Python: the bf16 bits holding e4m3 `byte`'s value x 2^-120 (the
+    tests check it against torch for every code; NaN codes, which no encoder writes, become finite)."""
+    return (byte & 0x80) << 8 | (byte & 0x7F) << 4
+
+
 def pass_configs_for(variant: Variant) -> dict[str, Any]:
     # 128-bit vectors only: TileLang emits 256-bit loads for sm_100+/sm_120 that an SM120 schedule proven
     # on an sm_90a GPU would never exercise. WGMMA where the schedule's GPU has it (Hopper), for the GEMMs whose
@@ -82,6 +118,9 @@ def pass_configs_for(variant: Variant) -> dict[str, Any]:
     # every barrier is explicit (see the loop): TileLang's pass sees all shared buffers as one allocation and
     # put a barrier in each iteration of the dequantize loop
     cfg["tl.disable_thread_storage_sync"] = True
+    # every global index is in range by construction (slots checked against the cache, rows clamped), so
+    # TileLang's per-access bounds guards (predicates on every cp.async) are dead code
+    cfg["tl.disable_safe_memory_legalize"] = True
     # T.gemm's k loop (32 steps of ldmatrix + mma for the scores) is emitted rolled: each step then waits on
     # its own ldmatrix (ncu, H100: the top stall). Unrolled, ptxas issues the next step's loads early.
     cfg["tl.UnrollLoop"] = {"auto_max_step": 4096, "auto_max_extent": 64, "explicit_unroll": False}
@@ -107,9 +146,20 @@ def head_block(heads: int, arch: ArchProfile) -> int:
     return hb
 
 
-def kv_tile(arch: ArchProfile) -> int:
-    """32 candidates per tile on every arch. 64 (tried for sm_90a, where it fits) gave wrong results on an
-    H100 in the register-prefetch pipeline at some points, and was not faster where it was right."""
+WIDE_TILE_MAX_SPLITS = 2  # 64-candidate tiles where a token's list is split at most this many ways
+
+
+def kv_tile(arch: ArchProfile, hb: int, n_splits: int, ring: bool) -> int:
+    """Candidates per tile: 32, or 64 on a GPU with WGMMA at 64 heads a CTA where the fp8 ring runs and each
+    CTA walks a long share of the list (n_splits <= 2: 33+ tokens on an H100). Each WGMMA warp group then
+    computes 32 score columns a tile instead of 16, so the per-tile work (barriers, softmax, the 32 score
+    WGMMAs' descriptors) covers twice the candidates. H100, 64 heads, 256K context, batch 64, 2 splits
+    (sweep_attention_schedules, 2026-11-24): ratio 128 122.3 -> 102.9 us, ratio 4 51.0 -> 51.9 (level); at
+    batch 8 (16 splits) 64 was slower on both lists (24.2 -> 29.4, 33.5 -> 37.8). SM12x's 101,376 B cannot
+    hold a 64-row tile at 32 heads (149,632 B). The register path keeps 32: 64 gave wrong results in an
+    earlier form of that pipeline."""
+    if ring and arch.has_wgmma and hb >= 64 and n_splits <= WIDE_TILE_MAX_SPLITS:
+        return 64
     return 32
 
 
@@ -160,7 +210,7 @@ def smem_bytes_for(hb: int, bi: int, stages: int = 0) -> int:
 
 
 def build_sparse_mla(heads: int, head_block: int, block_i: int, threads: int, kv_format: str, n_splits: int,
-                     softmax_scale: float, stages: int = 0):
+                     softmax_scale: float, stages: int = 0, score_chains: int = 0):
     import tilelang.language as T
 
     H, HB, BI, S, NST = heads, head_block, block_i, n_splits, stages
@@ -202,7 +252,12 @@ def build_sparse_mla(heads: int, head_block: int, block_i: int, threads: int, kv
         else:
             T.async_copy(q[t, hb * HB:(hb + 1) * HB, :], q_s)
 
-    NACC = 2 if HB >= 64 else 4  # score accumulators (registers: 255 a thread at HB = 64 already)
+    # Score accumulators. mma.sync: 2 or 4 chains (registers: 255 a thread at HB = 64 already). WGMMA
+    # (score_chains = 1): one async batch over all 512 dims and one wait; as chains, each 64-dim slice was a batch
+    # with a wait of its own (8 a tile). H100, 64 heads, 256K context: 3-5% faster at batch 8 and 64, both lists.
+    if score_chains not in (0, 1, 2, 4):
+        raise ValueError(f"sparse_mla: score_chains must be 1, 2 or 4 (0: by head block), got {score_chains}")
+    NACC = score_chains or (2 if HB >= 64 else 4)
     QK_SLICE = 64
     TPR = threads // HB          # threads per head row in the softmax
     CPT = BI // TPR              # score columns per thread
@@ -216,26 +271,31 @@ def build_sparse_mla(heads: int, head_block: int, block_i: int, threads: int, kv
         # each), not 2 x 4 (32 x 8), so Q is read from shared memory by 2 warps, not 4 (K by 4, not 2): 256 KB of
         # ldmatrix a tile where 320 KB were (H100, 64 tokens, 256K list: 156 -> 145 us). At 16 and 32 heads
         # (M = 16 / 32) it is the same partition as before.
-        T.clear(acc_s)
-        T.clear(acc_b)
-        if NACC == 4:
-            T.clear(acc_c)
-            T.clear(acc_d)
-        for c in T.unroll(D // (QK_SLICE * NACC)):
-            k0 = c * QK_SLICE * NACC
-            T.gemm(q_s[:, k0:k0 + QK_SLICE], kv_s[:, k0:k0 + QK_SLICE], acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
-            T.gemm(q_s[:, k0 + QK_SLICE:k0 + 2 * QK_SLICE], kv_s[:, k0 + QK_SLICE:k0 + 2 * QK_SLICE], acc_b,
-                   transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
+        if NACC == 1:
+            T.gemm(q_s, kv_s, acc_s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
+            T.copy(acc_s, s_s[:, 0:BI])
+        else:
+            T.clear(acc_s)
+            T.clear(acc_b)
             if NACC == 4:
-                T.gemm(q_s[:, k0 + 2 * QK_SLICE:k0 + 3 * QK_SLICE], kv_s[:, k0 + 2 * QK_SLICE:k0 + 3 * QK_SLICE],
-                       acc_c, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
-                T.gemm(q_s[:, k0 + 3 * QK_SLICE:k0 + 4 * QK_SLICE], kv_s[:, k0 + 3 * QK_SLICE:k0 + 4 * QK_SLICE],
-                       acc_d, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
-        for h, j in T.Parallel(HB, BI):
-            if NACC == 2:
-                s_s[h, j] = acc_s[h, j] + acc_b[h, j]
-            else:
-                s_s[h, j] = (acc_s[h, j] + acc_b[h, j]) + (acc_c[h, j] + acc_d[h, j])
+                T.clear(acc_c)
+                T.clear(acc_d)
+            for c in T.unroll(D // (QK_SLICE * NACC)):
+                k0 = c * QK_SLICE * NACC
+                T.gemm(q_s[:, k0:k0 + QK_SLICE], kv_s[:, k0:k0 + QK_SLICE], acc_s, transpose_B=True,
+                       policy=T.GemmWarpPolicy.FullRow)
+                T.gemm(q_s[:, k0 + QK_SLICE:k0 + 2 * QK_SLICE], kv_s[:, k0 + QK_SLICE:k0 + 2 * QK_SLICE], acc_b,
+                       transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
+                if NACC == 4:
+                    T.gemm(q_s[:, k0 + 2 * QK_SLICE:k0 + 3 * QK_SLICE], kv_s[:, k0 + 2 * QK_SLICE:k0 + 3 * QK_SLICE],
+                           acc_c, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
+                    T.gemm(q_s[:, k0 + 3 * QK_SLICE:k0 + 4 * QK_SLICE], kv_s[:, k0 + 3 * QK_SLICE:k0 + 4 * QK_SLICE],
+                           acc_d, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
+            for h, j in T.Parallel(HB, BI):
+                if NACC == 2:
+                    s_s[h, j] = acc_s[h, j] + acc_b[h, j]
+                else:
+                    s_s[h, j] = (acc_s[h, j] + acc_b[h, j]) + (acc_c[h, j] + acc_d[h, j])
 
     @T.macro
     def row_softmax(s_s, valid_s, p_s, alpha_s, st, tx):
@@ -392,12 +452,18 @@ def build_sparse_mla(heads: int, head_block: int, block_i: int, threads: int, kv
                 issue_fp8(kvq2, kvs2, kvr2, bs2, st, tx, pg_s, off_s, nope_s, rope_s, scr_s)
         T.ptx_commit_group()  # always: wait_group counts groups, empty ones included
 
+    NQ8 = NOPE // 8   # 8-byte groups of a row's NoPE bytes
+
     @T.macro
     def dequant_stage(nope_s, rope_s, scr_s, st, kv_s):
-        # UE8M0 e -> 2^(e-127) by placing e in the float's exponent field (e = 0 gives 0, not 2^-127)
-        for j, c in T.Parallel(BI, NOPE):
-            kv_s[j, c] = T.Cast("bfloat16", T.Cast("float32", nope_s[st, j, c]) * T.reinterpret(
-                T.shift_left(T.Cast("uint32", scr_s[st, j, c // GROUP]), T.uint32(23)), "float32"))
+        # 8 e4m3 bytes -> 8 bf16 a thread by bit placement and two bf16x2 multiplies (DEQUANT8_SRC); kv_s's
+        # swizzle moves 16-byte chunks, so the 8 values of kv_s[j, c0 .. c0 + 7] are one aligned 16-byte store
+        for i in T.unroll((BI * NQ8 + threads - 1) // threads):
+            k = i * threads + T.get_thread_binding()
+            if k < BI * NQ8:
+                T.call_extern("handle", "dsv4_dequant8", T.address_of(kv_s[k // NQ8, (k % NQ8) * 8]),
+                              T.address_of(nope_s[st, k // NQ8, (k % NQ8) * 8]),
+                              T.Cast("uint32", scr_s[st, k // NQ8, (k % NQ8) * 8 // GROUP]))
         for j, c in T.Parallel(BI, ROPE):
             kv_s[j, NOPE + c] = rope_s[st, j, c]
 
@@ -485,6 +551,7 @@ def build_sparse_mla(heads: int, head_block: int, block_i: int, threads: int, kv
         ):
             if NST:
                 with T.Kernel(num_tokens, NHB, S, threads=threads) as (t, hb, split):
+                    T.import_source(DEQUANT8_SRC)
                     q_s = T.alloc_shared([HB, D], "bfloat16")
                     kv_s = T.alloc_shared([BI, D], "bfloat16")
                     p_s = T.alloc_shared([HB, BI], "bfloat16")
@@ -775,17 +842,21 @@ class SparseMlaSpec(KernelSpec):
         nhb = math.ceil(heads / hb)
         # 8 warps hide the gather's latency; a 16-row head block splits over 4 (mma.sync needs 16 rows x 8
         # columns per warp, and the 32-wide score tile has only 4 such column blocks)
-        bi, threads = kv_tile(arch), 128 if hb == 16 else 256
-        # the split count as the ring would run; where registers take over, their footprint holds at least as
-        # many CTAs an SM (the count stands)
+        threads = 128 if hb == 16 else 256
+        # the split count as the ring would run with 32-candidate tiles; where registers take over, their
+        # footprint holds at least as many CTAs an SM (the count stands), and a 64-candidate tile is chosen
+        # only where one CTA an SM runs either way (64 heads on Hopper)
         ring = 1 if fmt == "fp8_ds_mla" else 0
-        per_sm = ctas_per_sm(arch, smem_bytes_for(hb, bi, ring), threads)
+        per_sm = ctas_per_sm(arch, smem_bytes_for(hb, 32, ring), threads)
         n_splits = num_splits(num_tokens, nhb, arch.num_sms_hint, per_sm)
-        stages = kv_stages(hb, bi, arch, n_splits) if fmt == "fp8_ds_mla" else 0
+        stages = kv_stages(hb, 32, arch, n_splits) if fmt == "fp8_ds_mla" else 0
+        bi = kv_tile(arch, hb, n_splits, stages > 0)
         params = {"heads": heads, "head_block": hb, "block_i": bi, "threads": threads, "kv_format": fmt,
                   "n_splits": n_splits, "softmax_scale": scale}
         if stages:
             params["stages"] = stages
+        if hb >= 64 and arch.has_wgmma:
+            params["score_chains"] = 1
         return Variant.make(self.name, params, arch, schedule_name(arch))
 
     def build(self, variant: Variant):
