@@ -220,6 +220,18 @@ def test_hopper_logits_shared_memory():
     assert 4 * (spec.smem_bytes(v) + 1024) <= 233_472
 
 
+def test_only_the_paged_logits_drop_the_per_access_guards():
+    """The paged kernel's indices are in range by construction (pages clamped to the cache), so its bounds guards go;
+    the ragged kernel's last tile copies past num_k and needs the guard's zero fill."""
+    dec, pre = get_spec("indexer_decode_logits"), get_spec("indexer_prefill_logits")
+    for arch in ("sm_120a", "sm_90a"):
+        prof = get_profile(arch)
+        v = dec.select(prof, ops.decode_static(64, 128, 1, 64), 8)
+        assert dec.pass_configs(v)["tl.disable_safe_memory_legalize"] is True
+        w = pre.select(prof, {"heads": 64, "dim": 128}, 8)
+        assert "tl.disable_safe_memory_legalize" not in pre.pass_configs(w)
+
+
 def test_logits_variant_is_one_per_static():
     """Context length, batch and token count never enter the logits select: the grid's column width follows the
     token count at launch (ceil(target CTAs / groups)), so one variant serves every batch and a new context never
