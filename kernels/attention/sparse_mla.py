@@ -149,16 +149,16 @@ def head_block(heads: int, arch: ArchProfile) -> int:
 WIDE_TILE_MAX_SPLITS = 2  # 64-candidate tiles where a token's list is split at most this many ways
 
 
-def kv_tile(arch: ArchProfile, hb: int, n_splits: int, ring: bool) -> int:
-    """Candidates per tile: 32, or 64 on a GPU with WGMMA at 64 heads a CTA where the fp8 ring runs and each
-    CTA walks a long share of the list (n_splits <= 2: 33+ tokens on an H100). Each WGMMA warp group then
+def kv_tile(wgmma_cta: bool, n_splits: int, ring: bool) -> int:
+    """Candidates per tile: 32, or 64 for a WGMMA CTA (64 heads on Hopper) where the fp8 ring runs and each
+    CTA walks a long share of the list (n_splits <= 2: 45+ tokens on an H100). Each WGMMA warp group then
     computes 32 score columns a tile instead of 16, so the per-tile work (barriers, softmax, the 32 score
     WGMMAs' descriptors) covers twice the candidates. H100, 64 heads, 256K context, batch 64, 2 splits
     (sweep_attention_schedules, 2026-11-24): ratio 128 122.3 -> 102.9 us, ratio 4 51.0 -> 51.9 (level); at
     batch 8 (16 splits) 64 was slower on both lists (24.2 -> 29.4, 33.5 -> 37.8). SM12x's 101,376 B cannot
     hold a 64-row tile at 32 heads (149,632 B). The register path keeps 32: 64 gave wrong results in an
     earlier form of that pipeline."""
-    if ring and arch.has_wgmma and hb >= 64 and n_splits <= WIDE_TILE_MAX_SPLITS:
+    if ring and wgmma_cta and n_splits <= WIDE_TILE_MAX_SPLITS:
         return 64
     return 32
 
@@ -843,6 +843,8 @@ class SparseMlaSpec(KernelSpec):
         # 8 warps hide the gather's latency; a 16-row head block splits over 4 (mma.sync needs 16 rows x 8
         # columns per warp, and the 32-wide score tile has only 4 such column blocks)
         threads = 128 if hb == 16 else 256
+        # T.gemm lowers to WGMMA where the GPU has it and a CTA's head block fills a warp group's 64 rows
+        wgmma_cta = arch.has_wgmma and hb >= 64
         # the split count as the ring would run with 32-candidate tiles; where registers take over, their
         # footprint holds at least as many CTAs an SM (the count stands), and a 64-candidate tile is chosen
         # only where one CTA an SM runs either way (64 heads on Hopper)
@@ -850,12 +852,12 @@ class SparseMlaSpec(KernelSpec):
         per_sm = ctas_per_sm(arch, smem_bytes_for(hb, 32, ring), threads)
         n_splits = num_splits(num_tokens, nhb, arch.num_sms_hint, per_sm)
         stages = kv_stages(hb, 32, arch, n_splits) if fmt == "fp8_ds_mla" else 0
-        bi = kv_tile(arch, hb, n_splits, stages > 0)
+        bi = kv_tile(wgmma_cta, n_splits, stages > 0)
         params = {"heads": heads, "head_block": hb, "block_i": bi, "threads": threads, "kv_format": fmt,
                   "n_splits": n_splits, "softmax_scale": scale}
         if stages:
             params["stages"] = stages
-        if hb >= 64 and arch.has_wgmma:
+        if wgmma_cta:
             params["score_chains"] = 1
         return Variant.make(self.name, params, arch, schedule_name(arch))
 
