@@ -182,9 +182,10 @@ def test_dequant8_device_function_is_bit_exact_against_torch():
     assert bool(same.all()), f"{int((~same).sum())} codes differ"
 
 
-def test_wide_tiles_only_on_wgmma_64_head_ctas_with_at_most_two_splits():
-    # 64-candidate tiles where a WGMMA CTA of 64 heads walks a long share of the list (the fp8 ring); they
-    # never change how many CTAs an SM holds, so the split count select computed with 32 stands
+def test_wide_tiles_only_on_wgmma_64_head_ctas_with_long_shares():
+    # 64-candidate tiles where a WGMMA CTA of 64 heads walks a long share of the list (the fp8 ring split at
+    # most 2 ways, or the bf16 prefill kernel unsplit); they never change how many CTAs an SM holds, so the
+    # split count select computed with 32 stands
     for arch in sorted(PROFILES):
         prof = get_profile(arch)
         for heads in (8, 16, 32, 64, 128):
@@ -192,19 +193,24 @@ def test_wide_tiles_only_on_wgmma_64_head_ctas_with_at_most_two_splits():
                 for fmt in ("fp8_ds_mla", "bf16"):
                     v = FWD.select(prof, {"heads": heads, "softmax_scale": SCALE, "kv_format": fmt}, t)
                     p = v.p
-                    wide = (prof.has_wgmma and p["head_block"] >= 64 and p["n_splits"] <= 2
-                            and p.get("stages", 0) >= 1)
+                    ring = p.get("stages", 0) >= 1
+                    wide = (prof.has_wgmma and p["head_block"] >= 64
+                            and (p["n_splits"] <= 2 if ring else p["n_splits"] == 1))
                     assert p["block_i"] == (64 if wide else 32), (arch, heads, t, fmt, p)
                     assert FWD.smem_bytes(v) <= prof.max_smem_per_block
                     if wide:
                         thr = p["threads"]
+                        narrow = sparse_mla.smem_bytes_for(p["head_block"], 32, p.get("stages", 0))
                         assert (sparse_mla.ctas_per_sm(prof, FWD.smem_bytes(v), thr)
-                                == sparse_mla.ctas_per_sm(prof, sparse_mla.smem_bytes_for(p["head_block"], 32, 1), thr))
+                                == sparse_mla.ctas_per_sm(prof, narrow, thr))
     hopper = get_profile("sm_90a")
     assert FWD.select(hopper, {"heads": 64, "softmax_scale": SCALE}, 64).p["block_i"] == 64
     assert FWD.select(hopper, {"heads": 64, "softmax_scale": SCALE}, 8).p["block_i"] == 32
+    assert FWD.select(hopper, {"heads": 64, "softmax_scale": SCALE, "kv_format": "bf16"}, 2049).p["block_i"] == 64
+    assert FWD.select(hopper, {"heads": 64, "softmax_scale": SCALE}, 1).p["block_i"] == 32   # fp8 registers
     assert FWD.select(get_profile("sm_120a"), {"heads": 64, "softmax_scale": SCALE}, 64).p["block_i"] == 32
     assert sparse_mla.smem_bytes_for(64, 64, 1) == 195_584
+    assert sparse_mla.smem_bytes_for(64, 64, 0) == 160_256
 
 
 def test_ctas_per_sm_counts_registers_and_shared_memory():

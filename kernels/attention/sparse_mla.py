@@ -43,7 +43,7 @@ Shared memory, per CTA:  2*512*(HB + BI)  Q and KV tiles (bf16)
 SM12x: HB <= 32, BI = 32, 256 threads (16 heads: 128); H = 64 runs as 2 head blocks (the public
 one-CTA-per-64-heads tiling needs 141,312 B, which SM120 cannot launch).
 sm_90a / sm_100a: HB = 64 (one CTA reads a candidate tile for all 64 heads), BI = 32; on Hopper (WGMMA) BI = 64
-where a token's list is split at most 2 ways (kv_tile).
+where a token's list is split at most 2 ways (the fp8 ring) or not at all (prefill) (kv_tile).
 The fp8 NoPE bytes become bf16 8 at a time by bit placement and two bf16x2 multiplies (DEQUANT8_SRC).
 
 Every barrier is explicit, four per tile (TileLang's automatic ones were ~36: a block-wide reduction per row held
@@ -150,15 +150,17 @@ WIDE_TILE_MAX_SPLITS = 2  # 64-candidate tiles where a token's list is split at 
 
 
 def kv_tile(wgmma_cta: bool, n_splits: int, ring: bool) -> int:
-    """Candidates per tile: 32, or 64 for a WGMMA CTA (64 heads on Hopper) where the fp8 ring runs and each
-    CTA walks a long share of the list (n_splits <= 2: 45+ tokens on an H100). Each WGMMA warp group then
-    computes 32 score columns a tile instead of 16, so the per-tile work (barriers, softmax, the 32 score
-    WGMMAs' descriptors) covers twice the candidates. H100, 64 heads, 256K context, batch 64, 2 splits
-    (sweep_attention_schedules, 2026-11-24): ratio 128 122.3 -> 102.9 us, ratio 4 51.0 -> 51.9 (level); at
-    batch 8 (16 splits) 64 was slower on both lists (24.2 -> 29.4, 33.5 -> 37.8). SM12x's 101,376 B cannot
-    hold a 64-row tile at 32 heads (149,632 B). The register path keeps 32: 64 gave wrong results in an
-    earlier form of that pipeline."""
-    if ring and wgmma_cta and n_splits <= WIDE_TILE_MAX_SPLITS:
+    """Candidates per tile: 32, or 64 for a WGMMA CTA (64 heads on Hopper) that walks a long share of its token's
+    list: the fp8 ring split at most 2 ways (45+ tokens on an H100), or the bf16 prefill kernel unsplit. Each
+    WGMMA warp group then computes 32 score columns a tile instead of 16, so the per-tile work (barriers,
+    softmax, the 32 score WGMMAs' descriptors) covers twice the candidates. H100, 2026-11-24, 64 heads:
+    - decode, 256K context, batch 64, 2 splits (sweep_attention_schedules): ratio 128 122.3 -> 102.9 us, ratio 4
+      51.0 -> 51.9 (level); at batch 8 (16 splits) 64 was slower on both lists (24.2 -> 29.4, 33.5 -> 37.8);
+    - prefill, 640 candidates a token (bf16 through registers, 245 registers, no spill): T = 512 / 2,048 / 8,192
+      236.8 -> 192.7, 792.3 -> 646.0, 2,988.3 -> 2,372.3 us, the same errors.
+    SM12x's 101,376 B cannot hold a 64-row tile at 32 heads (149,632 B). The fp8 register path (one-token steps,
+    64 splits) keeps 32: 64 gave wrong results in an earlier form of that pipeline."""
+    if wgmma_cta and (n_splits <= WIDE_TILE_MAX_SPLITS if ring else n_splits == 1):
         return 64
     return 32
 
