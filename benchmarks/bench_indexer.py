@@ -13,6 +13,8 @@ small contexts are not served from L2 across repeated calls; a step that cannot 
   vllm logits / vllm +topk   vLLM 0.33's Triton paged MQA logits (its ROCm path) + its torch top-k
                              (benchmarks/peer_vllm_indexer.py; NOT what vLLM runs on SM12x: DeepGEMM SM120 +
                              persistent_topk). Missing peer: the reason is printed and the column is empty.
+  Each top-k call is given its own persistent workspace (zeroed once, left zeroed by every launch), as an engine's
+  CUDA graph holds it: no memset runs in the timed graphs (before 2026-11-25 the op zeroed it every call).
   ours logits/L, +topk/L      per layer: one CUDA graph runs ours over --layers (default 8) distinct input sets
                              (caches, tables, q, outputs), as a decode step's successive ratio-4 layers do, L2
                              flushed before each replay, graph time / layers. The one-call columns carry the
@@ -95,6 +97,7 @@ def main() -> None:
 
     import dsv4_jit
     from dsv4_jit.arch import detect_arch, get_profile
+    from dsv4_jit.kernels.indexer.ops import indexer_topk_workspace_numel as ws_numel
     native = detect_arch()
     arch = native if args.arch is None else (get_profile(args.arch) if get_profile(args.arch).family == native.family
                                              else get_profile(args.arch).emulated(native))
@@ -122,34 +125,37 @@ def main() -> None:
             info = torch.empty(b, 3, dtype=torch.int32, device="cuda")
             idx = torch.empty(b, TOPK, dtype=torch.int32, device="cuda")
             lens = torch.empty(b, dtype=torch.int32, device="cuda")
+            tws = torch.zeros(ws_numel(b), dtype=torch.int32, device="cuda")  # kept zeroed by the kernel
             args_ = (d["q"], d["q_scale"], d["weights"], d["kv_cache"], d["seq_lens"], d["block_table"])
             ours_l, r1 = cold_us(lambda: dsv4_jit.indexer_decode_logits(*args_, out=lg, row_info=info, **kw))
             ours_k, r3 = cold_us(lambda: dsv4_jit.indexer_topk(lg, info, d["block_table"], topk=TOPK, page_size=PAGE,
-                                                               arch=arch, out=(idx, lens)))
-            ours_t, r2 = cold_us(lambda: dsv4_jit.indexer_decode_topk(*args_, topk=TOPK, workspace=(lg, info),
+                                                               arch=arch, out=(idx, lens), workspace=tws))
+            ours_t, r2 = cold_us(lambda: dsv4_jit.indexer_decode_topk(*args_, topk=TOPK, workspace=(lg, info, tws),
                                                                                 out=(idx, lens), **kw))
             per_l = per_t = None
             if args.layers > 1:
                 # every layer its own inputs and outputs: each call reads its own index-K, none is served from L2
-                sets = [(args_, lg, info, idx, lens)]
+                sets = [(args_, lg, info, idx, lens, tws)]
                 for _ in range(args.layers - 1):
                     dl = make_inputs(b, ctx, width, g)
                     sets.append(((dl["q"], dl["q_scale"], dl["weights"], dl["kv_cache"], dl["seq_lens"], dl["block_table"]),
-                                 torch.empty_like(lg), torch.empty_like(info), torch.empty_like(idx), torch.empty_like(lens)))
+                                 torch.empty_like(lg), torch.empty_like(info), torch.empty_like(idx), torch.empty_like(lens),
+                                 torch.zeros_like(tws)))
 
                 def all_logits():
-                    for a, lg_, info_, _, _ in sets:
+                    for a, lg_, info_, _, _, _ in sets:
                         dsv4_jit.indexer_decode_logits(*a, out=lg_, row_info=info_, **kw)
 
                 def all_steps():
-                    for a, lg_, info_, idx_, lens_ in sets:
-                        dsv4_jit.indexer_decode_topk(*a, topk=TOPK, workspace=(lg_, info_), out=(idx_, lens_), **kw)
+                    for a, lg_, info_, idx_, lens_, tws_ in sets:
+                        dsv4_jit.indexer_decode_topk(*a, topk=TOPK, workspace=(lg_, info_, tws_), out=(idx_, lens_),
+                                                     **kw)
                 many_l, r4 = graph_us_or_reason(all_logits, reps=1)
                 many_t, r5 = graph_us_or_reason(all_steps, reps=1)
                 per_l = None if many_l is None else many_l / len(sets)
                 per_t = None if many_t is None else many_t / len(sets)
                 # the layers' answers are the same op's: check the last set's top-k like the first's
-                a, lg_, info_, idx_, lens_ = sets[-1]
+                a, lg_, info_, idx_, lens_, _ = sets[-1]
                 if many_t is not None and not torch.equal(lens_, torch.clamp(info_[:, 1] - info_[:, 0], max=TOPK)):
                     raise RuntimeError("per-layer run: top-k lengths disagree with row_info")
                 sets = None

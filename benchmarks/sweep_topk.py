@@ -3,7 +3,7 @@
 device time from the profiler next to the graph time.
 
 Columns per candidate (us):
-  graph   the op (split: the histogram memset + the kernel) 20 times in one CUDA graph, per call; the logits stay
+  graph   the op (split: the kernel over a workspace it leaves zeroed) 20 times in one CUDA graph, per call; the logits stay
           in L2 between calls, as they do after the logits kernel in a decode step
   kernel  the top-k kernel's device time (torch.profiler, eager, mean of 20 launches)
 Every candidate's output is checked as a set against torch.topk (reference.check_topk_sets); a wrong one is
@@ -25,7 +25,7 @@ from bench_indexer import PAGE, RATIO, TOPK, make_inputs  # noqa: E402
 from mhc_bench_common import graph_us_or_reason, write_rows  # noqa: E402
 
 
-def candidates(arch, tokens: int, extra_resident: list[int]) -> list[tuple[str, dict]]:
+def candidates(arch, tokens: int, extra_resident: list[int], extra_solo: list[int]) -> list[tuple[str, dict]]:
     """(kernel, params): what select picks for both kernels, then splits x threads x resident-row sizes."""
     from dsv4_jit.kernels.indexer import topk as tk
     from dsv4_jit.spec import get_spec
@@ -41,10 +41,11 @@ def candidates(arch, tokens: int, extra_resident: list[int]) -> list[tuple[str, 
         for s in (2, 4, 8, 16):
             if tokens * s > 2 * arch.num_sms_hint:
                 continue
-            for r in sorted({split["resident"], 1024, *extra_resident}):
-                p = {**split, "threads": threads, "splits": s, "resident": r}
-                if tk.topk_split_smem_bytes(p) <= arch.max_smem_per_block:
-                    out.append(("indexer_topk_split", p))
+            for r in sorted({split["resident"], 2048 * (threads // 512), *extra_resident}):
+                for solo in sorted({split["solo"], *extra_solo}):
+                    p = {**split, "threads": threads, "splits": s, "resident": r, "solo": solo}
+                    if tk.topk_split_smem_bytes(p) <= arch.max_smem_per_block:
+                        out.append(("indexer_topk_split", p))
     return out
 
 
@@ -67,6 +68,8 @@ def main() -> int:
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 8, 64])
     ap.add_argument("--schedule", default=None, help="sm_120a: the SM120 schedule compiled for this GPU")
     ap.add_argument("--resident", type=int, nargs="*", default=[], help="extra resident-row sizes to try")
+    ap.add_argument("--solo", type=int, nargs="*", default=[],
+                    help="extra split-kernel `solo` sizes (rows up to this long are selected by one CTA)")
     ap.add_argument("--out", default="bench_out/sweep_topk.json")
     args = ap.parse_args()
 
@@ -74,6 +77,7 @@ def main() -> int:
     from dsv4_jit import jit
     from dsv4_jit.arch import detect_arch, get_profile, schedule_name
     from dsv4_jit.kernels.indexer import ops, reference
+    from dsv4_jit.kernels.indexer import topk as tk
     from dsv4_jit.spec import Variant, get_spec
     native = detect_arch()
     arch = native if args.schedule in (None, native.name) else get_profile(args.schedule).emulated(native)
@@ -82,7 +86,7 @@ def main() -> int:
     import os
     from concurrent.futures import ProcessPoolExecutor
     from mhc_bench_common import compile_job
-    jobs = sorted({(k, tuple(sorted(p.items()))) for b in args.batch for k, p in candidates(arch, b, args.resident)})
+    jobs = sorted({(k, tuple(sorted(p.items()))) for b in args.batch for k, p in candidates(arch, b, args.resident, args.solo)})
     with ProcessPoolExecutor(max_workers=os.cpu_count()) as ex:
         for msg in ex.map(compile_job, [(k, dict(p), arch.name, arch.schedule) for k, p in jobs]):
             if not msg.startswith("compiled"):
@@ -101,15 +105,14 @@ def main() -> int:
             lens = torch.empty(b, dtype=torch.int32, device="cuda")
             bt = d["block_table"]
             best = None
-            for kname, p in candidates(arch, b, args.resident):
+            for kname, p in candidates(arch, b, args.resident, args.solo):
                 v = Variant.make(kname, p, arch, schedule_name(arch))
                 kern = jit.load(get_spec(kname), v)
                 if kname == "indexer_topk":
                     fn = lambda: kern(lg, info, bt, idx, lens)  # noqa: E731
                 else:
-                    hist = torch.empty(b * (ops.PASSES + 1) * (ops.RADIX + 1), dtype=torch.int32, device="cuda")
-                    h3 = hist.view(b, ops.PASSES + 1, ops.RADIX + 1)
-                    fn = lambda: (h3.zero_(), kern(lg, info, bt, h3, idx, lens))  # noqa: E731
+                    ws = torch.zeros(b, tk.ROW_WS, dtype=torch.int32, device="cuda")  # every launch leaves it zeroed
+                    fn = lambda: kern(lg, info, bt, ws, idx, lens)  # noqa: E731
                 idx.fill_(-7)
                 fn()
                 torch.cuda.synchronize()
@@ -123,7 +126,7 @@ def main() -> int:
                 if ok and gus is not None and (best is None or gus < best["graph_us"]):
                     best = row
                 print(f"ctx={ctx:>6} B={b:>2} {kname:<18} thr={p['threads']:>4} S={p.get('splits', 1):>2} "
-                      f"res={p['resident']:>5}: graph {gus if gus is None else round(gus, 1)!s:>6} "
+                      f"res={p['resident']:>5} solo={p.get('solo', '-')!s:>5}: graph {gus if gus is None else round(gus, 1)!s:>6} "
                       f"kernel {kus if kus is None else round(kus, 1)!s:>6}{'' if ok else '  WRONG'}", flush=True)
             # what the op picks
             sel = ops.topk_splits(b, arch.num_sms_hint)

@@ -376,6 +376,86 @@ def test_resident_two_level_select_model_is_an_exact_top_k(n):
     assert paths[5] == "bin"  # the k largest fill their bin exactly: no candidate passes
 
 
+def _split_resident_model(row: torch.Tensor, k: int, splits: int) -> tuple[set[int], str]:
+    """indexer_topk_split's resident-slice select (topk.build_topk_split): the slices' histograms of the keys' top
+    FIRST_BITS bits summed into the row's; every slice places its keys above the threshold bin and copies the bin's
+    keys to the row's candidate list; the last CTA selects bits 10..20 and 0..9 over the candidates. A bin over
+    CAND_MAX keys runs those two passes over the slices instead (the row's histograms summed from the slices).
+    Returns (selected positions, path: "bin", "candidates" or "slices")."""
+    from dsv4_jit.kernels.indexer.topk import CAND_MAX, FIRST_BITS, WIDE_BINS
+
+    def threshold(hist: torch.Tensor, rem: int) -> tuple[int, int, int]:
+        suf = torch.cat([hist.flip(0).cumsum(0).flip(0), torch.zeros(1, dtype=torch.long)])
+        thr = [b for b in range(WIDE_BINS) if suf[b] >= rem > suf[b + 1]]
+        assert len(thr) == 1
+        return thr[0], int(suf[thr[0] + 1]), int(suf[thr[0]] - suf[thr[0] + 1])
+
+    keys, n, top = _keys(row), row.numel(), 32 - FIRST_BITS
+    per = -(-(-(-n // splits)) // 32) * 32
+    slices = [torch.arange(sx * per, min(n, sx * per + per)) for sx in range(splits) if sx * per < n]
+    hist = sum(torch.bincount(keys[sl] >> top, minlength=WIDE_BINS) for sl in slices)
+    thr, above, m = threshold(hist, k)
+    rem = k - above
+    if m == rem:
+        return set(((keys >> top) >= thr).nonzero().flatten().tolist()), "bin"
+    taken = [c for sl in slices for c in sl[(keys[sl] >> top) > thr].tolist()]
+    prefix, mask = thr << top, ((1 << FIRST_BITS) - 1) << top
+    # candidates (the bin's keys, gathered from every slice) or the slices themselves
+    pool = [torch.cat([sl[(keys[sl] >> top) == thr] for sl in slices])] if m <= CAND_MAX else slices
+    path = "candidates" if m <= CAND_MAX else "slices"
+    for shift, bits in ((10, 2047), (0, 1023)):
+        h = sum(torch.bincount((keys[c][(keys[c] & mask) == prefix] >> shift) & bits, minlength=WIDE_BINS)
+                for c in pool)
+        d, a, c = threshold(h, rem)
+        rem -= a
+        prefix |= d << shift
+        mask |= bits << shift
+        if c == rem:
+            break
+    cols = torch.cat(pool)
+    in_bin = cols[(keys[cols] >> top) == thr]
+    above_in = in_bin[(keys[in_bin] & mask) > prefix].tolist()
+    ties = in_bin[(keys[in_bin] & mask) == prefix].tolist()
+    assert len(taken) + len(above_in) == k - rem and len(ties) >= rem
+    return set(taken) | set(above_in) | set(ties[:rem]), path
+
+
+@pytest.mark.parametrize("n,splits", [(4097, 16), (16384, 16), (65613, 16), (20000, 2), (30000, 4)])
+def test_split_resident_select_model_is_an_exact_top_k(n, splits):
+    g = torch.Generator().manual_seed(n)
+    k = 512
+    paths = []
+    for row in (torch.randn(n, generator=g), (torch.randn(n, generator=g) * 4).round() / 4,
+                torch.full((n,), 0.25), torch.randn(n, generator=g).abs() * 3 + 5.0,
+                torch.cat([torch.rand(n - k, generator=g), torch.full((k,), 1000.0)])):
+        got, path = _split_resident_model(row, k, splits)
+        paths.append(path)
+        assert len(got) == k
+        kth = row.double().sort(descending=True).values[k - 1]
+        vals = row.double()[list(got)]
+        assert (vals >= kth).all() and int((row.double() > kth).sum()) <= k
+    # continuous rows: one row barrier, then the last CTA's candidates; all-equal rows: the heavy-tie branch
+    assert paths[0] == paths[3] == "candidates" and paths[2] == "slices" and paths[4] == "bin"
+
+
+def test_topk_workspace_layout_and_zero_once():
+    from dsv4_jit.kernels.indexer import ops
+    from dsv4_jit.kernels.indexer import topk as tk
+    regions = [(tk.WS_G0, tk.WIDE_BINS + 1), (tk.WS_G1, tk.WIDE_BINS + 1), (tk.WS_G2, tk.WIDE_BINS + 1),
+               (tk.WS_SH, tk.PASSES * (tk.RADIX + 1)), (tk.WS_CNT, 8), (tk.WS_CC, tk.CAND_MAX), (tk.WS_CK, tk.CAND_MAX)]
+    assert all(a + n == b for (a, n), (b, _) in zip(regions, regions[1:])) and sum(n for _, n in regions) == tk.ROW_WS
+    assert ops.indexer_topk_workspace_numel(8) == 8 * tk.ROW_WS
+    ws = torch.full((16,), 7, dtype=torch.int32)
+    ops._zero_once(ws)
+    assert int(ws.abs().sum()) == 0
+    ws.fill_(3)  # the kernel keeps it zeroed; a flagged tensor is trusted and not zeroed again
+    ops._zero_once(ws)
+    assert int(ws.sum()) == 48
+    view = ws[:8]
+    ops._zero_once(view)
+    assert int(view.abs().sum()) == 0
+
+
 def test_resident_row_fits_the_sm_and_is_whole_kilo_keys():
     from dsv4_jit.kernels.indexer.topk import resident_keys
     sm120, h100 = get_profile("sm_120a"), get_profile("sm_90a")

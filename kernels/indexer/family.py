@@ -278,7 +278,8 @@ def _topk_inputs(m, t: int, device, g) -> dict:
     """Rows as the logits kernels leave them: short rows (< topk), exactly topk, topk + 1, long rows; some
     rows start past column 0 (prefill); some rows full of ties; -1 pages past each row's length. Up to 100
     rows, rows of 7,000 columns are selected from shared memory by both kernels on both schedules (split:
-    <= SPLIT_RESIDENT_MAX) and rows of 65,613 by none, so both paths of both kernels run."""
+    <= SPLIT_RESIDENT_MAX) and rows of 65,613 by none, so both paths of both kernels run; row 4 (T 5-100) is
+    20,000 equal values: the split kernel's resident slices with a threshold bin over CAND_MAX keys."""
     import torch
     k = m.index_topk
     width = (65_536 if t <= 100 else 4_096) + 77
@@ -288,12 +289,16 @@ def _topk_inputs(m, t: int, device, g) -> dict:
         kind = i % 6
         n = {0: width, 1: int(torch.randint(1, k, (1,), generator=g)), 2: k, 3: k + 1,
              4: int(torch.randint(k, width, (1,), generator=g)), 5: min(width // 3, 7_000)}[kind]
+        if i == 4 and t <= 100:
+            n = 20_000  # made all ties below: split slices whose threshold bin overflows the candidate list
         lo = int(torch.randint(0, width - n + 1, (1,), generator=g)) if kind == 4 else 0
         lens.append(n)
         starts.append(lo)
     lg = torch.randn(t, width, generator=cg, device=device)
     lg[1::5] = (lg[1::5] * 4).round() / 4            # heavy ties
     lg[2::7] = 0.5                                   # one value everywhere
+    if t > 4 and t <= 100:
+        lg[4] = 0.25
     max_pages = -(-width // INDEX_PAGE_SIZE) + 1
     bt, _ = _paged(lens, INDEX_PAGE_SIZE, max_pages, g, device)
     info = torch.tensor([[s, s + n, i] for i, (s, n) in enumerate(zip(starts, lens))], dtype=torch.int32,

@@ -194,6 +194,10 @@ def build_logits(*, paged: bool, heads: int, dim: int, group: int, block_n: int,
             ks_shared = T.alloc_shared([NS, BN], acc)
             # registers capped for several resident CTAs (unbounded, nvcc took 238 at 128 threads: 2 per SM)
             T.annotate_min_blocks_per_sm(min_blocks(G * H))
+            if paged:
+                # the top-k kernel behind this one (programmatic dependent launch) may launch once every CTA here
+                # runs; it waits for this grid to complete before it reads the logits
+                T.pdl_trigger()
 
             lo_min[0] = 2147483647
             hi_max[0] = 0

@@ -23,7 +23,7 @@ from typing import Any
 from dsv4_jit.spec import get_spec
 
 from .logits import SCALE_BYTES
-from .topk import PASSES, RADIX, topk_splits
+from .topk import ROW_WS, topk_splits
 
 DEFAULT_RATIO = 4
 
@@ -221,26 +221,39 @@ def indexer_topk(logits, row_info, block_table, *, topk: int, page_size: int, ar
         kernel = get_kernel(get_spec("indexer_topk"), static, tokens)
         kernel(logits, row_info, block_table, indices, lengths)
         return indices, lengths
-    # few rows: each row split over several CTAs (one launch, row barriers) over a zeroed histogram workspace
+    # few rows: each row split over several CTAs (one launch, row barriers) over a workspace that is zeroed once
+    # and that every launch leaves zeroed
     kernel = get_kernel(get_spec("indexer_topk_split"), static, tokens)
-    need = tokens * (PASSES + 1) * (RADIX + 1)
+    need = indexer_topk_workspace_numel(tokens)
     if workspace is None:
-        workspace = torch.empty(need, dtype=torch.int32, device=dev)
+        workspace = torch.zeros(need, dtype=torch.int32, device=dev)
     else:
         from dsv4_jit.validate import require_1d
         require_1d(workspace, "workspace", torch.int32, dev)
         if workspace.numel() < need:
             raise ValueError(f"workspace: needs >= {need} int32 elements at T={tokens} (indexer_topk_workspace_numel)")
-    hist = workspace[:need].view(tokens, PASSES + 1, RADIX + 1)
-    hist.zero_()
-    kernel(logits, row_info, block_table, hist, indices, lengths)
+        _zero_once(workspace)
+    kernel(logits, row_info, block_table, workspace[:need].view(tokens, ROW_WS), indices, lengths)
     return indices, lengths
 
 
+# A flag on the workspace tensor object marks it zeroed: the kernel restores the zeros on every launch, so a caller's
+# workspace is zeroed on its first use only and a CUDA graph captured after that first call holds no memset. (A new
+# view of the same memory carries no flag and is zeroed again: slower, never wrong.)
+_ZEROED_ATTR = "_dsv4_topk_ws_zeroed"
+
+
+def _zero_once(workspace) -> None:
+    if not getattr(workspace, _ZEROED_ATTR, False):
+        workspace.zero_()
+        setattr(workspace, _ZEROED_ATTR, True)
+
+
 def indexer_topk_workspace_numel(num_tokens: int) -> int:
-    """int32 elements of indexer_topk's histogram workspace at this token count (the row-split path; pass one
-    this large, or let the op allocate it, which CUDA-graph capture also allows from the graph's pool)."""
-    return num_tokens * (PASSES + 1) * (RADIX + 1)
+    """int32 elements of indexer_topk's workspace at this token count (the row-split path). Pass the same tensor
+    on every call: it is zeroed on its first use here and every launch leaves it zeroed, so calls after the
+    first (and CUDA graphs captured after it) run no memset. A workspace sized for T tokens serves any smaller T."""
+    return num_tokens * ROW_WS
 
 
 def indexer_decode_topk(q, q_scale, weights, kv_cache, seq_lens, block_table, *, next_n: int, topk: int, arch,

@@ -28,10 +28,12 @@ indexer_topk, one CTA per query token (row):
   in no particular order (a set), -1 padded; lengths [T] int32 = min(n, topk).
 
 indexer_topk_split, the same select and output for few rows (topk_splits(T, SMs) > 1): each row's columns split
-  over up to 16 CTAs in one launch (the op zeroes a histogram workspace [T, 5, 257]); per pass each CTA counts its
-  slice in shared memory, adds the bins to the row's global histogram of that pass, waits at a row barrier (an
-  arrival counter in the workspace) and scans the row's finished histogram; the collection pass takes output
-  positions from the row's two global counters (keys above the threshold, ties).
+  over up to 16 CTAs in one launch, which meet at row barriers over a workspace [T, ROW_WS] int32 that every
+  launch leaves zeroed. Rows up to `solo` columns are selected by one CTA (as above). A row whose slices fit in
+  shared memory is read once: the CTAs add their slices' FIRST_BITS-bit histograms into the row's, each places its
+  keys above the threshold bin and copies the bin's keys to the row's candidate list, and the last CTA to finish
+  selects the candidates (one row barrier). Longer slices stream 8-bit radix passes, a row barrier each. See
+  build_topk_split.
 
 indexer_swa_indices, for the sliding-window part of every layer's attention:
   query token t at absolute position p = positions[t] of request r = req_idx[t] attends to the last
@@ -449,6 +451,7 @@ def build_topk(*, topk: int, page_size: int, threads: int, resident: int):
             s_pos = T.alloc_shared([topk], "int32")
             cand = T.alloc_shared([CAND_MAX], "int32")
 
+            T.pdl_sync()  # launched behind the logits kernel (PDL): its logits are complete past here
             lanes_below = (T.Cast("uint32", 1) << T.Cast("uint32", tx % 32)) - T.Cast("uint32", 1)
             lo = T.min(T.max(row_info[bx, 0], 0), width)
             n = T.max(T.min(row_info[bx, 1], width), lo) - lo
@@ -599,24 +602,48 @@ def topk_splits(num_tokens: int, num_sms: int) -> int:
 
 def topk_split_smem_bytes(p: Mapping[str, Any]) -> int:
     """The same shared buffers as the one-CTA kernel (topk_smem_bytes): histogram, per-warp totals, the resident
-    select's output counters, threshold, the resident row and its selected columns."""
+    select's output counters, threshold, the resident row (or slice) and its selected columns."""
     return topk_smem_bytes(p)
 
 
-def build_topk_split(*, topk: int, page_size: int, threads: int, splits: int, resident: int):
-    """The split radix select in one launch: the row's `splits` CTAs meet at a row barrier after each pass, over a
-    zeroed workspace hist [T, PASSES + 1, RADIX + 1]:
-      hist[t, r, b]         keys of row t (matching the prefix of passes < r) whose pass-r digit is b, summed by
-                            the row's CTAs with global atomics (each CTA first counts its slice in shared memory)
-      hist[t, PASSES, 0:2]  the collection's output counters (keys above the threshold / ties taken)
-      hist[t, PASSES, 2]    the row barrier's arrival count (splits per pass)
-    After each barrier every CTA scans the finished histogram (L2, atomic loads: never a stale L1 line) and folds
-    the pass's digit into its prefix. One launch instead of five: the launches, not the bytes, were the split
-    path's cost (~24 us at every context, H100, 2026-11-24).
-    Forward progress: a CTA spins only for CTAs of its own row, which have lower or adjacent block indices and
-    are dispatched no later than it; one row's `splits` (<= 16) CTAs of 512 threads fit any SM12x / Hopper GPU
-    at once, so the earliest unfinished row always completes (the in-order dispatch decoupled look-back relies
-    on)."""
+# The split kernel's workspace, int32 [T, ROW_WS] (ws): all zeros before the first launch, and every launch leaves
+# it all zeros again (the last of a row's CTAs to leave clears what the row used), so no memset runs before each
+# launch (a graph memset node was ~1.8 us of a 64K x 8 indexer step, H100, 2026-11-24). Per row:
+WS_G0 = 0                                  # resident slices: the row's histogram of the keys' top FIRST_BITS bits
+WS_G1 = WS_G0 + WIDE_BINS + 1              # ... of bits 10..20 within the threshold bin (heavy-tie branch)
+WS_G2 = WS_G1 + WIDE_BINS + 1              # ... of bits 0..9 (heavy-tie branch)
+WS_SH = WS_G2 + WIDE_BINS + 1              # streamed rows: PASSES histograms of RADIX + 1 bins
+WS_CNT = WS_SH + PASSES * (RADIX + 1)      # counters: 0 keys placed above the threshold class, 1 ties / candidates,
+CNT_ABOVE, CNT_TIES, CNT_ARRIVE, CNT_LEFT = 0, 1, 2, 3  # 2 row-barrier arrivals, 3 CTAs that have left
+WS_CC = WS_CNT + 8                         # resident slices: the threshold bin's columns (CAND_MAX)
+WS_CK = WS_CC + CAND_MAX                   # ... and their keys
+ROW_WS = WS_CK + CAND_MAX
+# Rows up to this many columns are selected by one CTA from shared memory (no row barriers) when the split kernel
+# runs; longer rows are split over the row's CTAs.
+SOLO_MAX = 4096
+
+
+def build_topk_split(*, topk: int, page_size: int, threads: int, splits: int, resident: int, solo: int = SOLO_MAX):
+    """The split select in one launch: a row's `splits` CTAs each take an equal slice of its columns and meet at
+    row barriers (an arrival counter in the workspace, ws[t, WS_CNT + CNT_ARRIVE]).
+    Slices that fit in shared memory (ceil(n / splits) <= resident) stay there for the whole select:
+      1. each CTA lands its slice, counts the keys' top FIRST_BITS bits in shared memory and adds its nonzero
+         bins to the row's histogram (ws G0); row barrier;
+      2. every CTA scans the row's histogram (the threshold bin and the keys still needed, `rem`), then walks
+         its slice: keys above the bin go to the output (slots from the row's counter), the bin's keys to the
+         row's candidate list (their cache slots and keys, ws CC / CK); each CTA then counts itself in (one
+         atomic, no waiting);
+      3. the row's last CTA to count in selects the remaining 21 bits over the candidates (11 + 10, shared
+         memory, as the one-CTA resident select), places them and clears the row's workspace. One row barrier,
+         and the row is read from global memory once.
+      A threshold bin of more than CAND_MAX keys (heavy ties) instead runs the 11- and 10-bit passes over the
+      slices with the row's histograms G1 / G2 and a barrier each, then every CTA places its keys.
+    Longer slices stream: an exact radix select of 8 bits per pass over 4 passes, each pass's row histogram
+    (ws SH) summed by the CTAs' global atomics, a row barrier per pass, then one collection pass.
+    After the last use of the workspace each CTA counts itself out (CNT_LEFT); the last to leave zeroes what the
+    row used. Forward progress: a CTA spins only for CTAs of its own row, which have lower or adjacent block
+    indices and are dispatched no later than it; one row's `splits` (<= 16) CTAs fit any SM12x / Hopper GPU at
+    once, so the earliest unfinished row always completes (the in-order dispatch decoupled look-back relies on)."""
     import tilelang.language as T
 
     P, S, R = page_size, splits, resident
@@ -625,18 +652,126 @@ def build_topk_split(*, topk: int, page_size: int, threads: int, splits: int, re
     batch = T.dynamic("batch")
     max_pages = T.dynamic("max_pages")
     U = LOADS_IN_FLIGHT
+    top_shift = 32 - FIRST_BITS
+    if R < CAND_MAX:
+        raise ValueError(f"indexer_topk_split: resident={R} keys is below the candidate list ({CAND_MAX})")
 
     to_key, slot = _key_and_slot(T, P, max_pages)
     resident_select = _resident_select(T, threads=threads, topk=topk, to_key=to_key, slot=slot)
     scan_threshold = _scan_threshold(T)
+    scan_wide = _scan_wide(T, threads)
     warp_slots = _warp_slots(T)
+
+    @T.macro
+    def row_barrier(ws, bx, tx, target):
+        """Every CTA of row bx has arrived `target / S` times. Thread 0 releases this CTA's writes (the block
+        barrier before it orders the other threads' writes) and acquires the others'."""
+        T.sync_threads()
+        if tx == 0:
+            T.atomic_add(ws[bx, WS_CNT + CNT_ARRIVE], 1, memory_order="release")
+            while T.atomic_load(ws[bx, WS_CNT + CNT_ARRIVE], memory_order="acquire") < target:
+                T.evaluate(0)
+        T.sync_threads()
+
+    @T.macro
+    def leave(ws, bx, tx, s_last, at, size):
+        """This CTA is done with row bx's workspace; the row's last CTA to leave zeroes ws[bx, at:at + size] and
+        the counters (the acq_rel count orders every CTA's earlier accesses before the zeroing)."""
+        T.sync_threads()
+        if tx == 0:
+            s_last[0] = T.atomic_add(ws[bx, WS_CNT + CNT_LEFT], 1, memory_order="acq_rel", return_prev=True)
+        T.sync_threads()
+        if s_last[0] == S - 1:
+            for i in T.serial(T.ceildiv(size, threads)):
+                if i * threads + tx < size:
+                    ws[bx, at + i * threads + tx] = 0
+            if tx < 8:
+                ws[bx, WS_CNT + tx] = 0
+
+    @T.macro
+    def push_bins(sh, ws, bx, tx, at):
+        """Add this CTA's nonzero bins sh[0:WIDE_BINS] to the row's histogram ws[bx, at:]."""
+        for i in T.serial(WIDE_BINS // threads):
+            if sh[i * threads + tx] > 0:
+                T.atomic_add(ws[bx, at + i * threads + tx], sh[i * threads + tx])
+
+    @T.macro
+    def pull_bins(sh, ws, bx, tx, at):
+        """sh[0:WIDE_BINS] = the row's finished histogram (L2: atomic loads, never a stale L1 line); sh[WIDE_BINS]
+        stays 0."""
+        for i in T.serial(WIDE_BINS // threads):
+            sh[i * threads + tx] = T.atomic_load(ws[bx, at + i * threads + tx], memory_order="relaxed")
+        T.sync_threads()
+
+    @T.macro
+    def clear_bins(sh, tx):
+        for i in T.serial(T.ceildiv(WIDE_BINS + 1, threads)):
+            if i * threads + tx < WIDE_BINS + 1:
+                sh[i * threads + tx] = 0
+
+    @T.macro
+    def select_candidates(sh, wsum, s_thr, s_cnt, skeys, cand, indices, bx, tx, m, rem_in, prefix_in, mask_in):
+        """The last 21 bits over the m candidates in shared memory (keys in skeys, cache slots in cand): bits 10..20
+        (11), then 0..9 (10); then place them: the keys above the threshold class follow the topk - rem_in keys
+        above the bin, the first ties fill the last rem slots."""
+        rem = T.alloc_var("int32")
+        thr = T.alloc_var("int32")
+        done = T.alloc_var("int32")
+        cnt = T.alloc_var("int32")
+        kk = T.alloc_var("uint32")
+        prefix = T.alloc_var("uint32")
+        mask = T.alloc_var("uint32")
+        off = T.alloc_local([2], "int32")
+        rem = rem_in
+        prefix = prefix_in
+        mask = mask_in
+        done = 0
+        for rnd in T.serial(2):
+            if done == 0:
+                clear_bins(sh, tx)
+                T.sync_threads()
+                for j in T.serial(T.ceildiv(m, threads)):
+                    if j * threads + tx < m:
+                        kk = skeys[j * threads + tx]
+                        if (kk & mask) == prefix:
+                            T.atomic_add(sh[T.Cast("int32", (kk >> T.Cast("uint32", 10 - 10 * rnd))
+                                                & T.Cast("uint32", 2047 - 1024 * rnd))], 1)
+                T.sync_threads()
+                scan_wide(sh, wsum, s_thr, tx, rem)
+                thr = s_thr[0]
+                rem = rem - sh[thr + 1]
+                if sh[thr] - sh[thr + 1] == rem:
+                    done = 1
+                prefix = prefix | (T.Cast("uint32", thr) << T.Cast("uint32", 10 - 10 * rnd))
+                mask = mask | (T.Cast("uint32", 2047 - 1024 * rnd) << T.Cast("uint32", 10 - 10 * rnd))
+                T.sync_threads()
+        if tx == 0:
+            s_cnt[0] = 0
+            s_cnt[1] = 0
+        T.sync_threads()
+        cnt = 0
+        for j in T.serial(T.ceildiv(m, threads)):
+            if j * threads + tx < m:
+                kk = skeys[j * threads + tx]
+                cnt = cnt + T.if_then_else((kk & mask) > prefix, 1, T.if_then_else((kk & mask) == prefix, 65536, 0))
+        warp_slots(cnt, s_cnt, (0,), (1,), tx, off)
+        for j in T.serial(T.ceildiv(m, threads)):
+            if j * threads + tx < m:
+                kk = skeys[j * threads + tx]
+                if (kk & mask) > prefix:
+                    indices[bx, topk - rem_in + off[0]] = cand[j * threads + tx]
+                    off[0] = off[0] + 1
+                elif (kk & mask) == prefix:
+                    if off[1] < rem:
+                        indices[bx, topk - rem + off[1]] = cand[j * threads + tx]
+                    off[1] = off[1] + 1
 
     @T.prim_func
     def indexer_topk_split(
         logits: T.Tensor[(num_tokens, width), "float32"],
         row_info: T.Tensor[(num_tokens, 3), "int32"],
         block_table: T.Tensor[(batch, max_pages), "int32"],
-        hist: T.Tensor[(num_tokens, PASSES + 1, RADIX + 1), "int32"],
+        ws: T.Tensor[(num_tokens, ROW_WS), "int32"],
         indices: T.Tensor[(num_tokens, topk), "int32"],
         lengths: T.Tensor[(num_tokens,), "int32"],
     ):
@@ -649,15 +784,18 @@ def build_topk_split(*, topk: int, page_size: int, threads: int, splits: int, re
             s_pos = T.alloc_shared([topk], "int32")
             cand = T.alloc_shared([CAND_MAX], "int32")
             wsum = T.alloc_shared([scan_warps(threads)], "int32")
-            s_thr = T.alloc_shared([1], "int32")
+            s_thr = T.alloc_shared([1], "int32")  # also the leave count (leave), once no scan reads it
             lo = T.alloc_var("int32")
             n = T.alloc_var("int32")
             req = T.alloc_var("int32")
             c0 = T.alloc_var("int32")
             c1 = T.alloc_var("int32")
+            per = T.alloc_var("int32")
+            m = T.alloc_var("int32")
             rem = T.alloc_var("int32")
             thr = T.alloc_var("int32")
             cnt = T.alloc_var("int32")
+            kk = T.alloc_var("uint32")
             off = T.alloc_local([2], "int32")
             prefix = T.alloc_var("uint32")
             mask = T.alloc_var("uint32")
@@ -665,13 +803,17 @@ def build_topk_split(*, topk: int, page_size: int, threads: int, splits: int, re
             peers = T.alloc_var("uint32")
             lanes_below = T.alloc_var("uint32")
             done = T.alloc_var("int32")
+            last = T.alloc_var("int32")
             keys = T.alloc_local([U], "uint32")
             vals = T.alloc_local([U], "float32")
 
+            # launched behind the logits kernel (programmatic dependent launch): its logits are complete past here
+            T.pdl_sync()
             lanes_below = (T.Cast("uint32", 1) << T.Cast("uint32", tx % 32)) - T.Cast("uint32", 1)
             lo = T.min(T.max(row_info[bx, 0], 0), width)
             n = T.max(T.min(row_info[bx, 1], width), lo) - lo
             req = T.min(T.max(row_info[bx, 2], 0), batch - 1)
+            per = T.ceildiv(T.ceildiv(n, S), 32) * 32
             if n <= topk:
                 if sx == 0:
                     if tx == 0:
@@ -680,15 +822,129 @@ def build_topk_split(*, topk: int, page_size: int, threads: int, splits: int, re
                         if i * threads + tx < topk:
                             indices[bx, i * threads + tx] = T.if_then_else(
                                 i * threads + tx < n, slot(block_table, req, i * threads + tx), -1)
-            elif n <= R:
-                # the row fits in shared memory: its first CTA selects it alone (no row barriers), the others exit
+            elif n <= T.min(solo, R):
+                # a short row: its first CTA selects it alone from shared memory (no row barriers), the others exit
                 if sx == 0:
                     if tx == 0:
                         lengths[bx] = topk
                     resident_select(logits, bx, lo, n, req, tx, block_table, indices, skeys, sh, wsum, s_thr,
                                     s_cnt, s_pos, cand)
+            elif per <= R:
+                # resident slices: this CTA's columns [c0, c1) stay in skeys[0:c1 - c0]
+                c0 = T.min(sx * per, n)
+                c1 = T.min(n, c0 + per)
+                if sx == 0 and tx == 0:
+                    lengths[bx] = topk
+                clear_bins(sh, tx)
+                T.sync_threads()
+                for i in T.serial(T.ceildiv(c1 - c0, threads * U)):
+                    for u in T.unroll(U):
+                        vals[u] = logits[bx, lo + c0 + T.min((i * U + u) * threads + tx, c1 - c0 - 1)]
+                    for u in T.unroll(U):
+                        if (i * U + u) * threads + tx < c1 - c0:
+                            kk = to_key(vals[u])
+                            skeys[(i * U + u) * threads + tx] = kk
+                            T.atomic_add(sh[T.Cast("int32", kk >> T.Cast("uint32", top_shift))], 1)
+                T.sync_threads()
+                push_bins(sh, ws, bx, tx, WS_G0)
+                row_barrier(ws, bx, tx, S)
+                pull_bins(sh, ws, bx, tx, WS_G0)
+                scan_wide(sh, wsum, s_thr, tx, topk)
+                thr = s_thr[0]
+                rem = topk - sh[thr + 1]
+                m = sh[thr] - sh[thr + 1]  # keys of the threshold bin (>= rem)
+                done = T.if_then_else(m == rem, 1, 0)
+                prefix = T.Cast("uint32", thr) << T.Cast("uint32", top_shift)
+                mask = T.Cast("uint32", (1 << FIRST_BITS) - 1) << T.Cast("uint32", top_shift)
+                if done == 1 or m <= CAND_MAX:
+                    # one walk: keys above the bin (all of it when done) -> output, the bin's keys -> candidates
+                    cnt = 0
+                    for j in T.serial(T.ceildiv(c1 - c0, threads)):
+                        if j * threads + tx < c1 - c0:
+                            kk = skeys[j * threads + tx]
+                            cnt = cnt + T.if_then_else((kk & mask) > prefix or (done == 1 and (kk & mask) == prefix),
+                                                       1, T.if_then_else((kk & mask) == prefix, 65536, 0))
+                    warp_slots(cnt, ws, (bx, WS_CNT + CNT_ABOVE), (bx, WS_CNT + CNT_TIES), tx, off)
+                    for j in T.serial(T.ceildiv(c1 - c0, threads)):
+                        if j * threads + tx < c1 - c0:
+                            kk = skeys[j * threads + tx]
+                            if (kk & mask) > prefix or (done == 1 and (kk & mask) == prefix):
+                                indices[bx, off[0]] = slot(block_table, req, c0 + j * threads + tx)
+                                off[0] = off[0] + 1
+                            elif (kk & mask) == prefix:
+                                ws[bx, WS_CC + off[1]] = slot(block_table, req, c0 + j * threads + tx)
+                                ws[bx, WS_CK + off[1]] = T.reinterpret(kk, "int32")
+                                off[1] = off[1] + 1
+                    # the row's last CTA to finish its walk selects the candidates and clears the row's workspace
+                    # (the others are done with it); the rest exit without waiting
+                    T.sync_threads()
+                    if tx == 0:
+                        s_thr[0] = T.atomic_add(ws[bx, WS_CNT + CNT_ARRIVE], 1, memory_order="acq_rel",
+                                                return_prev=True)
+                    T.sync_threads()
+                    last = s_thr[0]
+                    if last == 2 * S - 1:
+                        if done == 0:
+                            # the candidates' slots and keys, in any order, into cand and skeys
+                            for j in T.serial(T.ceildiv(m, threads)):
+                                if j * threads + tx < m:
+                                    cand[j * threads + tx] = T.atomic_load(ws[bx, WS_CC + j * threads + tx],
+                                                                           memory_order="relaxed")
+                                    skeys[j * threads + tx] = T.reinterpret(
+                                        T.atomic_load(ws[bx, WS_CK + j * threads + tx], memory_order="relaxed"),
+                                        "uint32")
+                        for i in T.serial(WIDE_BINS // threads):
+                            ws[bx, WS_G0 + i * threads + tx] = 0
+                        if tx < 8:
+                            ws[bx, WS_CNT + tx] = 0
+                        if done == 0:
+                            select_candidates(sh, wsum, s_thr, s_cnt, skeys, cand, indices, bx, tx, m, rem, prefix,
+                                              mask)
+                else:
+                    # heavy ties: bits 10..20, then 0..9, over the slices (the row's histograms G1, G2)
+                    for rnd in T.serial(2):
+                        if done == 0:
+                            clear_bins(sh, tx)
+                            T.sync_threads()
+                            for j in T.serial(T.ceildiv(c1 - c0, threads)):
+                                if j * threads + tx < c1 - c0:
+                                    kk = skeys[j * threads + tx]
+                                    if (kk & mask) == prefix:
+                                        T.atomic_add(sh[T.Cast("int32", (kk >> T.Cast("uint32", 10 - 10 * rnd))
+                                                            & T.Cast("uint32", 2047 - 1024 * rnd))], 1)
+                            T.sync_threads()
+                            push_bins(sh, ws, bx, tx, WS_G1 + rnd * (WIDE_BINS + 1))
+                            row_barrier(ws, bx, tx, S * (2 + rnd))
+                            pull_bins(sh, ws, bx, tx, WS_G1 + rnd * (WIDE_BINS + 1))
+                            scan_wide(sh, wsum, s_thr, tx, rem)
+                            thr = s_thr[0]
+                            rem = rem - sh[thr + 1]
+                            if sh[thr] - sh[thr + 1] == rem:
+                                done = 1
+                            prefix = prefix | (T.Cast("uint32", thr) << T.Cast("uint32", 10 - 10 * rnd))
+                            mask = mask | (T.Cast("uint32", 2047 - 1024 * rnd) << T.Cast("uint32", 10 - 10 * rnd))
+                            T.sync_threads()
+                    # every CTA places its keys above the threshold class and its share of the first rem ties
+                    cnt = 0
+                    for j in T.serial(T.ceildiv(c1 - c0, threads)):
+                        if j * threads + tx < c1 - c0:
+                            kk = skeys[j * threads + tx]
+                            cnt = cnt + T.if_then_else((kk & mask) > prefix, 1,
+                                                       T.if_then_else((kk & mask) == prefix, 65536, 0))
+                    warp_slots(cnt, ws, (bx, WS_CNT + CNT_ABOVE), (bx, WS_CNT + CNT_TIES), tx, off)
+                    for j in T.serial(T.ceildiv(c1 - c0, threads)):
+                        if j * threads + tx < c1 - c0:
+                            kk = skeys[j * threads + tx]
+                            if (kk & mask) > prefix:
+                                indices[bx, off[0]] = slot(block_table, req, c0 + j * threads + tx)
+                                off[0] = off[0] + 1
+                            elif (kk & mask) == prefix:
+                                if off[1] < rem:
+                                    indices[bx, topk - rem + off[1]] = slot(block_table, req, c0 + j * threads + tx)
+                                off[1] = off[1] + 1
+                    leave(ws, bx, tx, s_thr, WS_G0, WS_SH - WS_G0)
             else:
-                # this CTA's columns [c0, c1): an equal share, a multiple of threads * U
+                # streamed slices: this CTA's columns [c0, c1), an equal share, a multiple of threads * U
                 c0 = sx * T.ceildiv(T.ceildiv(n, S), threads * U) * (threads * U)
                 c1 = T.min(n, c0 + T.ceildiv(T.ceildiv(n, S), threads * U) * (threads * U))
                 rem = topk
@@ -720,18 +976,12 @@ def build_topk_split(*, topk: int, page_size: int, threads: int, splits: int, re
                         T.sync_threads()
                         if tx < RADIX:
                             if sh[tx] > 0:
-                                T.atomic_add(hist[bx, rnd, tx], sh[tx])
-                        # row barrier: every CTA of the row has added its pass-rnd bins
-                        T.sync_threads()
-                        if tx == 0:
-                            T.atomic_add(hist[bx, PASSES, 2], 1, memory_order="release")
-                            while T.atomic_load(hist[bx, PASSES, 2], memory_order="acquire") < S * (rnd + 1):
-                                T.evaluate(0)
-                        T.sync_threads()
+                                T.atomic_add(ws[bx, WS_SH + rnd * (RADIX + 1) + tx], sh[tx])
+                        row_barrier(ws, bx, tx, S * (rnd + 1))
                         # suffix sums of the row's finished histogram into sh, the digit of the rem-th largest key,
                         # folded into prefix / mask / rem (sh[RADIX] was zeroed with the pass's counts)
-                        scan_threshold(sh, wsum, s_thr, tx, rem,
-                                       T.atomic_load(hist[bx, rnd, tx], memory_order="relaxed"))
+                        scan_threshold(sh, wsum, s_thr, tx, rem, T.atomic_load(
+                            ws[bx, WS_SH + rnd * (RADIX + 1) + T.min(tx, RADIX)], memory_order="relaxed"))
                         thr = s_thr[0]
                         rem = rem - sh[thr + 1]
                         # every key of the threshold bin is taken: the prefix so far decides, skip the rest (all
@@ -755,7 +1005,7 @@ def build_topk_split(*, topk: int, page_size: int, threads: int, splits: int, re
                     for u in T.unroll(U):
                         cnt = cnt + T.if_then_else(c0 + (i * U + u) * threads + tx < c1, T.if_then_else(
                             (keys[u] & mask) > prefix, 1, T.if_then_else((keys[u] & mask) == prefix, 65536, 0)), 0)
-                    warp_slots(cnt, hist, (bx, PASSES, 0), (bx, PASSES, 1), tx, off)
+                    warp_slots(cnt, ws, (bx, WS_CNT + CNT_ABOVE), (bx, WS_CNT + CNT_TIES), tx, off)
                     for u in T.unroll(U):
                         if c0 + (i * U + u) * threads + tx < c1:
                             if (keys[u] & mask) > prefix:
@@ -767,6 +1017,7 @@ def build_topk_split(*, topk: int, page_size: int, threads: int, splits: int, re
                                     indices[bx, topk - rem + off[1]] = slot(block_table, req,
                                                                              c0 + (i * U + u) * threads + tx)
                                 off[1] = off[1] + 1
+                leave(ws, bx, tx, s_thr, WS_SH, PASSES * (RADIX + 1))
 
     return indexer_topk_split
 
@@ -793,6 +1044,7 @@ class IndexerTopkSplitSpec(KernelSpec):
         threads, cap = split_schedule(splits)
         p = {"topk": topk, "page_size": page_size, "threads": threads, "splits": splits}
         p["resident"] = min(cap, resident_keys(arch, topk_split_smem_bytes(p), ctas_per_sm=1))
+        p["solo"] = SOLO_MAX
         return Variant.make(self.name, p, arch, schedule_name(arch))
 
     def smem_bytes(self, variant: Variant) -> int:
