@@ -122,7 +122,7 @@ def main() -> None:
     ap.add_argument("--model", default="deepseek-v4-flash")
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--decode", type=int, nargs="+", default=[1, 8, 32, 64])
-    ap.add_argument("--prefill", type=int, nargs="+", default=[2048, 8192])
+    ap.add_argument("--prefill", type=int, nargs="*", default=[2048, 8192])
     ap.add_argument("--arch", default=None, help="schedule to run: native (default) or sm_120a (emulated)")
     ap.add_argument("--layers", type=int, default=8, help="decode rows also time this many distinct copies of the "
                     "weight back to back in one graph (a forward pass's successive layers: no L2 reuse, and no "

@@ -668,7 +668,10 @@ def build_topk_split(*, topk: int, page_size: int, threads: int, splits: int, re
         barrier before it orders the other threads' writes) and acquires the others'."""
         T.sync_threads()
         if tx == 0:
-            T.atomic_add(ws[bx, WS_CNT + CNT_ARRIVE], 1, memory_order="release")
+            # acq_rel with the count returned: TileLang lowers a non-returning int atomic_add to a relaxed red
+            # whatever memory_order says (tl_templates atomic.h, sm_90+), which would not order the CTA's
+            # histogram adds before the arrival; the returning form is a fenced atom
+            T.atomic_add(ws[bx, WS_CNT + CNT_ARRIVE], 1, memory_order="acq_rel", return_prev=True)
             while T.atomic_load(ws[bx, WS_CNT + CNT_ARRIVE], memory_order="acquire") < target:
                 T.evaluate(0)
         T.sync_threads()
