@@ -97,6 +97,13 @@ def indexer_decode_topk(q, q_scale, weights, kv_cache, seq_lens, block_table, *,
     return _i.indexer_decode_topk(q, q_scale, weights, kv_cache, seq_lens, block_table, **_arch_kw(arch), **kw)
 
 
+def indexer_topk_workspace_numel(num_tokens: int) -> int:
+    """int32 elements of the top-k workspace at this token count: allocate it zeroed once (torch.zeros) and pass the
+    same tensor on every call; each launch leaves it zeroed, so no memset runs per call or in a CUDA graph."""
+    from .kernels.indexer import ops as _i
+    return _i.indexer_topk_workspace_numel(num_tokens)
+
+
 def indexer_swa_indices(positions, req_idx, block_table, *, arch=None, **kw):
     """Sliding-window slots per query token over a paged SWA cache. Returns (swa_indices, swa_lengths)."""
     from .kernels.indexer import ops as _i
@@ -202,6 +209,7 @@ __all__ = [
     "ModelConfig", "ParallelConfig", "load_model_config",
     "mhc_pre", "mhc_sinkhorn", "mhc_post", "mhc_post_pre_fused", "hc_head", "sparse_mla_decode", "sparse_mla_prefill", "warm",
     "indexer_decode_logits", "indexer_prefill_logits", "indexer_topk", "indexer_decode_topk", "indexer_swa_indices",
+    "indexer_topk_workspace_numel",
     "act_quant_fp8", "act_quant_fp8_inplace", "act_quant_fp4", "swiglu_quant_fp8", "fp8_gemm",
     "fp4_moe_gemm", "moe_route", "moe_align", "moe_entry_rows", "moe_combine", "fp4_moe_block_m",
     "compressor_state_write", "compressor_compress",
