@@ -244,6 +244,29 @@ def _warp_slots(T):
     return warp_slots
 
 
+
+def _count_digits(T, threads: int):
+    """count_digits(sh, tx, m, key_at, rnd, prefix, mask), the refining pass of every two-level select (after the
+    top FIRST_BITS bits): sh[d] becomes how many of the m keys key_at(j), j < m, that match prefix under mask have
+    digit d in this pass, bits 10..20 (rnd 0, 11 bits) or 0..9 (rnd 1, 10 bits). Two barriers: sh is cleared, and
+    every count has landed when it returns."""
+    @T.macro
+    def count_digits(sh, tx, m, key_at, rnd, prefix, mask):
+        kk = T.alloc_var("uint32")
+        for i in T.serial(T.ceildiv(WIDE_BINS + 1, threads)):
+            if i * threads + tx < WIDE_BINS + 1:
+                sh[i * threads + tx] = 0
+        T.sync_threads()
+        for j in T.serial(T.ceildiv(m, threads)):
+            if j * threads + tx < m:
+                kk = key_at(j * threads + tx)
+                if (kk & mask) == prefix:
+                    T.atomic_add(sh[T.Cast("int32", (kk >> T.Cast("uint32", 10 - 10 * rnd))
+                                        & T.Cast("uint32", 2047 - 1024 * rnd))], 1)
+        T.sync_threads()
+
+    return count_digits
+
 def _resident_select(T, *, threads: int, topk: int, to_key, slot):
     """The select of a row that fits in shared memory (topk < n <= the resident size), by one CTA; both kernels
     run it. The row is read from global memory once (LOADS_IN_FLIGHT loads per thread in flight), its keys kept
@@ -258,6 +281,7 @@ def _resident_select(T, *, threads: int, topk: int, to_key, slot):
     U = LOADS_IN_FLIGHT
     scan_wide = _scan_wide(T, threads)
     warp_slots = _warp_slots(T)
+    count_digits = _count_digits(T, threads)
     top_shift = 32 - FIRST_BITS
 
     @T.macro
@@ -328,18 +352,7 @@ def _resident_select(T, *, threads: int, topk: int, to_key, slot):
             m = T.if_then_else(s_cnt[1] <= CAND_MAX, s_cnt[1], n)
             for rnd in T.serial(2):  # bits 10..20 (11), then 0..9 (10)
                 if done == 0:
-                    for i in T.serial(T.ceildiv(WIDE_BINS + 1, threads)):
-                        if i * threads + tx < WIDE_BINS + 1:
-                            hist[i * threads + tx] = 0
-                    T.sync_threads()
-                    for j in T.serial(T.ceildiv(m, threads)):
-                        if j * threads + tx < m:
-                            col = T.if_then_else(m < n, cand[j * threads + tx], j * threads + tx)
-                            kk = skeys[col]
-                            if (kk & mask) == prefix:
-                                T.atomic_add(hist[T.Cast("int32", (kk >> T.Cast("uint32", 10 - 10 * rnd))
-                                                       & T.Cast("uint32", 2047 - 1024 * rnd))], 1)
-                    T.sync_threads()
+                    count_digits(hist, tx, m, lambda j: skeys[T.if_then_else(m < n, cand[j], j)], rnd, prefix, mask)
                     scan_wide(hist, wsum, s_thr, tx, rem)
                     thr = s_thr[0]
                     rem = rem - hist[thr + 1]
@@ -661,6 +674,7 @@ def build_topk_split(*, topk: int, page_size: int, threads: int, splits: int, re
     scan_threshold = _scan_threshold(T)
     scan_wide = _scan_wide(T, threads)
     warp_slots = _warp_slots(T)
+    count_digits = _count_digits(T, threads)
 
     @T.macro
     def row_barrier(ws, bx, tx, target):
@@ -731,15 +745,7 @@ def build_topk_split(*, topk: int, page_size: int, threads: int, splits: int, re
         done = 0
         for rnd in T.serial(2):
             if done == 0:
-                clear_bins(sh, tx)
-                T.sync_threads()
-                for j in T.serial(T.ceildiv(m, threads)):
-                    if j * threads + tx < m:
-                        kk = skeys[j * threads + tx]
-                        if (kk & mask) == prefix:
-                            T.atomic_add(sh[T.Cast("int32", (kk >> T.Cast("uint32", 10 - 10 * rnd))
-                                                & T.Cast("uint32", 2047 - 1024 * rnd))], 1)
-                T.sync_threads()
+                count_digits(sh, tx, m, lambda j: skeys[j], rnd, prefix, mask)
                 scan_wide(sh, wsum, s_thr, tx, rem)
                 thr = s_thr[0]
                 rem = rem - sh[thr + 1]
@@ -907,15 +913,7 @@ def build_topk_split(*, topk: int, page_size: int, threads: int, splits: int, re
                     # heavy ties: bits 10..20, then 0..9, over the slices (the row's histograms G1, G2)
                     for rnd in T.serial(2):
                         if done == 0:
-                            clear_bins(sh, tx)
-                            T.sync_threads()
-                            for j in T.serial(T.ceildiv(c1 - c0, threads)):
-                                if j * threads + tx < c1 - c0:
-                                    kk = skeys[j * threads + tx]
-                                    if (kk & mask) == prefix:
-                                        T.atomic_add(sh[T.Cast("int32", (kk >> T.Cast("uint32", 10 - 10 * rnd))
-                                                            & T.Cast("uint32", 2047 - 1024 * rnd))], 1)
-                            T.sync_threads()
+                            count_digits(sh, tx, c1 - c0, lambda j: skeys[j], rnd, prefix, mask)
                             push_bins(sh, ws, bx, tx, WS_G1 + rnd * (WIDE_BINS + 1))
                             row_barrier(ws, bx, tx, S * (2 + rnd))
                             pull_bins(sh, ws, bx, tx, WS_G1 + rnd * (WIDE_BINS + 1))
