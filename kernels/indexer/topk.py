@@ -634,7 +634,7 @@ ROW_WS = WS_CK + CAND_MAX
 # Rows up to this many columns (and the resident size) are selected by one CTA from shared memory (no row barriers)
 # when the split kernel runs; longer rows are split over the row's CTAs. sweep_topk.py, kernel us, H100, every output
 # checked (2026-11-25): 8,192-column rows (32K context) at batch 1 / 8 took 7.2 / 7.3 in one CTA of 512 threads and
-# 6.7 / 6.8 of 1,024, split over 2-16 CTAs 7.5-9.6 / 7.9-9.5; 4,096-column rows 5.5 in one CTA against 7.1-8.8 split.
+# 6.7 / 6.8 of 1,024, split over 2-16 CTAs 7.4-9.0 / 7.8-9.6; 4,096-column rows 5.5 in one CTA against 7.1-8.8 split.
 SOLO_MAX = 8192
 
 
