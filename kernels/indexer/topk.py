@@ -245,17 +245,28 @@ def _warp_slots(T):
 
 
 
+def _clear_bins(T, threads: int):
+    """clear_bins(sh, tx): sh[0:WIDE_BINS + 1] = 0 (no barrier)."""
+    @T.macro
+    def clear_bins(sh, tx):
+        for i in T.serial(T.ceildiv(WIDE_BINS + 1, threads)):
+            if i * threads + tx < WIDE_BINS + 1:
+                sh[i * threads + tx] = 0
+
+    return clear_bins
+
+
 def _count_digits(T, threads: int):
     """count_digits(sh, tx, m, key_at, rnd, prefix, mask), the refining pass of every two-level select (after the
     top FIRST_BITS bits): sh[d] becomes how many of the m keys key_at(j), j < m, that match prefix under mask have
     digit d in this pass, bits 10..20 (rnd 0, 11 bits) or 0..9 (rnd 1, 10 bits). Two barriers: sh is cleared, and
     every count has landed when it returns."""
+    clear_bins = _clear_bins(T, threads)
+
     @T.macro
     def count_digits(sh, tx, m, key_at, rnd, prefix, mask):
         kk = T.alloc_var("uint32")
-        for i in T.serial(T.ceildiv(WIDE_BINS + 1, threads)):
-            if i * threads + tx < WIDE_BINS + 1:
-                sh[i * threads + tx] = 0
+        clear_bins(sh, tx)
         T.sync_threads()
         for j in T.serial(T.ceildiv(m, threads)):
             if j * threads + tx < m:
@@ -282,6 +293,7 @@ def _resident_select(T, *, threads: int, topk: int, to_key, slot):
     scan_wide = _scan_wide(T, threads)
     warp_slots = _warp_slots(T)
     count_digits = _count_digits(T, threads)
+    clear_bins = _clear_bins(T, threads)
     top_shift = 32 - FIRST_BITS
 
     @T.macro
@@ -302,9 +314,7 @@ def _resident_select(T, *, threads: int, topk: int, to_key, slot):
 
         rem = topk
         done = 0
-        for i in T.serial(T.ceildiv(WIDE_BINS + 1, threads)):
-            if i * threads + tx < WIDE_BINS + 1:
-                hist[i * threads + tx] = 0
+        clear_bins(hist, tx)
         if tx == 0:
             s_cnt[0] = 0
             s_cnt[1] = 0
@@ -677,6 +687,7 @@ def build_topk_split(*, topk: int, page_size: int, threads: int, splits: int, re
     scan_wide = _scan_wide(T, threads)
     warp_slots = _warp_slots(T)
     count_digits = _count_digits(T, threads)
+    clear_bins = _clear_bins(T, threads)
 
     @T.macro
     def row_barrier(ws, bx, tx, target):
@@ -693,6 +704,15 @@ def build_topk_split(*, topk: int, page_size: int, threads: int, splits: int, re
         T.sync_threads()
 
     @T.macro
+    def clear_row(ws, bx, tx, at, size):
+        """ws[bx, at:at + size] and row bx's counters = 0, by the row's last CTA."""
+        for i in T.serial(T.ceildiv(size, threads)):
+            if i * threads + tx < size:
+                ws[bx, at + i * threads + tx] = 0
+        if tx < 8:
+            ws[bx, WS_CNT + tx] = 0
+
+    @T.macro
     def leave(ws, bx, tx, s_last, at, size):
         """This CTA is done with row bx's workspace; the row's last CTA to leave zeroes ws[bx, at:at + size] and
         the counters (the acq_rel count orders every CTA's earlier accesses before the zeroing)."""
@@ -701,11 +721,7 @@ def build_topk_split(*, topk: int, page_size: int, threads: int, splits: int, re
             s_last[0] = T.atomic_add(ws[bx, WS_CNT + CNT_LEFT], 1, memory_order="acq_rel", return_prev=True)
         T.sync_threads()
         if s_last[0] == S - 1:
-            for i in T.serial(T.ceildiv(size, threads)):
-                if i * threads + tx < size:
-                    ws[bx, at + i * threads + tx] = 0
-            if tx < 8:
-                ws[bx, WS_CNT + tx] = 0
+            clear_row(ws, bx, tx, at, size)
 
     @T.macro
     def push_bins(sh, ws, bx, tx, at):
@@ -721,12 +737,6 @@ def build_topk_split(*, topk: int, page_size: int, threads: int, splits: int, re
         for i in T.serial(WIDE_BINS // threads):
             sh[i * threads + tx] = T.atomic_load(ws[bx, at + i * threads + tx], memory_order="relaxed")
         T.sync_threads()
-
-    @T.macro
-    def clear_bins(sh, tx):
-        for i in T.serial(T.ceildiv(WIDE_BINS + 1, threads)):
-            if i * threads + tx < WIDE_BINS + 1:
-                sh[i * threads + tx] = 0
 
     @T.macro
     def select_candidates(sh, wsum, s_thr, s_cnt, skeys, cand, indices, bx, tx, m, rem_in, prefix_in, mask_in):
@@ -904,10 +914,7 @@ def build_topk_split(*, topk: int, page_size: int, threads: int, splits: int, re
                                     skeys[j * threads + tx] = T.reinterpret(
                                         T.atomic_load(ws[bx, WS_CK + j * threads + tx], memory_order="relaxed"),
                                         "uint32")
-                        for i in T.serial(WIDE_BINS // threads):
-                            ws[bx, WS_G0 + i * threads + tx] = 0
-                        if tx < 8:
-                            ws[bx, WS_CNT + tx] = 0
+                        clear_row(ws, bx, tx, WS_G0, WIDE_BINS)
                         if done == 0:
                             select_candidates(sh, wsum, s_thr, s_cnt, skeys, cand, indices, bx, tx, m, rem, prefix,
                                               mask)
