@@ -234,8 +234,8 @@ def test_only_the_paged_logits_drop_the_per_access_guards():
 
 def test_logits_variant_is_one_per_static():
     """Context length, batch and token count never enter the logits select: the grid's column width follows the
-    token count at launch (ceil(target CTAs / groups)), so one variant serves every batch and a new context never
-    compiles (the SGLang split_kv bug the reference notes)."""
+    token count at launch (grid_columns: whole waves of the CTAs the SMs hold), so one variant serves every batch
+    and a new context never compiles (the SGLang split_kv bug the reference notes)."""
     from dsv4_jit.kernels.indexer.logits import CTAS_PER_SM
     spec = get_spec("indexer_decode_logits")
     st = ops.decode_static(64, 128, 2, 64)
@@ -248,6 +248,43 @@ def test_logits_variant_is_one_per_static():
         assert (v.p["operand"], v.p["wgmma"]) == tc
         assert v.p["target_ctas"] == CTAS_PER_SM * get_profile(arch).num_sms_hint
     assert spec.select(ARCH, st, 2) == spec.select(ARCH, dict(st), 2)
+
+
+def test_logits_grid_is_whole_waves_of_what_the_sms_hold():
+    """The logits grid is a whole number of waves of the CTAs the SMs hold: rounding the CTAs a row up (9 at 64
+    tokens: 576 on 528 slots) left a second wave of 48 CTAs as long as the first."""
+    from dsv4_jit.kernels.indexer.logits import grid_columns, resident_ctas
+    spec = get_spec("indexer_decode_logits")
+    slots = {}
+    for arch, next_n in (("sm_90a", 1), ("sm_90a", 2), ("sm_90a", 3), ("sm_120a", 1), ("sm_120a", 4)):
+        prof = get_profile(arch)
+        v = spec.select(prof, ops.decode_static(64, 128, next_n, 64), 1)
+        per_sm = resident_ctas(v.p, prof.max_smem_per_block)
+        # what one SM's shared memory and registers hold: 4 (128 registers) or 3 (168) at 128 threads
+        assert per_sm * (spec.smem_bytes(v) + 1024) <= prof.max_smem_per_block + 1024
+        assert per_sm <= (4 if next_n == 1 else 3)
+        assert v.p["slots"] == per_sm * prof.num_sms_hint
+        slots[arch, next_n] = v.p["slots"]
+    # Hopper: four 50 KB CTAs an SM at next_n 1, three at 2 (66.5 KB), two at 3; SM12x: two 33.5 KB CTAs
+    assert slots == {("sm_90a", 1): 528, ("sm_90a", 2): 396, ("sm_90a", 3): 264, ("sm_120a", 1): 376,
+                     ("sm_120a", 4): 188}
+    for target, sl in ((528, 528), (528, 396), (752, 376)):
+        for tiles in (1, 3, 33, 258, 1026, 4097):
+            for groups in (1, 2, 5, 7, 8, 20, 48, 64, 65, 96, 300, 1000, 5000):
+                c = grid_columns(groups, tiles, target, sl, 32)
+                assert 1 <= c <= tiles
+                if c < tiles:
+                    assert c >= -(-tiles // 32)                 # no CTA walks more than 32 tiles
+                    waves = -(-groups * c // sl)
+                    # whole waves: the last one is full but for fewer than one CTA a group (or one wave's worth
+                    # of CTAs a group is the max_tiles floor itself)
+                    assert groups * c > (waves - 1) * sl
+                    assert groups * c + groups > waves * sl or c == -(-tiles // 32)
+                    assert groups * c >= min(target, groups * tiles) - groups
+    assert grid_columns(64, 258, 528, 528, 32) == 16     # 1,024 CTAs (two waves), not 576 (1.09)
+    assert grid_columns(8, 1026, 528, 528, 32) == 66     # unchanged where the batch divides the slots
+    assert grid_columns(64, 1026, 528, 528, 32) == 33    # 2,112 = four waves
+    assert grid_columns(5, 1026, 528, 528, 32) == 105    # 525, not 530
 
 
 def test_uses_are_ratio4_only():
@@ -503,8 +540,8 @@ def test_decode_logits_page_size_must_tile_the_row_view():
 def test_logits_builder_rejects_one_stage():
     """One stage would make the ring wait on a negative group count: an error, not garbage logits."""
     from dsv4_jit.kernels.indexer.logits import build_logits
-    kw = dict(paged=True, heads=64, dim=128, group=1, block_n=64, threads=128, target_ctas=528, max_tiles=32,
-              page_size=64, ratio=4)
+    kw = dict(paged=True, heads=64, dim=128, group=1, block_n=64, threads=128, target_ctas=528, slots=528,
+              max_tiles=32, page_size=64, ratio=4)
     with pytest.raises(ValueError, match="stages=1"):
         build_logits(stages=1, **kw)
     with pytest.raises(ValueError, match="operand"):

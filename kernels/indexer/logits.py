@@ -23,9 +23,10 @@ Valid columns per token: [lo_t, hi_t). Every other column of the logits row, up 
 * prefill (ragged): k [Nk, D] fp8 + k_scale [Nk] fp32 contiguous (the engine's gathered compressed K);
   token t sees columns [ks[t], ke[t]) of k (DeepGEMM `fp8_mqa_logits` convention), logits [T, W].
 
-Grid: (min(ceil(W / block_n), max(ceil(target_ctas / token groups), ceil(W / block_n / max_tiles))), token groups),
-target_ctas = CTAS_PER_SM x the arch's SM count: every token count fills the GPU with one variant (no per-batch
-compile), and at large batch no CTA walks more than max_tiles tiles. A CTA stages its group's
+Grid: (CTAs per token group, token groups), the first from `grid_columns`: a whole number of waves of the CTAs
+the SMs hold at once (`slots`), at least target_ctas = CTAS_PER_SM x the arch's SM count in all, and enough
+that no CTA walks more than max_tiles tiles. Every token count fills the GPU with one variant (no per-batch
+compile). A CTA stages its group's
 q once, then walks the row's column tiles with a stride of the grid width: a tile no valid range of its tokens
 reaches (past the request's length) is written -inf without reading K, so the grid can stay sized to W (CUDA-
 graph capture) while the work follows each request's length (the public SM12x fix: 433 -> 29 us at 28K context).
@@ -56,7 +57,9 @@ SCALE_BYTES = 4
 # heads x D fp8) + 3 stages of a K tile (64 x D) and its scales: 33,536 B at next_n 1 and 64 heads. An SM12x SM
 # (100 KB of shared memory, 1 KB reserved per CTA) holds two such CTAs. Two stages would let SM12x hold three;
 # which is faster there is unmeasured (no SM12x GPU here). Hopper: 2 stages (50,176 B with its f16 buffers, below),
-# so the four CTAs the registers allow fit an SM; 3 stages fit three and were 16-46% slower (H100, 2026-11-24).
+# so the four CTAs the registers allow fit an SM; 3 stages fit three and were 16-46% slower (H100, 2026-11-24),
+# and 4-22% slower still with the grid in whole waves of those three (3 and 4 stages, 64K and 256K context, batch
+# 1-96; 64K x 8 17.1 -> 20.8 us, 256K x 64 245.7 -> 270.6: H100, 2026-11-25, sweep_indexer_logits --stages).
 SCHEDULES = {
     "blackwell_consumer": (64, 3, 128),
     "hopper": (64, 2, 128),
@@ -69,8 +72,8 @@ SCHEDULES = {
 # Against the emulated fp8 mma.sync, per layer on the H100: 64K x 8 16.7 -> 13.8 us, 256K x 8 45.7 -> 35.9,
 # 256K x 64 310 -> 246, prefill 2,048 tokens x 16K columns 1,214 -> 753 (f16 mma.sync alone: 15.8 / 45.2 / 320 /
 # 1,077).
-# Resident CTAs aimed for per SM (registers allow ~4 at 128 threads): the grid's column width is sized so that
-# rows x CTAs per row reaches this many per SM. MIN_BLOCKS: the CTAs per SM the registers are capped for.
+# CTAs aimed for per SM (registers allow ~4 at 128 threads): the grid holds at least this many an SM, in whole
+# waves of what the SMs hold (`grid_columns`). MIN_BLOCKS: the CTAs per SM the registers are capped for.
 CTAS_PER_SM = 4
 MIN_BLOCKS = 4
 # Tiles one CTA walks at most: at large batch the CTAs per row grow past CTAS_PER_SM's share so no CTA walks more
@@ -89,6 +92,40 @@ def int_param(name: str, static: Mapping[str, Any], key: str, allowed=None, lo: 
     if allowed is not None and v not in allowed:
         raise ValueError(f"{name}: {key}={v} is not supported (supported: {sorted(allowed)})")
     return v
+
+
+SMEM_RESERVED = 1024  # shared memory the driver reserves per CTA
+
+
+class _IntOps:
+    """`grid_columns` on Python ints (the kernel passes TileLang's T for the same formula on its dynamic shapes)."""
+    min, max = staticmethod(min), staticmethod(max)
+
+    @staticmethod
+    def ceildiv(a: int, b: int) -> int:
+        return -(-a // b)
+
+    @staticmethod
+    def floordiv(a: int, b: int) -> int:
+        return a // b
+
+
+def grid_columns(groups, tiles, target: int, slots: int, max_tiles: int, ops=_IntOps):
+    """CTAs per token group (the grid's x): the grid is a whole number of waves of `slots` (CTAs resident at once)
+    with at least `target` CTAs and at least ceil(tiles / max_tiles) per group, never more than the row's tiles.
+    Rounding the waves down matters: ceil(528 / 64) = 9 CTAs a row at 64 tokens is 576 CTAs on 528 slots, and
+    the 48 left over ran as a second wave as long as the first; a variant that holds 3 CTAs an SM (3 stages, MTP
+    rows) under a 4-an-SM target ran 1.33 waves the same way."""
+    c_min = ops.ceildiv(tiles, max_tiles)
+    waves = ops.max(-(-target // slots), ops.ceildiv(groups * c_min, slots))
+    return ops.min(tiles, ops.max(c_min, ops.floordiv(waves * slots, groups)))
+
+
+def resident_ctas(p: Mapping[str, Any], max_smem_per_block: int) -> int:
+    """CTAs of a logits variant one SM holds: the register cap it is compiled for (`min_blocks`) and its shared
+    memory with the per-CTA reserve (an SM's shared memory is the per-block opt-in maximum plus one reserve)."""
+    by_smem = (max_smem_per_block + SMEM_RESERVED) // (logits_smem_bytes(p) + SMEM_RESERVED)
+    return max(1, min(min_blocks(p["group"] * p["heads"]), by_smem))
 
 
 def min_blocks(rows: int) -> int:
@@ -113,7 +150,7 @@ def logits_smem_bytes(p: Mapping[str, Any]) -> int:
 
 
 def build_logits(*, paged: bool, heads: int, dim: int, group: int, block_n: int, threads: int, target_ctas: int,
-                 max_tiles: int, stages: int, page_size: int = 0, ratio: int = 0, operand: str = FP8):
+                 slots: int, max_tiles: int, stages: int, page_size: int = 0, ratio: int = 0, operand: str = FP8):
     import tilelang.language as T
 
     H, D, G, BN, NS = heads, dim, group, block_n, stages
@@ -139,9 +176,7 @@ def build_logits(*, paged: bool, heads: int, dim: int, group: int, block_n: int,
     SCALE_OFF = P * D // SCALE_BYTES         # first fp32 scale of a page, in fp32 elements
 
     num_tiles = T.ceildiv(width, BN)
-    # CTAs per token group: enough that groups x this reaches target_ctas and that none walks more than
-    # max_tiles tiles, never more than the row has tiles
-    grid_x = T.min(num_tiles, T.max(T.ceildiv(target_ctas, T.ceildiv(num_tokens, G)), T.ceildiv(num_tiles, max_tiles)))
+    grid_x = grid_columns(T.ceildiv(num_tokens, G), num_tiles, target_ctas, slots, max_tiles, ops=T)
 
     # ---- per-mode pieces (expressions only; the statements live in `body`) ----
     def bounds(tok, grp, src_a, src_b, src_c):
@@ -322,6 +357,12 @@ class _LogitsSpec(KernelSpec):
                 "operand": arch.fp8_mma_operand, "wgmma": arch.has_wgmma and arch.fp8_mma_operand != FP8,
                 "target_ctas": CTAS_PER_SM * arch.num_sms_hint, "max_tiles": MAX_TILES_PER_CTA}
 
+    @staticmethod
+    def _with_slots(p: dict, arch: ArchProfile) -> dict:
+        # the CTAs the arch's SMs hold at once, once the group (rows a CTA) is known
+        p["slots"] = resident_ctas(p, arch.max_smem_per_block) * arch.num_sms_hint
+        return p
+
     def smem_bytes(self, variant: Variant) -> int:
         return logits_smem_bytes(variant.p)
 
@@ -361,13 +402,13 @@ class IndexerDecodeLogitsSpec(_LogitsSpec):
                              f"{page_size * (p['dim'] + SCALE_BYTES)} B is not a whole number of {p['dim']}-byte K "
                              f"rows (the kernel's copy view); use a page size that is a multiple of {p['dim'] // SCALE_BYTES}")
         p.update(group=next_n, page_size=page_size, ratio=ratio)
-        return Variant.make(self.name, p, arch, schedule_name(arch))
+        return Variant.make(self.name, self._with_slots(p, arch), arch, schedule_name(arch))
 
     def build(self, variant: Variant):
         p = variant.p
         return build_logits(paged=True, heads=p["heads"], dim=p["dim"], group=p["group"], block_n=p["block_n"],
                             stages=p["stages"], threads=p["threads"], target_ctas=p["target_ctas"],
-                            max_tiles=p["max_tiles"], page_size=p["page_size"], ratio=p["ratio"],
+                            slots=p["slots"], max_tiles=p["max_tiles"], page_size=p["page_size"], ratio=p["ratio"],
                             operand=p.get("operand", FP8))
 
 
@@ -389,10 +430,10 @@ class IndexerPrefillLogitsSpec(_LogitsSpec):
     def select(self, arch: ArchProfile, static: Mapping[str, Any], num_tokens: int) -> Variant:
         p = self._common(arch, static, num_tokens)
         p.update(group=prefill_group(p["heads"]))
-        return Variant.make(self.name, p, arch, schedule_name(arch))
+        return Variant.make(self.name, self._with_slots(p, arch), arch, schedule_name(arch))
 
     def build(self, variant: Variant):
         p = variant.p
         return build_logits(paged=False, heads=p["heads"], dim=p["dim"], group=p["group"], block_n=p["block_n"],
                             stages=p["stages"], threads=p["threads"], target_ctas=p["target_ctas"],
-                            max_tiles=p["max_tiles"], operand=p.get("operand", FP8))
+                            slots=p["slots"], max_tiles=p["max_tiles"], operand=p.get("operand", FP8))
