@@ -22,6 +22,7 @@ small contexts are not served from L2 across repeated calls; a step that cannot 
                              these carry it once per graph. GB/s and %copy use logits/L.
 The logits width is sized for the largest context (65,536 + 64 columns) in every row, as a CUDA graph
 captured for max_model_len would be: rows at 8K context show the early exit past each request's length.
+--width sets it (262,208 columns: a 1M-token max_model_len).
 
     python benchmarks/bench_indexer.py --out bench_out/indexer.json [--contexts 8192 65536 262144] [--batch 1 8 64]
     [--arch sm_120a]   (an SM120 schedule on this GPU: sm_120a emulated on the native arch)
@@ -89,6 +90,8 @@ def main() -> None:
     ap.add_argument("--arch", default=None, help="schedule to run: native (default) or sm_120a (emulated)")
     ap.add_argument("--layers", type=int, default=8,
                     help="distinct input sets per timed graph for the per-layer columns (1: one-call columns only)")
+    ap.add_argument("--width", type=int, default=None,
+                    help="logits columns in every row (default: the largest context / 4 + 64)")
     ap.add_argument("--no-torch", action="store_true", help="skip the torch baseline columns (the slowest to time)")
     ap.add_argument("--out", default="bench_out/indexer.json")
     args = ap.parse_args()
@@ -108,7 +111,9 @@ def main() -> None:
     except Exception as e:  # missing .peers/ or an import problem: report it, keep the other columns
         peer, peer_reason = None, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]
 
-    width = max(args.contexts) // RATIO + 64
+    width = args.width or max(args.contexts) // RATIO + 64
+    if width < max(args.contexts) // RATIO:
+        ap.error(f"--width {width} is below the largest context's {max(args.contexts) // RATIO} columns")
     g = torch.Generator(device="cuda").manual_seed(0)
     bw = copy_bandwidth_gbs()
     rows = []

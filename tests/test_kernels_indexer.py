@@ -250,6 +250,53 @@ def test_logits_variant_is_one_per_static():
     assert spec.select(ARCH, st, 2) == spec.select(ARCH, dict(st), 2)
 
 
+def test_decode_topk_logits_skip_the_inf_fill(monkeypatch):
+    """indexer_decode_topk's logits variant is the public one with clean=False (its top-k reads only each row's
+    [lo, hi)); both are planned, and clean must be a bool."""
+    spec = get_spec("indexer_decode_logits")
+    on = spec.select(ARCH, ops.decode_static(64, 128, 1, 64), 8)
+    off = spec.select(ARCH, ops.decode_static(64, 128, 1, 64, clean=False), 8)
+    assert on.p["clean"] is True and off.p["clean"] is False
+    assert {k: v for k, v in on.p.items() if k != "clean"} == {k: v for k, v in off.p.items() if k != "clean"}
+    assert spec.select(ARCH, {k: v for k, v in ops.decode_static(64, 128, 1, 64).items() if k != "clean"}, 8) == on
+    with pytest.raises(ValueError, match="clean must be a bool"):
+        spec.select(ARCH, {**ops.decode_static(64, 128, 1, 64), "clean": 0}, 8)
+    m = load_model_config("deepseek-v4-flash")
+    planned = {u.spec.select(ARCH, u.static, 8) for u in family._uses(m, ParallelConfig()) if u.spec is spec}
+    assert on in planned and off in planned
+
+    seen = []
+
+    def get_kernel(sp, static, tokens):
+        seen.append((sp.name, dict(static)))
+        raise RuntimeError("stop")     # only the first launch's select matters here
+
+    torch = pytest.importorskip("torch")
+    from dsv4_jit import validate
+    real_check = validate.check_tensor
+
+    def check_on_cpu(t, *a, **k):
+        # CPU tensors stand in for CUDA ones: every other check is the real one
+        try:
+            real_check(t, *a, **k)
+        except ValueError as e:
+            if "must be a CUDA tensor" not in str(e):
+                raise
+    monkeypatch.setattr(validate, "check_tensor", check_on_cpu)
+    t, w = 2, 640
+    q = torch.zeros(t, 64, 128, dtype=torch.float8_e4m3fn)
+    kv = torch.zeros(4, 64 * 132, dtype=torch.uint8)
+    args = (q, torch.ones(t), torch.ones(t, 64), kv, torch.full((t,), 64, dtype=torch.int32),
+            torch.zeros(t, 10, dtype=torch.int32))
+    for fn, want in ((ops.indexer_decode_topk, False), (ops.indexer_decode_logits, True)):
+        kw = {"topk": 512} if fn is ops.indexer_decode_topk else {}
+        with pytest.raises(RuntimeError, match="stop"):
+            fn(*args, next_n=1, arch=ARCH, get_kernel=get_kernel, width=w, **kw)
+        assert seen[-1] == ("indexer_decode_logits", ops.decode_static(64, 128, 1, 64, clean=want))
+    with pytest.raises(ValueError, match="clean"):
+        ops.indexer_decode_logits(*args, next_n=1, arch=ARCH, get_kernel=get_kernel, clean="no")
+
+
 def test_logits_grid_is_whole_waves_of_what_the_sms_hold():
     """The logits grid is a whole number of waves of the CTAs the SMs hold: rounding the CTAs a row up (9 at 64
     tokens: 576 on 528 slots) left a second wave of 48 CTAs as long as the first."""
@@ -290,7 +337,8 @@ def test_logits_grid_is_whole_waves_of_what_the_sms_hold():
 def test_uses_are_ratio4_only():
     m = load_model_config("deepseek-v4-flash")
     labels = [u.label for u in family._uses(m, ParallelConfig(tp_size=4))]
-    assert sum("decode logits" in x for x in labels) == 3 and any("SWA" in x for x in labels)
+    # next_n 1-3, each with and without the -inf fill (the public logits op; indexer_decode_topk's)
+    assert sum("decode logits" in x for x in labels) == 6 and any("SWA" in x for x in labels)
     no4 = type(m)(**{**m.to_dict(), "compress_ratios": (0, 128, 0)})
     assert [u.spec.name for u in family._uses(no4, ParallelConfig())] == ["indexer_swa_indices"]
     assert math.isclose(family.LOGITS_TOL, 1e-3)

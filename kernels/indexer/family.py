@@ -37,8 +37,10 @@ def _uses(model, parallel) -> list[KernelUse]:
         dec = get_spec("indexer_decode_logits")
         base = dec.static_params(model, parallel)
         for nn in NEXT_NS:
-            uses.append(KernelUse(dec, {**base, "next_n": nn, "page_size": INDEX_PAGE_SIZE},
+            uses.append(KernelUse(dec, {**base, "next_n": nn, "page_size": INDEX_PAGE_SIZE, "clean": True},
                                   f"indexer decode logits (ratio-4 layers, next_n={nn})"))
+            uses.append(KernelUse(dec, {**base, "next_n": nn, "page_size": INDEX_PAGE_SIZE, "clean": False},
+                                  f"indexer decode logits for its top-k, no -inf fill (ratio-4 layers, next_n={nn})"))
         pre = get_spec("indexer_prefill_logits")
         uses.append(KernelUse(pre, pre.static_params(model, parallel), "indexer prefill logits (ratio-4 layers)"))
         tk = get_spec("indexer_topk")
@@ -209,7 +211,10 @@ def _decode_topk_case(m, next_n: int) -> GpuCase:
 
     def launch(inp, out, arch, get_kernel):
         t, w, dev = inp["q"].shape[0], inp["width"], inp["q"].device
-        ws = (torch.empty(t, w, dtype=torch.float32, device=dev), torch.empty(t, 3, dtype=torch.int32, device=dev))
+        # +inf everywhere first: the logits behind this top-k leave columns past a group's tiles unwritten
+        # (clean=False), and a top-k that read one would take it
+        ws = (torch.full((t, w), float("inf"), dtype=torch.float32, device=dev),
+              torch.empty(t, 3, dtype=torch.int32, device=dev))
         res = (torch.full((t, inp["topk"]), POISON, dtype=torch.int32, device=dev),
                torch.full((t,), POISON, dtype=torch.int32, device=dev))
         ops.indexer_decode_topk(inp["q"], inp["q_scale"], inp["weights"], inp["kv_cache"], inp["seq_lens"],

@@ -10,7 +10,10 @@ scale per compressed position. Both scales must be > 0 (relu(s*x) = s*relu(x) is
 them after the relu; absmax/448 scales are). fp32 accumulation (mma.sync m16n8k32 e4m3 on SM12x).
 
 Valid columns per token: [lo_t, hi_t). Every other column of the logits row, up to its width W, is written
--inf, so the caller may size W for CUDA-graph capture (max_model_len / ratio) and pass short requests.
+-inf, so the caller may size W for CUDA-graph capture (max_model_len / ratio) and pass short requests. A decode
+variant with clean=False (DeepGEMM's `clean_logits`) writes only the column tiles its tokens' ranges reach: the
+top-k behind it reads [lo_t, hi_t) from row_info and nothing else, and the -inf past a short request's length
+is most of the row's bytes when W is sized for the longest context.
 
 * decode (paged): tokens come in groups of `next_n` per request (MTP: next_n = 1 + draft tokens), token
   t = b * next_n + g. `seq_lens[b]` is the request's length in (uncompressed) tokens including this step's
@@ -150,7 +153,8 @@ def logits_smem_bytes(p: Mapping[str, Any]) -> int:
 
 
 def build_logits(*, paged: bool, heads: int, dim: int, group: int, block_n: int, threads: int, target_ctas: int,
-                 slots: int, max_tiles: int, stages: int, page_size: int = 0, ratio: int = 0, operand: str = FP8):
+                 slots: int, max_tiles: int, stages: int, page_size: int = 0, ratio: int = 0, operand: str = FP8,
+                 clean: bool = True):
     import tilelang.language as T
 
     H, D, G, BN, NS = heads, dim, group, block_n, stages
@@ -267,12 +271,13 @@ def build_logits(*, paged: bool, heads: int, dim: int, group: int, block_n: int,
             t_lo = T.floordiv(lo_min[0], BN)
             t_hi = T.if_then_else(lo_min[0] < hi_max[0], T.ceildiv(hi_max[0], BN), t_lo)
             nv = T.if_then_else(t_lo + bc < t_hi, T.ceildiv(t_hi - t_lo - bc, gx), 0)
-            for i in T.serial(T.ceildiv(num_tiles - bc, gx)):
-                c0 = (bc + i * gx) * BN
-                if c0 < t_lo * BN or c0 >= t_hi * BN:
-                    for g, n in T.Parallel(G, BN):
-                        if bg * G + g < num_tokens and c0 + n < width:
-                            logits[bg * G + g, c0 + n] = neg_inf
+            if clean:
+                for i in T.serial(T.ceildiv(num_tiles - bc, gx)):
+                    c0 = (bc + i * gx) * BN
+                    if c0 < t_lo * BN or c0 >= t_hi * BN:
+                        for g, n in T.Parallel(G, BN):
+                            if bg * G + g < num_tokens and c0 + n < width:
+                                logits[bg * G + g, c0 + n] = neg_inf
 
             # valid tiles through an NS-stage cp.async ring: tiles i + 1 .. i + NS - 1 fly while tile i is
             # computed (T.Pipelined cannot take the loop's dynamic trip count; the waits here are constants)
@@ -381,13 +386,15 @@ class _LogitsSpec(KernelSpec):
 
 @register
 class IndexerDecodeLogitsSpec(_LogitsSpec):
-    """Paged decode logits. Statics: heads, dim, page_size, ratio, next_n (1 + MTP draft tokens)."""
+    """Paged decode logits. Statics: heads, dim, page_size, ratio, next_n (1 + MTP draft tokens), clean (write -inf
+    outside the tiles the tokens' ranges reach: the public logits op; indexer_decode_topk's top-k reads only the
+    ranges)."""
     name = "indexer_decode_logits"
     paged = True
     arg_names = ("q", "q_scale", "weights", "kv_fp8", "kv_f32", "seq_lens", "block_table", "logits", "row_info")
 
     def static_params(self, model, parallel) -> dict[str, Any]:
-        # next_n and page_size are per call site: family.uses lists them
+        # next_n, page_size and clean are per call site: family.uses lists them
         return {"heads": int(model.index_n_heads), "dim": int(model.index_head_dim), "ratio": 4}
 
     def select(self, arch: ArchProfile, static: Mapping[str, Any], num_tokens: int) -> Variant:
@@ -401,7 +408,10 @@ class IndexerDecodeLogitsSpec(_LogitsSpec):
             raise ValueError(f"{self.name}: page_size={page_size} at dim={p['dim']}: a page of "
                              f"{page_size * (p['dim'] + SCALE_BYTES)} B is not a whole number of {p['dim']}-byte K "
                              f"rows (the kernel's copy view); use a page size that is a multiple of {p['dim'] // SCALE_BYTES}")
-        p.update(group=next_n, page_size=page_size, ratio=ratio)
+        clean = static.get("clean", True)
+        if not isinstance(clean, bool):
+            raise ValueError(f"{self.name}: clean must be a bool, got {clean!r}")
+        p.update(group=next_n, page_size=page_size, ratio=ratio, clean=clean)
         return Variant.make(self.name, self._with_slots(p, arch), arch, schedule_name(arch))
 
     def build(self, variant: Variant):
@@ -409,7 +419,7 @@ class IndexerDecodeLogitsSpec(_LogitsSpec):
         return build_logits(paged=True, heads=p["heads"], dim=p["dim"], group=p["group"], block_n=p["block_n"],
                             stages=p["stages"], threads=p["threads"], target_ctas=p["target_ctas"],
                             slots=p["slots"], max_tiles=p["max_tiles"], page_size=p["page_size"], ratio=p["ratio"],
-                            operand=p.get("operand", FP8))
+                            operand=p.get("operand", FP8), clean=p["clean"])
 
 
 # Prefill query tokens per CTA: two tokens x 64 heads = 128 B-operand rows (the tilelang example's

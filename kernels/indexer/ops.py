@@ -116,17 +116,21 @@ def _index_outputs(out, names: tuple[str, str], tokens: int, width: int, dev):
 # =============================================================================================
 # logits
 # =============================================================================================
-def decode_static(heads: int, dim: int, next_n: int, page_size: int, ratio: int = DEFAULT_RATIO) -> dict:
+def decode_static(heads: int, dim: int, next_n: int, page_size: int, ratio: int = DEFAULT_RATIO,
+                  clean: bool = True) -> dict:
     """The static dict of indexer_decode_logits (exactly what family.uses declares per call site)."""
-    return {"heads": heads, "dim": dim, "ratio": ratio, "next_n": next_n, "page_size": page_size}
+    return {"heads": heads, "dim": dim, "ratio": ratio, "next_n": next_n, "page_size": page_size, "clean": clean}
 
 
 def indexer_decode_logits(q, q_scale, weights, kv_cache, seq_lens, block_table, *, next_n: int, arch, get_kernel,
-                          ratio: int = DEFAULT_RATIO, width: int | None = None, out=None, row_info=None):
+                          ratio: int = DEFAULT_RATIO, width: int | None = None, out=None, row_info=None,
+                          clean: bool = True):
     """Paged decode logits (see kernels/indexer/logits.py). Returns (logits [T, W] fp32, row_info [T, 3] int32).
 
     `out` / `row_info` may be preallocated (CUDA-graph capture); W is out.shape[1], else `width`, else
-    max_pages * page_size. Rows of a request whose compressed length exceeds W are cut at W."""
+    max_pages * page_size. Rows of a request whose compressed length exceeds W are cut at W. clean=False (as
+    DeepGEMM's clean_logits) leaves the columns outside the tiles a token group's ranges reach unwritten: for a
+    consumer that reads only row_info's [lo, hi) (indexer_topk does)."""
     import torch
     from dsv4_jit.validate import check_tensor
 
@@ -134,6 +138,8 @@ def indexer_decode_logits(q, q_scale, weights, kv_cache, seq_lens, block_table, 
     arch = _arch_of(op, arch)
     next_n = _int_arg(op, "next_n", next_n, (1, 2, 3, 4))
     ratio = _int_arg(op, "ratio", ratio)
+    if not isinstance(clean, bool):
+        raise ValueError(f"clean: expected a bool, got {clean!r}")
     tokens, heads, dim, dev = _q_args(q, q_scale, weights)
     if tokens % next_n:
         raise ValueError(f"q: {tokens} tokens is not a multiple of next_n={next_n}")
@@ -154,7 +160,8 @@ def indexer_decode_logits(q, q_scale, weights, kv_cache, seq_lens, block_table, 
     row_info = _out_2d(row_info, "row_info", (tokens, 3), torch.int32, dev)
     if tokens == 0 or w == 0:
         return out, row_info
-    kernel = get_kernel(get_spec("indexer_decode_logits"), decode_static(heads, dim, next_n, page_size, ratio), tokens)
+    kernel = get_kernel(get_spec("indexer_decode_logits"), decode_static(heads, dim, next_n, page_size, ratio, clean),
+                        tokens)
     kernel(q, q_scale, weights, kv_fp8, kv_f32, seq_lens, block_table, out, row_info)
     return out, row_info
 
@@ -266,9 +273,10 @@ def indexer_decode_topk(q, q_scale, weights, kv_cache, seq_lens, block_table, *,
     if workspace is not None and (not isinstance(workspace, (tuple, list)) or len(workspace) not in (2, 3)):
         raise ValueError("workspace: expected (logits, row_info) or (logits, row_info, topk_histograms)")
     logits, row_info, hist = (None, None, None) if workspace is None else (*workspace, None)[:3]
+    # the top-k reads only each row's [lo, hi): no -inf past the request's length (clean=False)
     logits, row_info = indexer_decode_logits(q, q_scale, weights, kv_cache, seq_lens, block_table, next_n=next_n,
                                              arch=arch, get_kernel=get_kernel, ratio=ratio, width=width,
-                                             out=logits, row_info=row_info)
+                                             out=logits, row_info=row_info, clean=False)
     page_size = _kv_cache_views(kv_cache, q.shape[2], q.device)[0]
     return indexer_topk(logits, row_info, block_table, topk=topk, page_size=page_size, arch=arch,
                         get_kernel=get_kernel, out=out, workspace=hist)
