@@ -53,9 +53,14 @@ from dsv4_jit.arch import ArchProfile, get_profile
 from dsv4_jit.spec import KernelSpec, Variant, register
 
 from .logits import check_arch, int_param, schedule_name
-from .topk_layout import (CAND_MAX, CNT_ABOVE, CNT_ARRIVE, CNT_LEFT, CNT_TIES, FIRST_BITS, MAX_SPLITS, PASSES,
-                          RADIX, ROW_WS, WIDE_BINS, WS_CC, WS_CK, WS_CNT, WS_G0, WS_G1, WS_G2, WS_SH, order_key,
-                          topk_splits)
+
+RADIX = 256
+PASSES = 4  # 8 bits each over the 32-bit key
+# The resident select's digits: the key's top FIRST_BITS bits, then 11 and 10 (WIDE_BINS bins each pass), over at
+# most CAND_MAX candidates after the first pass
+FIRST_BITS = 11
+WIDE_BINS = 2048
+CAND_MAX = 2048
 # Both top-k kernels place every barrier they need themselves (T.sync_threads). TileLang's automatic barrier
 # insertion sees all shared buffers as one merged allocation, so a data-dependent histogram atomic next to a
 # resident-key read put two __syncthreads() inside every per-key loop iteration (~30 instructions and two
@@ -110,7 +115,8 @@ def _key_and_slot(T, P: int, max_pages):
     """Expression helpers both top-k kernels use: to_key(x) = the order-preserving uint32 key of fp32 x;
     slot(block_table, req, pos) = the compressed-cache slot of position pos of request req (-1 for a -1 page)."""
     def to_key(x):
-        return order_key(T, x)
+        bits = T.reinterpret(x, "uint32")
+        return T.if_then_else(x < 0, ~bits, bits | T.Cast("uint32", 0x80000000))
 
     def slot(block_table, req, pos):
         page = block_table[req, T.min(T.floordiv(pos, P), max_pages - 1)]
@@ -584,6 +590,7 @@ class IndexerTopkSpec(KernelSpec):
 # =============================================================================================
 # Top-k with a row split over several CTAs (few rows, long rows)
 # =============================================================================================
+MAX_SPLITS = 16
 # (threads, longest row selected in one CTA from shared memory) of the split kernel, by its splits: longer rows are
 # split over CTAs. Measured with the two-level resident select (sweep_topk and an ab probe, graph us per call
 # incl. the workspace memset, H100, 2026-11-24):
@@ -606,13 +613,34 @@ def split_schedule(splits: int) -> tuple[int, int]:
                                                                               FEW_SPLITS_RESIDENT_MAX)
 
 
+def topk_splits(num_tokens: int, num_sms: int) -> int:
+    """CTAs per row: the largest power of two <= 16 that keeps rows x CTAs within the SM count; 1 (the one-CTA
+    kernel) once the rows alone fill the GPU. One CTA per row left 131 of 132 SMs idle at batch 1 and read a
+    64K-column row five times from one SM (~86 us at 256K context on the H100, 2026-11-23)."""
+    s = 1
+    while s * 2 <= MAX_SPLITS and num_tokens * s * 2 <= num_sms:
+        s *= 2
+    return s
+
+
 def topk_split_smem_bytes(p: Mapping[str, Any]) -> int:
     """The same shared buffers as the one-CTA kernel (topk_smem_bytes): histogram, per-warp totals, the resident
     select's output counters, threshold, the resident row (or slice) and its selected columns."""
     return topk_smem_bytes(p)
 
 
-# The split kernel's workspace layout (ws, int32 [T, ROW_WS]) is in topk_layout.py.
+# The split kernel's workspace, int32 [T, ROW_WS] (ws): all zeros before the first launch, and every launch leaves
+# it all zeros again (the last of a row's CTAs to leave clears what the row used), so no memset runs before each
+# launch (a graph memset node was ~1.8 us of a 64K x 8 indexer step, H100, 2026-11-24). Per row:
+WS_G0 = 0                                  # resident slices: the row's histogram of the keys' top FIRST_BITS bits
+WS_G1 = WS_G0 + WIDE_BINS + 1              # ... of bits 10..20 within the threshold bin (heavy-tie branch)
+WS_G2 = WS_G1 + WIDE_BINS + 1              # ... of bits 0..9 (heavy-tie branch)
+WS_SH = WS_G2 + WIDE_BINS + 1              # streamed rows: PASSES histograms of RADIX + 1 bins
+WS_CNT = WS_SH + PASSES * (RADIX + 1)      # counters: 0 keys placed above the threshold class, 1 ties / candidates,
+CNT_ABOVE, CNT_TIES, CNT_ARRIVE, CNT_LEFT = 0, 1, 2, 3  # 2 row-barrier arrivals, 3 CTAs that have left
+WS_CC = WS_CNT + 8                         # resident slices: the threshold bin's columns (CAND_MAX)
+WS_CK = WS_CC + CAND_MAX                   # ... and their keys
+ROW_WS = WS_CK + CAND_MAX
 # Rows up to this many columns (and the resident size) are selected by one CTA from shared memory (no row barriers)
 # when the split kernel runs; longer rows are split over the row's CTAs. sweep_topk.py, kernel us, H100, every output
 # checked (2026-11-25): 8,192-column rows (32K context) at batch 1 / 8 took 7.2 / 7.3 in one CTA of 512 threads and
