@@ -216,10 +216,18 @@ def indexer_sweep(model_name: str, t_max: int) -> float:
             logits, info = dsv4_jit.indexer_decode_logits(q, qs, w, inp["kv_cache"], sl, bt, next_n=next_n,
                                                           width=inp["width"])
             idx, lens = dsv4_jit.indexer_topk(logits, info, bt, topk=topk, page_size=page)
+            # the fused step (its logits skip the -inf fill: clean=False variants), with its own workspaces
+            lg2, info2 = torch.empty_like(logits), torch.empty_like(info)
+            idx2, lens2 = dsv4_jit.indexer_decode_topk(q, qs, w, inp["kv_cache"], sl, bt, next_n=next_n, topk=topk,
+                                                       width=inp["width"], workspace=(lg2, info2))
             if b in checked:
                 lg_ref, info_ref = iref.ref_decode_logits(q, qs, w, inp["kv_cache"], sl, bt, next_n, inp["width"],
                                                           ifam.RATIO)
                 worst = max(worst, check(logits, info, lg_ref, info_ref, idx, lens, bt))
+                want2 = iref.check_topk_sets(idx2, lg2, info2.long(), bt, topk, page)
+                if not (torch.equal(idx2.long(), want2.long()) and torch.equal(lens2.long(), lens.long())
+                        and torch.equal(info2, info)):
+                    worst = float("inf")
     # prefill: T query tokens of one request over a contiguous compressed K, causal ranges
     nk = 4096
     k8, ks8 = iref.quantize_rows_fp8(torch.randn(nk, m.index_head_dim, device="cuda"))
@@ -235,8 +243,8 @@ def indexer_sweep(model_name: str, t_max: int) -> float:
         idx, lens = dsv4_jit.indexer_topk(logits, info, bt, topk=topk, page_size=page)
         lg_ref, info_ref = iref.ref_prefill_logits(q8, qs, w, k8, ks8, ks, ke, req, nk)
         worst = max(worst, check(logits, info, lg_ref, info_ref, idx, lens, bt))
-    return sweep_done(f"indexer sweep: {model_name} decode logits + top-k x {t_max} token counts (+ next_n 2 / 3, "
-                      "prefill)", t0, worst)
+    return sweep_done(f"indexer sweep: {model_name} decode logits + top-k, and the fused step, x {t_max} token "
+                      "counts (+ next_n 2 / 3, prefill)", t0, worst)
 
 
 if __name__ == "__main__":
