@@ -304,14 +304,15 @@ def build_logits(*, paged: bool, heads: int, dim: int, group: int, block_n: int,
                     T.gemm(k_shared[T.floormod(i, NS), :, :], q_shared, s, transpose_B=True, clear_accum=True,
                            policy=T.GemmWarpPolicy.FullRow)
                 for n, g, h in T.Parallel(BN, G, H):
-                    s_r[n, g, h] = T.max(s_r[n, g, h], 0.0) * w_frag[g, h] * ks_frag[n]
+                    s_r[n, g, h] = T.max(s_r[n, g, h], 0.0) * w_frag[g, h]
                 T.reduce_sum(s_r, l_frag, dim=-1, clear=True)
+                # the column's K scale once per (column, token) after the head sum, not once per head
                 for g, n in T.Parallel(G, BN):
                     if bg * G + g < num_tokens and c0 + n < width:
                         logits[bg * G + g, c0 + n] = T.if_then_else(
                             c0 + n >= bounds(bg * G + g, bg, src_a, src_b, src_c)[0]
                             and c0 + n < bounds(bg * G + g, bg, src_a, src_b, src_c)[1],
-                            l_frag[n, g], neg_inf)
+                            l_frag[n, g] * ks_frag[n], neg_inf)
 
     if paged:
         @T.prim_func
