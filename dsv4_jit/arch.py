@@ -53,6 +53,15 @@ class ArchProfile:
         )
 
 
+# Shared memory the driver reserves per CTA (1 KB on sm_80+): an SM has a block's opt-in maximum plus one reserve.
+SMEM_RESERVED_PER_CTA = 1024
+
+
+def ctas_by_smem(arch: ArchProfile, smem: int) -> int:
+    """CTAs of `smem` bytes of shared memory each that one SM of `arch` holds, counting each CTA's reserve."""
+    return (arch.max_smem_per_block + SMEM_RESERVED_PER_CTA) // (smem + SMEM_RESERVED_PER_CTA)
+
+
 _SM12X_PASSES = {DISABLE_WARP_SPECIALIZED: True, DISABLE_TMA_LOWER: True, DISABLE_WGMMA: True}
 
 PROFILES: dict[str, ArchProfile] = {

@@ -306,7 +306,7 @@ def test_logits_grid_is_whole_waves_of_what_the_sms_hold():
     for arch, next_n in (("sm_90a", 1), ("sm_90a", 2), ("sm_90a", 3), ("sm_120a", 1), ("sm_120a", 4)):
         prof = get_profile(arch)
         v = spec.select(prof, ops.decode_static(64, 128, next_n, 64), 1)
-        per_sm = resident_ctas(v.p, prof.max_smem_per_block)
+        per_sm = resident_ctas(v.p, prof)
         # what one SM's shared memory and registers hold: 4 (128 registers) or 3 (168) at 128 threads
         assert per_sm * (spec.smem_bytes(v) + 1024) <= prof.max_smem_per_block + 1024
         assert per_sm <= (4 if next_n == 1 else 3)

@@ -53,7 +53,7 @@ by a thread, and one in each step of the dequantize loop).
 import math
 from typing import Any, Mapping
 
-from dsv4_jit.arch import ArchProfile, check_arch, get_profile, schedule_name
+from dsv4_jit.arch import ArchProfile, check_arch, ctas_by_smem, get_profile, schedule_name
 from dsv4_jit.spec import KernelSpec, Variant, register
 
 D = 512            # q / kv head dim (latent)
@@ -65,7 +65,6 @@ SCALE_BYTES = 8    # 7 scales + 1 pad, per token, after the page's token data
 KV_FORMATS = ("fp8_ds_mla", "bf16")
 SPLITS = (1, 2, 4, 8, 16, 32, 64)
 LOG2E = 1.4426950408889634
-SMEM_RESERVED = 1024  # shared memory the driver reserves per CTA
 SPAD = 4           # fp32 pad per score row in shared memory (spreads the fragment stores over banks)
 
 
@@ -183,8 +182,7 @@ def ctas_per_sm(arch: ArchProfile, smem: int, threads: int) -> int:
     thread, so they are counted at 255 (ptxas: 255 at 64 and 16 heads a CTA, 243 at 32); each CTA also reserves
     1 KB of shared memory."""
     by_regs = 65536 // (threads * 256)
-    by_smem = (arch.max_smem_per_block + SMEM_RESERVED) // (smem + SMEM_RESERVED)
-    return max(1, min(by_regs, by_smem))
+    return max(1, min(by_regs, ctas_by_smem(arch, smem)))
 
 
 def num_splits(num_tokens: int, head_blocks: int, num_sms: int, per_sm: int = 1) -> int:

@@ -207,8 +207,8 @@ def _decode_topk_case(m, next_n: int) -> GpuCase:
     def make_inputs(t, device, g):
         d = _decode_inputs(m, next_n, t, device, g)
         d.update(topk=m.index_topk, page_size=INDEX_PAGE_SIZE)
-        # the second request's logits all 0: a row of equal keys (the split top-k's heavy-tie branch, after the
-        # logits kernel counted its first histogram)
+        # the second request's logits all 0: a row of equal keys (the split top-k's heavy-tie branch, on the
+        # kernel's own logits)
         d["weights"][next_n: 2 * next_n] = 0
         return d
 

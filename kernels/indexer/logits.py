@@ -48,7 +48,7 @@ Kernel-defining code only (no host code: the artifact key hashes this module).
 # No `from __future__ import annotations`: TileLang evaluates the T.Tensor annotations.
 from typing import Any, Mapping
 
-from dsv4_jit.arch import ArchProfile, check_arch, get_profile, schedule_name
+from dsv4_jit.arch import ArchProfile, check_arch, ctas_by_smem, get_profile, schedule_name
 from dsv4_jit.spec import KernelSpec, Variant, register
 
 FP8 = "float8_e4m3"
@@ -97,9 +97,6 @@ def int_param(name: str, static: Mapping[str, Any], key: str, allowed=None, lo: 
     return v
 
 
-SMEM_RESERVED = 1024  # shared memory the driver reserves per CTA
-
-
 class _IntOps:
     """`grid_columns` on Python ints (the kernel passes TileLang's T for the same formula on its dynamic shapes)."""
     min, max = staticmethod(min), staticmethod(max)
@@ -124,11 +121,10 @@ def grid_columns(groups, tiles, target: int, slots: int, max_tiles: int, ops=_In
     return ops.min(tiles, ops.max(c_min, ops.floordiv(waves * slots, groups)))
 
 
-def resident_ctas(p: Mapping[str, Any], max_smem_per_block: int) -> int:
+def resident_ctas(p: Mapping[str, Any], arch: ArchProfile) -> int:
     """CTAs of a logits variant one SM holds: the register cap it is compiled for (`min_blocks`) and its shared
-    memory with the per-CTA reserve (an SM's shared memory is the per-block opt-in maximum plus one reserve)."""
-    by_smem = (max_smem_per_block + SMEM_RESERVED) // (logits_smem_bytes(p) + SMEM_RESERVED)
-    return max(1, min(min_blocks(p["group"] * p["heads"]), by_smem))
+    memory with the per-CTA reserve."""
+    return max(1, min(min_blocks(p["group"] * p["heads"]), ctas_by_smem(arch, logits_smem_bytes(p))))
 
 
 def min_blocks(rows: int) -> int:
@@ -366,7 +362,7 @@ class _LogitsSpec(KernelSpec):
     @staticmethod
     def _with_slots(p: dict, arch: ArchProfile) -> dict:
         # the CTAs the arch's SMs hold at once, once the group (rows a CTA) is known
-        p["slots"] = resident_ctas(p, arch.max_smem_per_block) * arch.num_sms_hint
+        p["slots"] = resident_ctas(p, arch) * arch.num_sms_hint
         return p
 
     def smem_bytes(self, variant: Variant) -> int:

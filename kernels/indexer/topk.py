@@ -49,7 +49,7 @@ Kernel-defining code only (no host code: the artifact key hashes this module).
 # No `from __future__ import annotations`: TileLang evaluates the T.Tensor annotations.
 from typing import Any, Mapping
 
-from dsv4_jit.arch import ArchProfile, get_profile
+from dsv4_jit.arch import SMEM_RESERVED_PER_CTA, ArchProfile, get_profile
 from dsv4_jit.spec import KernelSpec, Variant, register
 
 from .logits import check_arch, int_param, schedule_name
@@ -74,15 +74,13 @@ _TOPK_PASS_CONFIGS = {"tl.disable_thread_storage_sync": True, "tl.disable_safe_m
 LOADS_IN_FLIGHT = 8
 
 
-# Bytes of shared memory an SM has beyond one block's opt-in maximum (the 1 KB the driver reserves per block).
-_SM_RESERVED = 1024
-
 
 def resident_keys(arch: ArchProfile, fixed: int, ctas_per_sm: int) -> int:
     """Keys (uint32) of one row the CTA keeps in shared memory, a multiple of 1024: the most that fit next to
     `fixed` bytes with `ctas_per_sm` CTAs on one SM (per SM: the per-block maximum + the 1 KB reserve). A row
     that fits is read from global memory once instead of once per radix pass."""
-    per_cta = min(arch.max_smem_per_block, (arch.max_smem_per_block + _SM_RESERVED) // ctas_per_sm - _SM_RESERVED)
+    per_cta = min(arch.max_smem_per_block,
+                  (arch.max_smem_per_block + SMEM_RESERVED_PER_CTA) // ctas_per_sm - SMEM_RESERVED_PER_CTA)
     return max(0, (per_cta - fixed) // 4 // 1024 * 1024)
 
 
