@@ -43,6 +43,11 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, nargs="+", default=[1, 8, 64, 512, 4096])
     ap.add_argument("--arch", default=None, help="schedule to run: native (default) or sm_120a (emulated)")
     ap.add_argument("--stages", type=int, nargs="+", default=None, help="sweep: every listed stage count")
+    ap.add_argument("--tiles", nargs="+", default=None, metavar="BMxBN",
+                    help="sweep: routed rows x weight rows a CTA for token counts <= 512 (e.g. 16x64 8x64 16x32)")
+    ap.add_argument("--layers", type=int, default=1,
+                    help="also time each GEMM per layer: one graph over this many distinct expert sets (own weights, "
+                         "routing and activations), as a decode step's successive MoE layers, graph time / layers")
     ap.add_argument("--out", default="bench_out/moe.json")
     args = ap.parse_args()
 
@@ -57,23 +62,62 @@ def main() -> None:
     bw = copy_bandwidth_gbs()
     print(f"{torch.cuda.get_device_name()}; schedule {arch.schedule} on {arch.name}; {args.model} TP{args.tp}, "
           f"{experts} experts, top-{topk}; copy bandwidth {bw:,.0f} GB/s")
-    print(f"{'GEMM':>6} {'T':>5} {'experts':>7} {'bm':>3} {'ours':>8} {'GB/s':>7} {'%copy':>6} {'TFLOP/s':>7} "
-          f"{'torch':>9} {'err':>8}")
+    print(f"{'GEMM':>6} {'T':>5} {'experts':>7} {'bm':>3} {'bn':>3} {'ours':>8} {'GB/s':>7} {'%copy':>6} {'TFLOP/s':>7} "
+          f"{'/layer':>8} {'%copy/L':>7} {'torch':>9} {'err':>8}")
     rows = []
     from dsv4_jit import jit
     from dsv4_jit.kernels.moe import fp4_moe_gemm as kmod
-    for st in args.stages or [None]:
-        if st is not None:   # the sweep (patched into the kernel module; the budget still caps it)
-            kmod.STAGES = st
-        jit._SELECT_MEMO.clear()   # select reads the constants: drop the memoised variants
-        if args.stages:
-            print(f"-- stages {st}")
-        rows += run_shapes(args, m, arch, experts, topk, g, bw)
+    if args.layers < 1:
+        ap.error("--layers must be >= 1")
+    tiles = []
+    for t in args.tiles or [None]:
+        try:
+            tiles.append(None if t is None else tuple(int(v) for v in t.lower().split("x")))
+        except ValueError:
+            ap.error(f"--tiles {t!r}: expected BMxBN, e.g. 16x64")
+    for tile in tiles:
+        for st in args.stages or [None]:
+            if st is not None:   # the sweep (patched into the kernel module; the budget still caps it)
+                kmod.STAGES = st
+            if tile is not None:   # the small-T block size and its column tile
+                kmod.BLOCK_M_BY_TOKENS = ((512, tile[0]),) + kmod.BLOCK_M_BY_TOKENS[1:]
+                kmod.COLS_BY_ROWS[tile[0]] = tile[1]
+            jit._SELECT_MEMO.clear()   # select reads the constants: drop the memoised variants
+            if args.stages or args.tiles:
+                print(f"-- stages {st} tile {tile}")
+            rows += run_shapes(args, m, arch, experts, topk, g, bw)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "schedule": arch.schedule, "arch": arch.name,
                                "model": args.model, "tp": args.tp, "copy_gbs": bw, "rows": rows}, indent=1))
     print(f"wrote {out}")
+
+
+def per_layer_us(layers: int, experts: int, topk: int, n: int, k: int, t: int, bm: int, arch, g) -> float | None:
+    """One graph of `layers` calls, each over its own experts' weights, routing and activations (nothing served
+    from L2 across layers), L2 flushed before the replay: graph time / layers. The one-call column carries the
+    replay's launch latency once a call; this carries it once a graph."""
+    import dsv4_jit
+    from dsv4_jit.kernels.gemm.family import make_activations
+    from dsv4_jit.kernels.moe import ops
+    sets = []
+    for _ in range(layers):
+        w, sw = random_experts(experts, n, k, g)
+        ids = torch.rand(t, experts, generator=g, device="cuda").argsort(dim=1)[:, :topk].int()
+        sorted_rows, blocks = ops.moe_align(ids, experts, bm)
+        x, sx = make_activations(t, k, g, "cuda")
+        src = (sorted_rows.clamp(min=0) // topk).long()
+        a, sa = x[src].contiguous(), sx[src].contiguous()
+        sets.append((a, sa, w, sw, blocks, torch.empty(a.shape[0], n, dtype=torch.bfloat16, device="cuda")))
+    get = dsv4_jit.kernel_getter(arch)
+
+    def all_layers():
+        for a, sa, w, sw, blocks, c in sets:
+            ops.fp4_moe_gemm(a, sa, w, sw, blocks, num_tokens=t, arch=arch, get_kernel=get, out=c)
+    us, _ = graph_us_or_reason(all_layers, reps=1)
+    del sets
+    torch.cuda.empty_cache()
+    return None if us is None else us / layers
 
 
 def run_shapes(args, m, arch, experts: int, topk: int, g, bw: float) -> list:
@@ -98,6 +142,7 @@ def run_shapes(args, m, arch, experts: int, topk: int, g, bw: float) -> list:
             kw = dict(num_tokens=t, arch=arch, get_kernel=dsv4_jit.kernel_getter(arch), out=c)
             ours, why = graph_us_or_reason(lambda: ops.fp4_moe_gemm(a, sa, w, sw, blocks, **kw), reps=1)
             touched = sorted(set(ids.flatten().tolist()))
+            per_layer = per_layer_us(args.layers, experts, topk, n, k, t, bm, arch, g) if args.layers > 1 else None
             real = t * topk
             nbytes = len(touched) * (n * k // 2 + n * k // 32) + real * (k + 4 * k // 128) + a.shape[0] * n * 2
             # torch baseline and the error, on the touched experts' rows
@@ -120,15 +165,18 @@ def run_shapes(args, m, arch, experts: int, topk: int, g, bw: float) -> list:
             gbs = nbytes / (ours * 1e-6) / 1e9 if ours else None
             tflops = 2 * real * n * k / (ours * 1e-6) / 1e12 if ours else None
             p = get_spec("fp4_moe_gemm").select(arch, ops.moe_static(n, k), t).p
+            pct_l = 100 * nbytes / (per_layer * 1e-6) / 1e9 / bw if per_layer else None
             row = {"gemm": name, "n": n, "k": k, "tokens": t, "experts_touched": len(touched), "block_m": bm,
+                   "layers": args.layers, "ours_per_layer_us": per_layer, "ours_per_layer_pct_copy": pct_l,
                    "block_n": p["block_n"], "stages": p["stages"],
                    "rows": a.shape[0], "bytes": nbytes, "ours_us": ours, "ours_gbs": gbs,
                    "ours_pct_copy": 100 * gbs / bw if gbs else None, "ours_tflops": tflops, "torch_us": t_torch,
                    "max_row_rel_err": err, "notes": [why] if why else []}
             rows.append(row)
             f = lambda v, w_=8, p=1: f"{v:>{w_}.{p}f}" if isinstance(v, float) else f"{'-':>{w_}}"  # noqa: E731
-            print(f"{name:>6} {t:>5} {len(touched):>7} {bm:>3} {f(ours)} {f(gbs, 7, 0)} {f(row['ours_pct_copy'], 6)} "
-                  f"{f(tflops, 7)} {f(t_torch, 9)} {(f'{err:.1e}' if err is not None else '-'):>8}")
+            print(f"{name:>6} {t:>5} {len(touched):>7} {bm:>3} {p['block_n']:>3} {f(ours)} {f(gbs, 7, 0)} "
+                  f"{f(row['ours_pct_copy'], 6)} {f(tflops, 7)} {f(per_layer)} {f(pct_l, 7)} {f(t_torch, 9)} "
+                  f"{(f'{err:.1e}' if err is not None else '-'):>8}")
             del deq
             torch.cuda.empty_cache()
         del w, sw

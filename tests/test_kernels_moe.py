@@ -68,7 +68,7 @@ def test_moe_operand_per_family():
         kmod.build_fp4_moe_gemm(n=4096, k=4096, block_m=16, block_n=64, stages=2, threads=128, operand="bfloat16")
 
 
-@pytest.mark.parametrize("t,topk,experts,block_m", [(1, 6, 8, 16), (7, 6, 8, 16), (33, 2, 5, 32), (200, 6, 256, 16),
+@pytest.mark.parametrize("t,topk,experts,block_m", [(1, 6, 8, 8), (7, 6, 8, 16), (33, 2, 5, 32), (200, 6, 256, 8),
                                                     (300, 8, 16, 64), (5, 1, 1, 16)])
 def test_moe_align_matches_a_plain_loop(t, topk, experts, block_m):
     g = torch.Generator().manual_seed(t * 1000 + experts)
@@ -82,7 +82,7 @@ def test_moe_align_matches_a_plain_loop(t, topk, experts, block_m):
     assert torch.equal(rows.long(), want_rows) and torch.equal(blocks.long(), want_blocks)
 
 
-@pytest.mark.parametrize("block_m", [16, 32, 64])
+@pytest.mark.parametrize("block_m", [8, 16, 32, 64])
 def test_capacity_holds_the_worst_routings(block_m):
     t, topk, experts = 10, 6, 64
     cap = ops.moe_capacity(t, topk, experts, block_m)
@@ -147,7 +147,7 @@ def test_quantized_weights_round_trip():
 def _op_args(m=32, e=2, n=128, k=256):
     return dict(a=torch.zeros(m, k, dtype=torch.float8_e4m3fn), a_scales=torch.ones(m, k // 128),
                 w=torch.zeros(e, n, k // 2, dtype=torch.uint8), w_scales=torch.zeros(e, n, k // 32, dtype=torch.uint8),
-                block_expert=torch.zeros(m // 16, dtype=torch.int32))
+                block_expert=torch.zeros(m // 8, dtype=torch.int32))
 
 
 @pytest.mark.parametrize("bad,match", [
@@ -156,7 +156,7 @@ def _op_args(m=32, e=2, n=128, k=256):
     (dict(w_scales=torch.zeros(2, 128, 4)), "w_scales: expected dtype"),
     (dict(w_scales=torch.zeros(2, 128, 9, dtype=torch.uint8)), "w_scales: expected shape"),
     (dict(a=torch.zeros(32, 256)), "a: expected dtype"),
-    (dict(a=torch.zeros(33, 256, dtype=torch.float8_e4m3fn)), "a: 33 rows is not a multiple of block_m = 16"),
+    (dict(a=torch.zeros(33, 256, dtype=torch.float8_e4m3fn)), "a: 33 rows is not a multiple of block_m = 8"),
     (dict(a_scales=torch.ones(32, 3)), "a_scales: expected shape"),
     (dict(block_expert=torch.zeros(3, dtype=torch.int32)), "block_expert: expected shape"),
 ])
@@ -196,9 +196,10 @@ def test_shapes_come_from_the_config(model, tp):
 def test_block_m_follows_the_token_count_and_fits(arch):
     spec = get_spec("fp4_moe_gemm")
     prof = get_profile(arch)
-    got = {t: spec.select(prof, {"n": 6144, "k": 7168}, t).p["block_m"] for t in (1, 512, 513, 2048, 2049, 16384)}
-    assert got == {1: 16, 512: 16, 513: 32, 2048: 32, 2049: 64, 16384: 64}
-    for t in (1, 600, 5000):
+    got = {t: spec.select(prof, {"n": 6144, "k": 7168}, t).p["block_m"]
+           for t in (1, 256, 257, 512, 513, 2048, 2049, 16384)}
+    assert got == {1: 8, 256: 8, 257: 16, 512: 16, 513: 32, 2048: 32, 2049: 64, 16384: 64}
+    for t in (1, 300, 600, 5000):
         v = spec.select(prof, {"n": 6144, "k": 7168}, t)
         assert spec.smem_bytes(v) <= prof.max_smem_per_block <= 232_448
     if prof.family == "blackwell_consumer":
@@ -221,7 +222,10 @@ def test_stages_never_exceed_the_k_blocks():
     dec = [spec.select(SM120, {"n": 4096, "k": k}, 1).p for k in (128, 256, 384, 512, 1024, 7168)]
     assert [(p["threads"], p["stages"]) for p in dec] == [(32, 1), (64, 1), (96, 1), (128, 1), (128, 2), (128, 2)]
     assert all(p["block_n"] == 64 for p in dec)
-    assert kmod.moe_smem_bytes(dec[-1]) == 4 * 2 * 6144 + 64 * (224 + 16) + 4 * 16 * 57 == 68_160
+    assert all(p["block_m"] == 8 for p in dec)
+    # a stage: 64 weight rows x 64 B + 8 routed rows x 128 B, twice, a warp; the exponents; the activation scales
+    assert kmod.moe_smem_bytes(dec[-1]) == 4 * 2 * 5120 + 64 * (224 + 16) + 4 * 8 * 57 == 58_144
+    assert kmod.moe_smem_bytes(spec.select(SM120, {"n": 4096, "k": 7168}, 300).p) == 68_160   # 16 rows
     big = {t: spec.select(SM120, {"n": 4096, "k": 7168}, t).p for t in (600, 4096)}
     assert [(p["block_m"], p["block_n"], p["stages"]) for p in big.values()] == [(32, 64, 2), (64, 32, 1)]
     # two stages of 64 rows at K = 7168 would overflow SM12x (104,192 B); Hopper keeps them

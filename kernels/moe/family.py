@@ -20,7 +20,7 @@ from . import combine, fp4_moe_gemm, route  # noqa: F401  (registers the specs)
 
 # bf16 output of fp32 sums of exact fp8 x e2m1 products: ~2e-3 per row expected, as fp8_gemm.
 TOLERANCE = 1e-2
-GPU_TOKENS = (1, 7, 64, 513, 2049)      # both sides of the 512 / 2048 block_m boundaries
+GPU_TOKENS = (1, 7, 64, 256, 257, 513, 2049)   # both sides of the 256 / 512 / 2048 block_m boundaries
 GPU_EXPERTS = 8                         # the expert count is runtime: 8 keep inputs and the float64 reference small
 
 

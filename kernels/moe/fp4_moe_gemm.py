@@ -45,8 +45,12 @@ the f16 fragments: for the lane with g = lane % 4, step s (k 16s..16s+15) holds 
 sums are the e4m3 form's.
 
 Grid (N / block_n, M / block_m); N and K are compile-time, M and E dynamic. `select` depends on the token count
-only (never on routing): block_m 16 while the average expert sees <= 12 rows at V4's 6-of-256 routing, then 32,
-then 64, so the planner enumerates every variant an engine asks for.
+only (never on routing): block_m 8 up to 256 tokens (an expert sees 1-6 rows on average at V4's 6-of-256
+routing), 16 up to 512, then 32, then 64, so the planner enumerates every variant an engine asks for. An 8-row
+block is one n8 half: at decode most of a 16-row block's second half is padding, and its MMAs, its activation bytes
+and its scale FMAs were spent on zeros (H100, bench_moe --tiles, V4-Flash per layer: w13 at 64 tokens 787 -> 707
+us, 77 -> 89% of copy; 16 rows win again from 384 tokens, where an expert's rows spill into a second 8-row block
+that reads its weights again).
 
 Kernel-defining code only (no host code: the artifact key hashes this module).
 """
@@ -61,7 +65,7 @@ from .spec_base import MoeKernelSpec
 FP8 = "float8_e4m3"
 SLICE = 32                 # weight scale group along K and the K of one mma
 ACT_BLOCK = 128            # activation scale group along K; one ring stage is one such K block
-ROWS = (16, 32, 64)        # routed rows per block (block_m): 2, 4 or 8 n8 halves per weight fragment
+ROWS = (8, 16, 32, 64)     # routed rows per block (block_m): 1, 2, 4 or 8 n8 halves per weight fragment
 ROW_WORDS = ACT_BLOCK // 8          # int32 words of one weight row per K block (64 B)
 TOK_WORDS = ACT_BLOCK // 4          # words of one activation row per K block (128 B)
 MMA_FP8 = ("tl::mma_sync<tl::DataType::kFloat8_e4m3, tl::DataType::kFloat8_e4m3, tl::DataType::kFloat32, "
@@ -81,8 +85,8 @@ __device__ __forceinline__ unsigned dsv4_e4m3x2_f16x2(unsigned v) {
   return r;
 }
 """
-# Token-count thresholds of the three row-block sizes (see the module doc).
-BLOCK_M_BY_TOKENS = ((512, 16), (2048, 32))
+# Token-count thresholds of the row-block sizes (see the module doc).
+BLOCK_M_BY_TOKENS = ((256, 8), (512, 16), (2048, 32))
 BLOCK_M_LARGE = 64
 # cp.async stages a warp (bench_moe.py --stages 1 2 3, SM120 schedule on the H100, 1-512 tokens: 2 was best or
 # within 3% of it everywhere; 3 won only w13 at 64 tokens, 781.8 against 804.3 us)
@@ -118,49 +122,54 @@ def cta_warps(k: int) -> int:
     return max(1, min(4, k // ACT_BLOCK))
 
 
+# Weight rows (output columns) per CTA by routed rows: four m16 tiles, two for 64 routed rows (a lane's
+# accumulators are cols x rows / 32 twice over: 64 x 64 would not fit its registers).
+COLS_BY_ROWS = {8: 64, 16: 64, 32: 64, 64: 32}
+TILE_COLS = (32, 64)
+
+
 def block_cols(rows: int) -> int:
-    """Weight rows (output columns) per CTA: four m16 tiles, two for 64 routed rows (a lane's accumulators
-    are cols x rows / 32 twice over: 64 x 64 would not fit its registers)."""
-    return 64 if rows <= 32 else 32
+    return COLS_BY_ROWS[rows]
 
 
-def red_pitch(rows: int) -> int:
+def red_pitch(cols: int) -> int:
     """fp32 words per row of a warp's partial tile: cols + 4 puts a lane quad's rows in banks 8g + r."""
-    return block_cols(rows) + 4
+    return cols + 4
 
 
-def stage_words(rows: int) -> int:
+def stage_words(rows: int, cols: int) -> int:
     """One ring stage of a warp: a K block of the CTA's weight rows and of the block's routed rows."""
-    return block_cols(rows) * ROW_WORDS + rows * TOK_WORDS
+    return cols * ROW_WORDS + rows * TOK_WORDS
 
 
-def warp_words(rows: int, stages: int) -> int:
+def warp_words(rows: int, cols: int, stages: int) -> int:
     """A warp's ring, which also holds its partial tile (rows x red_pitch fp32) at the end."""
-    return max(stages * stage_words(rows), rows * red_pitch(rows))
+    return max(stages * stage_words(rows, cols), rows * red_pitch(cols))
 
 
-def moe_smem_bytes_for(k: int, stages: int, rows: int) -> int:
+def moe_smem_bytes_for(k: int, stages: int, rows: int, cols: int) -> int:
     """Pre-nvcc shared memory: each warp's ring (stages x a K block of the CTA's weight rows and routed rows; the
     warps' partial tiles reuse it at the end), the CTA's weight exponents (one byte per row and slice, rows padded
     by one cp.async chunk) and activation scales (fp32, rows padded by one)."""
     kb = k // ACT_BLOCK
     ks = k // SLICE
-    return (4 * cta_warps(k) * warp_words(rows, stages) + block_cols(rows) * (ks + (16 if ks % 16 == 0 else 4))
+    return (4 * cta_warps(k) * warp_words(rows, cols, stages) + cols * (ks + (16 if ks % 16 == 0 else 4))
             + 4 * rows * (kb + 1))
 
 
 def moe_smem_bytes(p: Mapping[str, Any]) -> int:
-    return moe_smem_bytes_for(p["k"], p["stages"], p["block_m"])
+    return moe_smem_bytes_for(p["k"], p["stages"], p["block_m"], p["block_n"])
 
 
 def moe_params(arch: ArchProfile, n: int, k: int, num_tokens: int) -> dict:
     bm = moe_block_m(num_tokens)
+    bn = block_cols(bm)
     warps = cta_warps(k)
     # never more stages than K blocks a warp walks, nor than fit the budget (64 rows at K = 7168 on SM12x: one)
     stages = max(1, min(STAGES, -(-(k // ACT_BLOCK) // warps)))
-    while stages > 1 and moe_smem_bytes_for(k, stages, bm) > arch.max_smem_per_block:
+    while stages > 1 and moe_smem_bytes_for(k, stages, bm, bn) > arch.max_smem_per_block:
         stages -= 1
-    p = {"n": n, "k": k, "block_m": bm, "block_n": block_cols(bm), "threads": 32 * warps, "stages": stages}
+    p = {"n": n, "k": k, "block_m": bm, "block_n": bn, "threads": 32 * warps, "stages": stages}
     if arch.fp8_mma_operand != FP8:     # Hopper: f16 (its fp8 mma.sync is emulated; module doc)
         p["operand"] = arch.fp8_mma_operand
     return p
@@ -198,21 +207,24 @@ def build_fp4_moe_gemm(*, n: int, k: int, block_m: int, block_n: int, stages: in
                        operand: str = FP8):
     import tilelang.language as T
 
-    if block_m not in ROWS or block_n != block_cols(block_m) or threads != 32 * cta_warps(k):
+    if (block_m not in ROWS or block_n not in TILE_COLS or block_m * block_n > 2048 or n % block_n
+            or threads != 32 * cta_warps(k)):
         raise ValueError(f"fp4_moe_gemm: block_m {block_m} / block_n {block_n} / threads {threads} is not a tile "
-                         f"of this kernel (block_m in {ROWS}, block_n = block_cols, one warp per K block up to 4)")
+                         f"of this kernel (block_m in {ROWS}, block_n in {TILE_COLS} dividing n, block_m x block_n <= "
+                         f"2,048 (a lane's accumulators), one warp per K block up to 4)")
     if operand not in (FP8, "float16"):
         raise ValueError(f"fp4_moe_gemm: operand={operand!r} (supported: {FP8!r}, 'float16')")
     F16 = operand == "float16"
     S = stages
     R, J = block_m, block_m // 8        # routed rows, and the n8 halves of each weight fragment
-    STAGE_WORDS = stage_words(R)
-    COLS, RED_PITCH = block_cols(R), red_pitch(R)
+    COLS = block_n
+    STAGE_WORDS = stage_words(R, COLS)
+    RED_PITCH = red_pitch(COLS)
     TL = COLS // 16                     # m16 weight tiles per CTA
     KB = k // ACT_BLOCK
     KS = k // SLICE
     WARPS = cta_warps(k)
-    WARP_WORDS = warp_words(R, S)
+    WARP_WORDS = warp_words(R, COLS, S)
     SW_CHUNK = 16 if KS % 16 == 0 else 4          # cp.async width of the exponent rows (K / 32 bytes each)
     SW_PITCH = KS + SW_CHUNK                       # rows r = 0..7 of a tile land in distinct banks
     SA_PITCH = KB + 1
