@@ -83,6 +83,33 @@ def torch_logits(d: dict, out: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def prefill_row(tokens: int, ctx: int, arch, g: torch.Generator) -> dict:
+    """indexer_prefill_logits for the last `tokens` tokens of a ctx-token prompt: token t sees compressed columns
+    [0, (ctx - tokens + t + 1) // 4) of a contiguous K of ctx // 4 rows; one call, L2 flushed. TFLOP/s counts the
+    valid columns' q.k products (2 x heads x D a column)."""
+    import dsv4_jit
+    from dsv4_jit.kernels.indexer.reference import quantize_rows_fp8
+    if not 0 < tokens <= ctx:
+        raise ValueError(f"--prefill {tokens}: needs 0 < tokens <= --prefill-ctx {ctx}")
+    comp = ctx // RATIO
+    k8, ks = quantize_rows_fp8(torch.randn(comp, DIM, generator=g, device="cuda"))
+    q8, qs = quantize_rows_fp8(torch.randn(tokens, HEADS * DIM, generator=g, device="cuda"))
+    w = torch.randn(tokens, HEADS, generator=g, device="cuda") * 0.01
+    pos = torch.arange(ctx - tokens, ctx, device="cuda", dtype=torch.int32)
+    lo = torch.zeros(tokens, dtype=torch.int32, device="cuda")
+    hi = torch.div(pos + 1, RATIO, rounding_mode="floor").to(torch.int32)
+    req = torch.zeros(tokens, dtype=torch.int32, device="cuda")
+    out = torch.empty(tokens, comp, dtype=torch.float32, device="cuda")
+    info = torch.empty(tokens, 3, dtype=torch.int32, device="cuda")
+    us, why = cold_us(lambda: dsv4_jit.indexer_prefill_logits(q8.view(tokens, HEADS, DIM), qs, w, k8, ks, lo, hi, req,
+                                                              arch=arch, out=out, row_info=info))
+    flops = 2 * HEADS * DIM * int(hi.sum())
+    row = {"tokens": tokens, "ctx": ctx, "us": us, "tflops": flops / (us * 1e-6) / 1e12, "notes": [why] if why else []}
+    print(f"prefill logits: {tokens} tokens at {ctx} context: {us:.1f} us, {row['tflops']:.0f} TFLOP/s"
+          + (f" ({why})" if why else ""))
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--contexts", type=int, nargs="+", default=[8192, 65536, 262144])
@@ -93,6 +120,12 @@ def main() -> None:
     ap.add_argument("--width", type=int, default=None,
                     help="logits columns in every row (default: the largest context / 4 + 64)")
     ap.add_argument("--no-torch", action="store_true", help="skip the torch baseline columns (the slowest to time)")
+    ap.add_argument("--prefill", type=int, nargs="*", default=[],
+                    help="also time indexer_prefill_logits for these chunk sizes (tokens at the end of a prompt of "
+                         "--prefill-ctx tokens, causal over its compressed K)")
+    ap.add_argument("--prefill-ctx", type=int, default=65536)
+    ap.add_argument("--decode", action=argparse.BooleanOptionalAction, default=True,
+                    help="--no-decode: the prefill table alone")
     ap.add_argument("--out", default="bench_out/indexer.json")
     args = ap.parse_args()
     if args.layers < 1:
@@ -122,7 +155,7 @@ def main() -> None:
            f"{'torch logits':>12} {'torch +topk':>11} {'vllm logits':>11} {'vllm +topk':>10}")
     print(f"{torch.cuda.get_device_name()}; schedule {arch.schedule} on {arch.name}; copy bandwidth {bw:,.0f} GB/s")
     print(hdr)
-    for ctx in args.contexts:
+    for ctx in (args.contexts if args.decode else []):
         for b in args.batch:
             d = make_inputs(b, ctx, width, g)
             kw = dict(next_n=1, arch=arch)
@@ -197,6 +230,7 @@ def main() -> None:
                   f"{f(t_l, 12)} {f(t_t, 11)} {f(v_l, 11)} {f(v_t)}")
             del d
             torch.cuda.empty_cache()
+    prefill_rows = [prefill_row(t, args.prefill_ctx, arch, g) for t in args.prefill]
     if peer_reason:
         print(f"\nvLLM peer unavailable: {peer_reason}")
     print("\nGB/s, %copy: index-K bytes (batch x ctx/4 x 132 B) / ours logits time per layer (one call where "
@@ -205,7 +239,7 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "schedule": arch.schedule, "arch": arch.name,
-                               "copy_gbs": bw, "rows": rows}, indent=1))
+                               "copy_gbs": bw, "rows": rows, "prefill_rows": prefill_rows}, indent=1))
     print(f"wrote {out}")
 
 

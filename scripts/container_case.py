@@ -12,6 +12,10 @@ with the attention family.
 --indexer-model runs the model's lightning indexer: decode logits + top-k at next_n 1 for every token count
 1..--indexer-sweep and at next_n 2 / 3 for a few, and prefill logits + top-k at a few token counts, checking the
 logits against float64 and the top-k as a set: a bundle with the indexer family.
+--moe-model runs the model's routed experts at TP 1 for every token count 1..--moe-sweep and prefill sizes: routing
+(scored and hash-routed), moe_align at the variant's block_m, the w1+w3 and w2 MXFP4 grouped GEMMs and the combine,
+checking the GEMMs against float64 at some token counts (16 experts: the expert count is runtime): a bundle with
+the moe family.
 """
 from __future__ import annotations
 
@@ -36,6 +40,8 @@ def main() -> int:
     ap.add_argument("--indexer-model", default=None,
                     help="also run this model's indexer decode / prefill logits and top-k (bundle with the indexer family)")
     ap.add_argument("--indexer-sweep", type=int, default=300, help="indexer decode token counts 1..N (next_n 1)")
+    ap.add_argument("--moe-model", default=None, help="also run this model's routed experts (bundle with the moe family)")
+    ap.add_argument("--moe-sweep", type=int, default=300, help="MoE token counts 1..N, then prefill sizes")
     args = ap.parse_args()
     import dsv4_jit
     from dsv4_jit.cache_tools.bundle import import_bundle
@@ -92,6 +98,8 @@ def main() -> int:
         worst = max(worst, attention_sweep(args.attention_model, args.attention_sweep))
     if args.indexer_model:
         worst = max(worst, indexer_sweep(args.indexer_model, args.indexer_sweep))
+    if args.moe_model:
+        worst = max(worst, moe_sweep(args.moe_model, args.moe_sweep))
     c = dsv4_jit.counters()
     print(json.dumps({"tokens": args.tokens, "sweep": args.sweep, "max_rel_err": worst, "counters": {k: c[k] for k in ("hits", "loads", "compiles")}}))
     ok = c["compiles"] == 0 and worst < 2e-2
@@ -136,6 +144,58 @@ def gemm_sweep(model_name: str, t_max: int) -> float:
             if t in checked:
                 worst = max(worst, token_err(c, ref_fp8_gemm(a[:t], sa[:t], b, sb, groups=grp)))
     return sweep_done(f"gemm sweep: {len(shapes)} {model_name} shapes x {len(tokens)} token counts", t0, worst)
+
+
+def moe_sweep(model_name: str, t_max: int) -> float:
+    """The routed experts of the model at TP 1 under the seal, every T in 1..t_max and prefill sizes: route (both
+    forms, over the model's expert count), align, both grouped GEMMs over 16 experts, combine; the GEMMs' worst
+    per-row error against float64 at a few T (every block_m: 8, 16, 32, 64)."""
+    import dsv4_jit
+    from dsv4_jit.model_config import load_model_config
+    from dsv4_jit.kernels.gemm.family import make_activations
+    from dsv4_jit.kernels.moe import reference
+    from dsv4_jit.kernels.moe.family import moe_shapes
+
+    m = load_model_config(model_name)
+    g = torch.Generator(device="cuda").manual_seed(4)
+    experts, topk, e_model = 16, int(m.num_experts_per_tok), int(m.n_routed_experts)
+    tokens = list(range(1, t_max + 1)) + [512, 513, 1000, 2049, 4096]
+    checked = {1, 7, 64, 256, 257, 512, 513, 2049, 4096}
+    (w13s, w2s) = moe_shapes(m, 1)
+    weights = []
+    for s in (w13s, w2s):
+        wf = torch.randn(experts, s["n"], s["k"], generator=g, device="cuda") * 0.02
+        weights.append(reference.quantize_expert_weights(wf))
+        del wf
+    logits = torch.randn(max(tokens), e_model, generator=g, device="cuda")
+    bias = torch.randn(e_model, generator=g, device="cuda") * 0.1
+    hash_ids = torch.rand(max(tokens), e_model, generator=g, device="cuda").argsort(dim=1)[:, :topk].int()
+    x, sx = make_activations(max(tokens), w13s["k"], g, "cuda")
+    h, sh = make_activations(max(tokens) * topk, w2s["k"], g, "cuda")
+    worst = 0.0
+    t0 = time.perf_counter()
+    for t in tokens:
+        dsv4_jit.moe_route(logits[:t], topk=topk, routed_scaling=1.5, bias=bias)
+        dsv4_jit.moe_route(logits[:t], topk=topk, routed_scaling=1.5, hash_ids=hash_ids[:t])
+        ids = torch.rand(t, experts, generator=g, device="cuda").argsort(dim=1)[:, :topk].int()
+        rw = torch.rand(t, topk, generator=g, device="cuda")
+        for s, (w, sw), (act, act_s) in ((w13s, weights[0], (x, sx)), (w2s, weights[1], (h, sh))):
+            bm = dsv4_jit.fp4_moe_block_m(s["n"], s["k"], t)
+            rows, blocks = dsv4_jit.moe_align(ids, experts, bm)
+            src = rows.clamp(min=0).long() // topk
+            a, sa = act[src].contiguous(), act_s[src].contiguous()
+            c = dsv4_jit.fp4_moe_gemm(a, sa, w, sw, blocks, num_tokens=t)
+            if t in checked:
+                # the first 64 blocks (every block below 2,049 tokens at 16 experts): a float64 GEMM stays seconds
+                nr = min(blocks.numel(), 64) * bm
+                ref = reference.ref_fp4_moe_gemm(a[:nr], sa[:nr], w, sw, blocks[:nr // bm], bm)
+                valid = rows[:nr] >= 0
+                err = ((c[:nr].double() - ref)[valid].norm(dim=1) / ref[valid].norm(dim=1).clamp_min(1e-30)).max().item()
+                worst = max(worst, err)
+                del ref
+        dsv4_jit.moe_combine(c, dsv4_jit.moe_entry_rows(rows, t * topk), rw)
+    return sweep_done(f"moe sweep: route x 2, align, w1+w3 and w2 GEMMs, combine ({model_name} TP 1) x {len(tokens)} "
+                      f"token counts", t0, worst)
 
 
 def attention_sweep(model_name: str, t_max: int) -> float:

@@ -275,28 +275,42 @@ def build_logits(*, paged: bool, heads: int, dim: int, group: int, block_n: int,
                             if bg * G + g < num_tokens and c0 + n < width:
                                 logits[bg * G + g, c0 + n] = neg_inf
 
-            # valid tiles through an NS-stage cp.async ring: tiles i + 1 .. i + NS - 1 fly while tile i is
-            # computed (T.Pipelined cannot take the loop's dynamic trip count; the waits here are constants)
-            for st in T.serial(NS - 1):
+            # valid tiles through an NS-stage cp.async ring (T.Pipelined cannot take the loop's dynamic trip count;
+            # the waits here are constants). fp8 operands (SM12x): the MMA reads the stage, so tile i's stage is
+            # refilled only once tile i is computed, and tiles i + 1 .. i + NS - 1 fly during its math. Converted
+            # operands (Hopper): the stage is free as soon as tile i is converted, so it is refilled with tile
+            # i + NS before the MMA: NS tiles fly during the math with the same shared memory.
+            for st in T.serial(NS if CONVERT else NS - 1):
                 if st < nv:
                     issue_tile(k_rows, k_b, src_b, bg, t_lo + bc + st * gx, k_shared, ks_shared, st)
             for i in T.serial(nv):
                 c0 = (t_lo + bc + i * gx) * BN
-                if i + NS - 2 < nv:
-                    T.ptx_wait_group((NS - 2) * 2 * NPT)
-                else:
-                    T.ptx_wait_group(0)
-                T.sync_threads()
-                if i + NS - 1 < nv:
-                    issue_tile(k_rows, k_b, src_b, bg, t_lo + bc + (i + NS - 1) * gx,
-                               k_shared, ks_shared, T.floormod(i + NS - 1, NS))
-                for n in T.Parallel(BN):
-                    ks_frag[n] = ks_shared[T.floormod(i, NS), n]
                 if CONVERT:
+                    if i + NS - 1 < nv:
+                        T.ptx_wait_group((NS - 1) * 2 * NPT)
+                    else:
+                        T.ptx_wait_group(0)
+                    T.sync_threads()
+                    for n in T.Parallel(BN):
+                        ks_frag[n] = ks_shared[T.floormod(i, NS), n]
                     for n, d in T.Parallel(BN, D):
                         k_op[n, d] = T.Cast(OP, k_shared[T.floormod(i, NS), n, d])
+                    T.sync_threads()
+                    if i + NS < nv:
+                        issue_tile(k_rows, k_b, src_b, bg, t_lo + bc + (i + NS) * gx,
+                                   k_shared, ks_shared, T.floormod(i, NS))
                     T.gemm(k_op, q_shared, s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
                 else:
+                    if i + NS - 2 < nv:
+                        T.ptx_wait_group((NS - 2) * 2 * NPT)
+                    else:
+                        T.ptx_wait_group(0)
+                    T.sync_threads()
+                    if i + NS - 1 < nv:
+                        issue_tile(k_rows, k_b, src_b, bg, t_lo + bc + (i + NS - 1) * gx,
+                                   k_shared, ks_shared, T.floormod(i + NS - 1, NS))
+                    for n in T.Parallel(BN):
+                        ks_frag[n] = ks_shared[T.floormod(i, NS), n]
                     T.gemm(k_shared[T.floormod(i, NS), :, :], q_shared, s, transpose_B=True, clear_accum=True,
                            policy=T.GemmWarpPolicy.FullRow)
                 for n, g, h in T.Parallel(BN, G, H):
