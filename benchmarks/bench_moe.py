@@ -43,8 +43,9 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, nargs="+", default=[1, 8, 64, 512, 4096])
     ap.add_argument("--arch", default=None, help="schedule to run: native (default) or sm_120a (emulated)")
     ap.add_argument("--stages", type=int, nargs="+", default=None, help="sweep: every listed stage count")
-    ap.add_argument("--tiles", nargs="+", default=None, metavar="BMxBN",
-                    help="sweep: routed rows x weight rows a CTA for token counts <= 512 (e.g. 16x64 8x64 16x32)")
+    ap.add_argument("--tiles", nargs="+", default=None, metavar="BMxBN[xW]",
+                    help="sweep: routed rows x weight rows a CTA (x warps a CTA) for the smallest block's token counts "
+                         "(e.g. 8x64 16x64 8x64x8)")
     ap.add_argument("--layers", type=int, default=1,
                     help="also time each GEMM per layer: one graph over this many distinct expert sets (own weights, "
                          "routing and activations), as a decode step's successive MoE layers, graph time / layers")
@@ -74,14 +75,15 @@ def main() -> None:
         try:
             tiles.append(None if t is None else tuple(int(v) for v in t.lower().split("x")))
         except ValueError:
-            ap.error(f"--tiles {t!r}: expected BMxBN, e.g. 16x64")
+            ap.error(f"--tiles {t!r}: expected BMxBN[xW], e.g. 16x64")
     for tile in tiles:
         for st in args.stages or [None]:
             if st is not None:   # the sweep (patched into the kernel module; the budget still caps it)
                 kmod.STAGES = st
-            if tile is not None:   # the small-T block size and its column tile
-                kmod.BLOCK_M_BY_TOKENS = ((512, tile[0]),) + kmod.BLOCK_M_BY_TOKENS[1:]
+            if tile is not None:   # the small-T block size, its column tile and its warps
+                kmod.BLOCK_M_BY_TOKENS = ((kmod.BLOCK_M_BY_TOKENS[0][0], tile[0]),) + kmod.BLOCK_M_BY_TOKENS[1:]
                 kmod.COLS_BY_ROWS[tile[0]] = tile[1]
+                kmod.WARPS_BY_ROWS[tile[0]] = tile[2] if len(tile) > 2 else 4
             jit._SELECT_MEMO.clear()   # select reads the constants: drop the memoised variants
             if args.stages or args.tiles:
                 print(f"-- stages {st} tile {tile}")
@@ -168,7 +170,7 @@ def run_shapes(args, m, arch, experts: int, topk: int, g, bw: float) -> list:
             pct_l = 100 * nbytes / (per_layer * 1e-6) / 1e9 / bw if per_layer else None
             row = {"gemm": name, "n": n, "k": k, "tokens": t, "experts_touched": len(touched), "block_m": bm,
                    "layers": args.layers, "ours_per_layer_us": per_layer, "ours_per_layer_pct_copy": pct_l,
-                   "block_n": p["block_n"], "stages": p["stages"],
+                   "block_n": p["block_n"], "stages": p["stages"], "warps": p["threads"] // 32,
                    "rows": a.shape[0], "bytes": nbytes, "ours_us": ours, "ours_gbs": gbs,
                    "ours_pct_copy": 100 * gbs / bw if gbs else None, "ours_tflops": tflops, "torch_us": t_torch,
                    "max_row_rel_err": err, "notes": [why] if why else []}

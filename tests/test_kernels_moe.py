@@ -233,6 +233,10 @@ def test_stages_never_exceed_the_k_blocks():
     assert spec.select(get_profile("sm_90a"), {"n": 4096, "k": 7168}, 4096).p["stages"] == 2
     with pytest.raises(ValueError, match="not a tile of this kernel"):
         kmod.build_fp4_moe_gemm(**{**dec[-1], "block_n": 128})
+    # warps split K: at most MAX_WARPS, never more than the K blocks (K = 384: 3)
+    for bad in ({**dec[-1], "threads": 32 * (kmod.MAX_WARPS + 1)}, {**dec[2], "threads": 128}, {**dec[-1], "threads": 100}):
+        with pytest.raises(ValueError, match="not a tile of this kernel"):
+            kmod.build_fp4_moe_gemm(**bad)
 
 
 def test_op_refuses_misaligned_views(cpu_tensors_ok):

@@ -117,9 +117,17 @@ def moe_block_m(num_tokens: int) -> int:
     return BLOCK_M_LARGE
 
 
-def cta_warps(k: int) -> int:
-    """Warps of a CTA: one per K block up to 4 (w2 at TP 8 has 2-3 K blocks)."""
-    return max(1, min(4, k // ACT_BLOCK))
+# Warps a CTA splits K over, by routed rows (each warp its own ring). Eight warps a CTA (twice the bytes in flight,
+# half the chain) were no faster at decode: H100, V4-Flash per layer, 8-row blocks, 4 -> 8 warps: w13 at 1 token
+# 27.1 -> 29.5 us, at 8 161.2 -> 162.5, w2 at 64 343.0 -> 389.9 (Hopper holds two 92 KB CTAs an SM, four 51 KB
+# ones); V4-Pro TP 8 w13 at 1 token 17.1 -> 15.9 was the one gain (bench_moe --tiles 8x64 8x64x8, 2026-11-25).
+WARPS_BY_ROWS = {8: 4, 16: 4, 32: 4, 64: 4}
+MAX_WARPS = 8
+
+
+def cta_warps(k: int, rows: int) -> int:
+    """Warps of a CTA: one per K block up to WARPS_BY_ROWS (w2 at TP 8 has 2-3 K blocks)."""
+    return max(1, min(WARPS_BY_ROWS[rows], k // ACT_BLOCK))
 
 
 # Weight rows (output columns) per CTA by routed rows: four m16 tiles, two for 64 routed rows (a lane's
@@ -147,27 +155,27 @@ def warp_words(rows: int, cols: int, stages: int) -> int:
     return max(stages * stage_words(rows, cols), rows * red_pitch(cols))
 
 
-def moe_smem_bytes_for(k: int, stages: int, rows: int, cols: int) -> int:
+def moe_smem_bytes_for(k: int, stages: int, rows: int, cols: int, warps: int) -> int:
     """Pre-nvcc shared memory: each warp's ring (stages x a K block of the CTA's weight rows and routed rows; the
     warps' partial tiles reuse it at the end), the CTA's weight exponents (one byte per row and slice, rows padded
     by one cp.async chunk) and activation scales (fp32, rows padded by one)."""
     kb = k // ACT_BLOCK
     ks = k // SLICE
-    return (4 * cta_warps(k) * warp_words(rows, cols, stages) + cols * (ks + (16 if ks % 16 == 0 else 4))
+    return (4 * warps * warp_words(rows, cols, stages) + cols * (ks + (16 if ks % 16 == 0 else 4))
             + 4 * rows * (kb + 1))
 
 
 def moe_smem_bytes(p: Mapping[str, Any]) -> int:
-    return moe_smem_bytes_for(p["k"], p["stages"], p["block_m"], p["block_n"])
+    return moe_smem_bytes_for(p["k"], p["stages"], p["block_m"], p["block_n"], p["threads"] // 32)
 
 
 def moe_params(arch: ArchProfile, n: int, k: int, num_tokens: int) -> dict:
     bm = moe_block_m(num_tokens)
     bn = block_cols(bm)
-    warps = cta_warps(k)
+    warps = cta_warps(k, bm)
     # never more stages than K blocks a warp walks, nor than fit the budget (64 rows at K = 7168 on SM12x: one)
     stages = max(1, min(STAGES, -(-(k // ACT_BLOCK) // warps)))
-    while stages > 1 and moe_smem_bytes_for(k, stages, bm, bn) > arch.max_smem_per_block:
+    while stages > 1 and moe_smem_bytes_for(k, stages, bm, bn, warps) > arch.max_smem_per_block:
         stages -= 1
     p = {"n": n, "k": k, "block_m": bm, "block_n": bn, "threads": 32 * warps, "stages": stages}
     if arch.fp8_mma_operand != FP8:     # Hopper: f16 (its fp8 mma.sync is emulated; module doc)
@@ -208,10 +216,10 @@ def build_fp4_moe_gemm(*, n: int, k: int, block_m: int, block_n: int, stages: in
     import tilelang.language as T
 
     if (block_m not in ROWS or block_n not in TILE_COLS or block_m * block_n > 2048 or n % block_n
-            or threads != 32 * cta_warps(k)):
+            or threads % 32 or not 1 <= threads // 32 <= min(MAX_WARPS, k // ACT_BLOCK)):
         raise ValueError(f"fp4_moe_gemm: block_m {block_m} / block_n {block_n} / threads {threads} is not a tile "
                          f"of this kernel (block_m in {ROWS}, block_n in {TILE_COLS} dividing n, block_m x block_n <= "
-                         f"2,048 (a lane's accumulators), one warp per K block up to 4)")
+                         f"2,048 (a lane's accumulators), 1..{MAX_WARPS} warps, at most one per K block)")
     if operand not in (FP8, "float16"):
         raise ValueError(f"fp4_moe_gemm: operand={operand!r} (supported: {FP8!r}, 'float16')")
     F16 = operand == "float16"
@@ -223,7 +231,7 @@ def build_fp4_moe_gemm(*, n: int, k: int, block_m: int, block_n: int, stages: in
     TL = COLS // 16                     # m16 weight tiles per CTA
     KB = k // ACT_BLOCK
     KS = k // SLICE
-    WARPS = cta_warps(k)
+    WARPS = threads // 32
     WARP_WORDS = warp_words(R, COLS, S)
     SW_CHUNK = 16 if KS % 16 == 0 else 4          # cp.async width of the exponent rows (K / 32 bytes each)
     SW_PITCH = KS + SW_CHUNK                       # rows r = 0..7 of a tile land in distinct banks
