@@ -5,11 +5,15 @@ next_n = 1, V4-Flash shapes (64 heads x 128, page 64).
 Columns (us, median of triton's do_bench over one CUDA-graph replay of one call, L2 flushed before each, so
 small contexts are not served from L2 across repeated calls; a step that cannot be captured is timed eagerly):
   ours logits / ours +topk   dsv4_jit.indexer_decode_logits / indexer_decode_topk (TileLang, both steps)
+  ours nofill                indexer_decode_logits with clean=False (no -inf past each row's tiles; what
+                             indexer_decode_topk runs, and what vLLM's kernel writes: valid columns only)
   ours topk                  dsv4_jit.indexer_topk alone on those logits (read from HBM here: L2 is flushed, where
                              in the step they are still in L2)
   GB/s, %copy                index-K bytes read by the logits kernel (batch * ctx/4 * 132 B) / its time, and that
                              against a measured device-to-device copy (256 MiB, read + write)
   torch logits / torch +topk gather + dequantise + einsum + relu/weights in fp32, then torch.topk (the baseline)
+  err ours / err vllm        max over rows of the relative error of the valid columns (|| got - ref || / || ref ||)
+                             against the fp32 torch step (dequantised K, fp32 einsum): batch <= 8, else '-'
   vllm logits / vllm +topk   vLLM 0.33's Triton paged MQA logits (its ROCm path) + its torch top-k
                              (benchmarks/peer_vllm_indexer.py; NOT what vLLM runs on SM12x: DeepGEMM SM120 +
                              persistent_topk). Missing peer: the reason is printed and the column is empty.
@@ -83,6 +87,14 @@ def torch_logits(d: dict, out: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def row_err(got, ref) -> float | None:
+    """Max over rows of ||got - ref|| / ||ref|| (fp64), or None without a reference."""
+    if ref is None:
+        return None
+    g, r = got.double(), ref.double()
+    return ((g - r).norm(dim=1) / r.norm(dim=1).clamp_min(1e-30)).max().item()
+
+
 def prefill_row(tokens: int, ctx: int, arch, g: torch.Generator) -> dict:
     """indexer_prefill_logits for the last `tokens` tokens of a ctx-token prompt: token t sees compressed columns
     [0, (ctx - tokens + t + 1) // 4) of a contiguous K of ctx // 4 rows; one call, L2 flushed. TFLOP/s counts the
@@ -150,9 +162,9 @@ def main() -> None:
     g = torch.Generator(device="cuda").manual_seed(0)
     bw = copy_bandwidth_gbs()
     rows = []
-    hdr = (f"{'ctx':>7} {'B':>3} {'ours logits':>11} {'ours topk':>9} {'ours +topk':>10} {'logits/L':>8} {'+topk/L':>7} "
-           f"{'GB/s':>7} {'%copy':>6} "
-           f"{'torch logits':>12} {'torch +topk':>11} {'vllm logits':>11} {'vllm +topk':>10}")
+    hdr = (f"{'ctx':>7} {'B':>3} {'ours logits':>11} {'nofill':>6} {'ours topk':>9} {'ours +topk':>10} {'logits/L':>8} "
+           f"{'+topk/L':>7} {'GB/s':>7} {'%copy':>6} "
+           f"{'torch logits':>12} {'torch +topk':>11} {'vllm logits':>11} {'vllm +topk':>10} {'err ours':>8} {'err vllm':>8}")
     print(f"{torch.cuda.get_device_name()}; schedule {arch.schedule} on {arch.name}; copy bandwidth {bw:,.0f} GB/s")
     print(hdr)
     for ctx in (args.contexts if args.decode else []):
@@ -166,6 +178,11 @@ def main() -> None:
             tws = torch.zeros(ws_numel(b), dtype=torch.int32, device="cuda")  # kept zeroed by the kernel
             args_ = (d["q"], d["q_scale"], d["weights"], d["kv_cache"], d["seq_lens"], d["block_table"])
             ours_l, r1 = cold_us(lambda: dsv4_jit.indexer_decode_logits(*args_, out=lg, row_info=info, **kw))
+            ours_nf, r6 = cold_us(lambda: dsv4_jit.indexer_decode_logits(*args_, out=lg, row_info=info, clean=False,
+                                                                         **kw))
+            dsv4_jit.indexer_decode_logits(*args_, out=lg, row_info=info, **kw)
+            ref_l = torch_logits(d, torch.empty_like(lg))[:, :d["comp"]] if b <= 8 else None
+            err_o = row_err(lg[:, :d["comp"]], ref_l)
             ours_k, r3 = cold_us(lambda: dsv4_jit.indexer_topk(lg, info, d["block_table"], topk=TOPK, page_size=PAGE,
                                                                arch=arch, out=(idx, lens), workspace=tws))
             ours_t, r2 = cold_us(lambda: dsv4_jit.indexer_decode_topk(*args_, topk=TOPK, workspace=(lg, info, tws),
@@ -202,7 +219,7 @@ def main() -> None:
             if not args.no_torch:
                 t_l, _ = cold_us(lambda: torch_logits(d, tl))
                 t_t, _ = cold_us(lambda: torch.topk(torch_logits(d, tl), TOPK, dim=1))
-            v_l = v_t = None
+            v_l = v_t = err_v = None
             v_reason = peer_reason
             if peer is not None:
                 try:
@@ -210,6 +227,7 @@ def main() -> None:
                     clen = torch.full((b,), d["comp"], dtype=torch.int32, device="cuda")
                     w = d["weights"] * d["q_scale"][:, None]
                     v_l, v_reason = cold_us(lambda: peer.logits(d["q"], w, cache, clen, d["block_table"], width))
+                    err_v = row_err(peer.logits(d["q"], w, cache, clen, d["block_table"], width)[:, :d["comp"]], ref_l)
                     v_t, _ = cold_us(lambda: peer.topk(peer.logits(d["q"], w, cache, clen, d["block_table"], width), clen))
                 except Exception as e:
                     v_reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]
@@ -217,17 +235,20 @@ def main() -> None:
             t_bw = per_l if per_l else ours_l
             gbs = kbytes / (t_bw * 1e-6) / 1e9 if t_bw else None
             row = {"ctx": ctx, "compressed": d["comp"], "batch": b, "width": width, "index_k_bytes": kbytes,
-                   "ours_logits_us": ours_l, "ours_topk_us": ours_k, "ours_logits_topk_us": ours_t, "layers": args.layers,
+                   "ours_logits_us": ours_l, "ours_logits_nofill_us": ours_nf, "ours_topk_us": ours_k,
+                   "ours_max_row_rel_err": err_o, "vllm_max_row_rel_err": err_v, "ours_logits_topk_us": ours_t, "layers": args.layers,
                    "ours_logits_per_layer_us": per_l, "ours_logits_topk_per_layer_us": per_t, "ours_gbs": gbs,
                    "ours_pct_copy": (100 * gbs / bw) if gbs else None, "torch_logits_us": t_l, "torch_logits_topk_us": t_t,
                    "vllm_logits_us": v_l, "vllm_logits_topk_us": v_t,
-                   "notes": [r for r in (r1, r3, r2, v_reason) if r]}
+                   "notes": [r for r in (r1, r6, r3, r2, v_reason) if r]}
             if args.layers > 1:
                 row["notes"] += [r for r in (r4, r5) if r]
             rows.append(row)
             f = lambda x, w_=10: f"{x:>{w_}.1f}" if isinstance(x, float) else f"{'-':>{w_}}"  # noqa: E731
-            print(f"{ctx:>7} {b:>3} {f(ours_l, 11)} {f(ours_k, 9)} {f(ours_t)} {f(per_l, 8)} {f(per_t, 7)} {f(gbs, 7)} {f(row['ours_pct_copy'], 6)} "
-                  f"{f(t_l, 12)} {f(t_t, 11)} {f(v_l, 11)} {f(v_t)}")
+            e = lambda x: f"{x:>8.1e}" if isinstance(x, float) else f"{'-':>8}"  # noqa: E731
+            print(f"{ctx:>7} {b:>3} {f(ours_l, 11)} {f(ours_nf, 6)} {f(ours_k, 9)} {f(ours_t)} {f(per_l, 8)} {f(per_t, 7)} "
+                  f"{f(gbs, 7)} {f(row['ours_pct_copy'], 6)} "
+                  f"{f(t_l, 12)} {f(t_t, 11)} {f(v_l, 11)} {f(v_t)} {e(err_o)} {e(err_v)}")
             del d
             torch.cuda.empty_cache()
     prefill_rows = [prefill_row(t, args.prefill_ctx, arch, g) for t in args.prefill]
