@@ -40,18 +40,24 @@ def test_the_kernels_word_conversion_decodes_every_nibble():
 
 
 def test_hoppers_word_conversion_gives_exact_f16_halves():
-    """Hopper's form turns the same word into four f16x2 registers, (e0, e1) .. (e6, e7), the lower element in the
-    low half: every 16-bit pattern in either half (the other varied) decodes to torch's float16 of each nibble."""
-    table = torch.tensor([E2M1_VALUES[n & 7] * (-1.0 if n & 8 else 1.0) for n in range(16)], dtype=torch.float16)
+    """Hopper's form turns the same word into four f16x2 registers by bit placement, (e0, e4), (e1, e5), (e2, e6),
+    (e3, e7), the lower element in the low half: every 16-bit pattern in either half (the other varied) decodes to
+    torch's float16 of each nibble's value x 2^-14 (exact: normal and subnormal f16), which the kernel undoes with
+    one multiply by F16_UNSCALE."""
+    table = torch.tensor([E2M1_VALUES[n & 7] * (-1.0 if n & 8 else 1.0) for n in range(16)], dtype=torch.float64)
+    table = (table / kmod.F16_UNSCALE).to(torch.float16)
+    assert torch.equal(table.double() * kmod.F16_UNSCALE,
+                       torch.tensor([E2M1_VALUES[n & 7] * (-1.0 if n & 8 else 1.0) for n in range(16)]).double())
     for half in (0, 1):
         v = torch.arange(1 << 16, dtype=torch.int64)
         other = (v * 40503) & 0xFFFF
         words = (other << 16 | v) if half == 0 else (v << 16 | other)
-        regs = [kmod.f16_quads_py(int(w)) for w in words.tolist()]
-        got = torch.tensor([[r >> (16 * i) & 0xFFFF for q in rg for r in (q,) for i in (0, 1)] for rg in regs],
+        regs = [kmod.f16_pairs_py(int(w)) for w in words.tolist()]
+        got = torch.tensor([[r >> (16 * i) & 0xFFFF for r in rg for i in (0, 1)] for rg in regs],
                            dtype=torch.int32).to(torch.int16).view(torch.float16)
         nibs = (words[:, None] >> (4 * torch.arange(8))[None]) & 0xF
-        want = table[nibs]
+        order = torch.tensor([0, 4, 1, 5, 2, 6, 3, 7])     # register p holds elements p (low) and p + 4 (high)
+        want = table[nibs[:, order]]
         assert torch.equal(got.view(torch.int16), want.view(torch.int16)), half
 
 

@@ -37,12 +37,15 @@ written here).
 
 Hopper's form (`operand` "float16"): sm_90a has fp8 only in WGMMA, and ptxas emulates mma.sync e4m3 (both operands
 unpacked to f16 before two HMMA m16n8k16 and fp32 adds, every mma). Every e2m1 and e4m3 value is exact in f16, so
-that form converts once, to f16, and runs two f16 m16n8k16 mma.sync a slice: the weight nibbles become f16 high
-bytes by the same byte permutes (an f16 of an e2m1 value has a zero low byte), the activations by cvt
-e4m3x2 -> f16x2 once a K block for every weight tile. The K order inside a slice is permuted as before, now onto
-the f16 fragments: for the lane with g = lane % 4, step s (k 16s..16s+15) holds k 16s+2g, +1 <-> elements 8g+4s,
-+1 and k 16s+2g+8, +9 <-> 8g+4s+2, +3, for the weight rows (A) and the routed rows (B) alike. Products and fp32
-sums are the e4m3 form's.
+that form converts once, to f16, and runs two f16 m16n8k16 mma.sync a slice. A weight nibble (s, e1 e0, m) becomes
+an f16 by bit placement alone: s at bit 15 and e1 e0 m at bits 11-9 is the nibble's value times 2^-14, normal and
+subnormal codes alike, so a shift and a mask of the word place two nibbles (i, i + 4) into one f16x2 register and
+the 2^14 is applied once to each output. The activations' bytes are paired the same way, (i, i + 4), by one byte
+permute, then cvt e4m3x2 -> f16x2, once a K block for every weight tile. For the lane with g = lane % 4, step s
+(k 16s..16s+15) holds k 16s+2g, +1 <-> elements 8g+2s, 8g+2s+4 and k 16s+2g+8, +9 <-> 8g+2s+1, 8g+2s+5, for the
+weight rows (A) and the routed rows (B) alike. Products and fp32 sums are the e4m3 form's. (Before 2026-11-25 the
+nibbles went through the e4m3 form's byte permutes to f16 high bytes, 6 more instructions a word: V4-Flash w13 at
+one token spent most of its issue slots there.)
 
 Grid (N / block_n, M / block_m); N and K are compile-time, M and E dynamic. `select` depends on the token count
 only (never on routing): block_m 8 up to 256 tokens (an expert sees 1-6 rows on average at V4's 6-of-256
@@ -74,8 +77,11 @@ MMA_F16 = ("tl::mma_sync<tl::DataType::kFloat16, tl::DataType::kFloat16, tl::Dat
            "16, 8, 16, false, true>")
 # e4m3 bytes of the e2m1 magnitudes 0..7 (0, 0.5, 1, 1.5, 2, 3, 4, 6), little-endian: the byte-permute table
 LUT_LO, LUT_HI = 0x3C383000, 0x4C484440
-# f16 high bytes of the same magnitudes (their low bytes are 0): Hopper's f16 form
-LUT16_LO, LUT16_HI = 0x3E3C3800, 0x46444240
+# Hopper's f16 form: nibble i and i + 4 of a word -> one f16x2 (bit placement, x 2^-14): the word's shift and the
+# shift that brings its sign bits to 15 / 31, per pair i (a negative shift is a right shift)
+F16_PAIR_SHIFTS = ((9, 12), (5, 8), (1, 4), (-3, 0))
+F16_MAG_MASK, F16_SIGN_MASK = 0x0E000E00, 0x80008000
+F16_UNSCALE = 2.0 ** 14
 # e4m3 pair -> f16x2 (PTX cvt, sm_89+): the low byte's value in the low half
 _CVT_SRC = """
 __device__ __forceinline__ unsigned dsv4_e4m3x2_f16x2(unsigned v) {
@@ -204,11 +210,15 @@ def e4m3_pair_py(u: int) -> tuple[int, int]:
     return _byte_quads_py(u, LUT_LO, LUT_HI)
 
 
-def f16_quads_py(u: int) -> tuple[int, int, int, int]:
-    """Hopper's four f16x2 registers: (e0, e1), (e2, e3), (e4, e5), (e6, e7), the lower element in the low half; each
-    f16 is its element's high byte over a zero low byte (tests compare every half with torch's float16)."""
-    lo, hi = _byte_quads_py(u, LUT16_LO, LUT16_HI)
-    return (byte_perm(lo, 0, 0x1404), byte_perm(lo, 0, 0x3424), byte_perm(hi, 0, 0x1404), byte_perm(hi, 0, 0x3424))
+def _shift(x: int, n: int) -> int:
+    return (x << n if n >= 0 else x >> -n) & 0xFFFFFFFF
+
+
+def f16_pairs_py(u: int) -> tuple[int, int, int, int]:
+    """Hopper's four f16x2 registers of a word, op for op: (e0, e4), (e1, e5), (e2, e6), (e3, e7), the lower element
+    in the low half, each half the element's value x 2^-14 (tests compare every half with torch's float16)."""
+    u &= 0xFFFFFFFF
+    return tuple((_shift(u, a) & F16_MAG_MASK) | (_shift(u, b) & F16_SIGN_MASK) for a, b in F16_PAIR_SHIFTS)
 
 
 def build_fp4_moe_gemm(*, n: int, k: int, block_m: int, block_n: int, stages: int, threads: int,
@@ -256,6 +266,12 @@ def build_fp4_moe_gemm(*, n: int, k: int, block_m: int, block_n: int, stages: in
         kernel form of _byte_quads_py."""
         return (perm(c32(lut_lo), c32(lut_hi), mg) | sign(perm(u, c32(0), c32(0x1100))),
                 perm(c32(lut_lo), c32(lut_hi), mg >> c32(16)) | sign(perm(u, c32(0), c32(0x3322))))
+
+    def f16_pair(u, i: int):
+        """Elements i and i + 4 of word u as one f16x2 (x 2^-14): the kernel form of f16_pairs_py."""
+        a_sh, s_sh = F16_PAIR_SHIFTS[i]
+        mag = u << c32(a_sh) if a_sh >= 0 else u >> c32(-a_sh)
+        return (mag & c32(F16_MAG_MASK)) | ((u << c32(s_sh)) & c32(F16_SIGN_MASK))
 
     def ue8m0(byte):
         return T.reinterpret(T.shift_left(T.Cast(u32, byte), c32(23)), f32)
@@ -358,11 +374,11 @@ def build_fp4_moe_gemm(*, n: int, k: int, block_m: int, block_n: int, stages: in
                             t = j * 8 + r
                             tw = base + COLS * ROW_WORDS + t * TOK_WORDS + ((s * 2 + g // 2) ^ ((t & 3) * 2)) * 4 + (g % 2) * 2
                             if F16:
-                                # (e0, e1), (e2, e3) | (e4, e5), (e6, e7): step 0's two B registers, then step 1's
+                                # (e0, e4), (e1, e5) | (e2, e6), (e3, e7): step 0's two B registers, then step 1's
                                 for q in T.unroll(2):
-                                    bf[j * 4 + q * 2] = T.call_extern(u32, "dsv4_e4m3x2_f16x2", ring[tw + q])
-                                    bf[j * 4 + q * 2 + 1] = T.call_extern(u32, "dsv4_e4m3x2_f16x2",
-                                                                          ring[tw + q] >> c32(16))
+                                    pr = perm(ring[tw], ring[tw + 1], c32(0x5140 + q * 0x2222))
+                                    bf[j * 4 + q * 2] = T.call_extern(u32, "dsv4_e4m3x2_f16x2", pr)
+                                    bf[j * 4 + q * 2 + 1] = T.call_extern(u32, "dsv4_e4m3x2_f16x2", pr >> c32(16))
                             else:
                                 bf[j * 2] = ring[tw]
                                 bf[j * 2 + 1] = ring[tw + 1]
@@ -370,17 +386,15 @@ def build_fp4_moe_gemm(*, n: int, k: int, block_m: int, block_n: int, stages: in
                             for h in T.unroll(2):
                                 row = tile * 16 + h * 8 + r
                                 u = ring[base + row * ROW_WORDS + (s ^ ((r >> 1) & 3)) * 4 + g]
-                                mg = u & c32(0x77777777)
                                 if F16:
-                                    # f16 high bytes of e0..e3 and e4..e7, spread into (x, y) halves: A registers
-                                    # h (row r / r + 8) and h + 2 of each step
-                                    qlo = quads(u, mg, LUT16_LO, LUT16_HI)[0]
-                                    qhi = quads(u, mg, LUT16_LO, LUT16_HI)[1]
-                                    af[h] = perm(qlo, c32(0), c32(0x1404))
-                                    af[h + 2] = perm(qlo, c32(0), c32(0x3424))
-                                    af[4 + h] = perm(qhi, c32(0), c32(0x1404))
-                                    af[4 + h + 2] = perm(qhi, c32(0), c32(0x3424))
+                                    # pairs (e0, e4), (e1, e5) | (e2, e6), (e3, e7) by bit placement (x 2^-14): A
+                                    # registers h (row r / r + 8) and h + 2 of step 0, then of step 1
+                                    af[h] = f16_pair(u, 0)
+                                    af[h + 2] = f16_pair(u, 1)
+                                    af[4 + h] = f16_pair(u, 2)
+                                    af[4 + h + 2] = f16_pair(u, 3)
                                 else:
+                                    mg = u & c32(0x77777777)
                                     af[h] = quads(u, mg, LUT_LO, LUT_HI)[0]
                                     af[h + 2] = quads(u, mg, LUT_LO, LUT_HI)[1]
                                 scl[h] = ue8m0(sw_s[row * SW_PITCH + kb * 4 + s])
@@ -419,7 +433,8 @@ def build_fp4_moe_gemm(*, n: int, k: int, block_m: int, block_n: int, stages: in
                     for wp in T.unroll(WARPS):
                         total += T.reinterpret(ring[wp * WARP_WORDS + t * RED_PITCH + col], f32)
                     if idx < R * COLS and by * R + t < M:
-                        c[by * R + t, bx * COLS + col] = T.Cast("bfloat16", total)
+                        # Hopper's f16 weights carry 2^-14 (bit placement): one exact power-of-two multiply here
+                        c[by * R + t, bx * COLS + col] = T.Cast("bfloat16", total * F16_UNSCALE if F16 else total)
 
     return fp4_moe_gemm
 
