@@ -1,4 +1,4 @@
-"""The MoE family on the CPU: the e2m1 -> e4m3 conversion the kernel does in shared memory, the routed-row layout
+"""The MoE family on the CPU: the e2m1 -> e4m3 / f16 conversions the kernel does in registers, the routed-row layout
 (moe_align) against a plain loop, the capacity bound, the float64 reference against a per-element transcription,
 op validation (ValueError naming the argument before any kernel is selected), shapes from the model config at
 TP 1/2/4/8 and the schedules' shared memory on every arch. GPU correctness: the registry-driven cases
@@ -19,24 +19,28 @@ from dsv4_jit.spec import get_spec
 SM120 = get_profile("sm_120a")
 
 
-def test_e2m1_to_e4m3_bytes_are_exact():
-    for nib in range(16):
-        byte = kmod.e2m1_e4m3_byte(nib)
-        got = float(torch.tensor([byte], dtype=torch.uint8).view(torch.float8_e4m3fn).float())
-        want = E2M1_VALUES[nib & 7] * (-1.0 if nib & 8 else 1.0)
-        assert got == want, (nib, hex(byte), got, want)
+def _signed_values() -> list[float]:
+    return [E2M1_VALUES[n & 7] * (-1.0 if n & 8 else 1.0) for n in range(16)]
 
 
 def test_the_kernels_word_conversion_decodes_every_nibble():
-    """The kernel turns one packed word (8 e2m1 weights) into its two mma registers (elements 0-3, 4-7) by byte
-    permutes and a bit select of the signs, modelled op for op: every 16-bit pattern in either half, with the
-    other half varied, equals the per-nibble table."""
-    e4m3_pair_py = kmod.e4m3_pair_py
-    for v in range(1 << 16):
-        want = sum(kmod.e2m1_e4m3_byte(v >> (4 * i) & 0xF) << (8 * i) for i in range(4))
+    """SM12x's form turns one packed word (8 e2m1 weights) into its two mma registers by bit placement, bytes
+    (e0, e2, e4, e6) and (e1, e3, e5, e7): every 16-bit pattern in either half (the other varied) decodes to torch's
+    float8_e4m3fn of each nibble's value x 2^-6 (exact: normal and subnormal e4m3), which the kernel undoes with one
+    multiply by E4M3_UNSCALE."""
+    table = torch.tensor(_signed_values(), dtype=torch.float32) / kmod.E4M3_UNSCALE
+    table8 = table.to(torch.float8_e4m3fn)
+    assert torch.equal(table8.float() * kmod.E4M3_UNSCALE, torch.tensor(_signed_values()))
+    order = torch.tensor([0, 2, 4, 6, 1, 3, 5, 7])     # register 0's bytes, then register 1's
+    for half in (0, 1):
+        v = torch.arange(1 << 16, dtype=torch.int64)
         other = (v * 40503) & 0xFFFF
-        assert e4m3_pair_py(other << 16 | v)[0] == want
-        assert e4m3_pair_py(v << 16 | other)[1] == want
+        words = (other << 16 | v) if half == 0 else (v << 16 | other)
+        regs = [kmod.e4m3_quads_py(int(w)) for w in words.tolist()]
+        got = torch.tensor([[r >> (8 * i) & 0xFF for r in rg for i in range(4)] for rg in regs], dtype=torch.uint8)
+        nibs = (words[:, None] >> (4 * torch.arange(8))[None]) & 0xF
+        want = table8[nibs[:, order]].view(torch.uint8)
+        assert torch.equal(got, want), half
 
 
 def test_hoppers_word_conversion_gives_exact_f16_halves():
@@ -44,10 +48,8 @@ def test_hoppers_word_conversion_gives_exact_f16_halves():
     (e3, e7), the lower element in the low half: every 16-bit pattern in either half (the other varied) decodes to
     torch's float16 of each nibble's value x 2^-14 (exact: normal and subnormal f16), which the kernel undoes with
     one multiply by F16_UNSCALE."""
-    table = torch.tensor([E2M1_VALUES[n & 7] * (-1.0 if n & 8 else 1.0) for n in range(16)], dtype=torch.float64)
-    table = (table / kmod.F16_UNSCALE).to(torch.float16)
-    assert torch.equal(table.double() * kmod.F16_UNSCALE,
-                       torch.tensor([E2M1_VALUES[n & 7] * (-1.0 if n & 8 else 1.0) for n in range(16)]).double())
+    table = (torch.tensor(_signed_values(), dtype=torch.float64) / kmod.F16_UNSCALE).to(torch.float16)
+    assert torch.equal(table.double() * kmod.F16_UNSCALE, torch.tensor(_signed_values()).double())
     for half in (0, 1):
         v = torch.arange(1 << 16, dtype=torch.int64)
         other = (v * 40503) & 0xFFFF

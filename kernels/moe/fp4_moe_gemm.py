@@ -24,10 +24,14 @@ copy bandwidth at decode sizes, where an expert block holds 1-3 real rows; this 
 to 8,192 tokens and 1.35-1.66x at one (bench_moe.py, V4-Flash, H100). How:
   * the weight is the mma's A operand (m16 tiles of weight rows) and the block_m routed rows are B (block_m / 8 n8
     halves), so one dequantized fragment serves every half; a C element's weight scale is its row's;
+  * an e2m1 nibble (s, e1 e0, m) with s placed at bit 7 and e1 e0 m at bits 4-2 is an e4m3 byte equal to the
+    nibble's value times 2^-6, normal and subnormal codes alike (bit placement: two shifts, a mask and a select make
+    four bytes), and one exact multiply by 2^6 an output undoes it;
   * the K order inside a 32-wide slice is permuted so that one packed int32 word (8 weights of a row) is exactly a
-    lane's two A registers: mma k 4g..4g+3 <-> elements 8g..8g+3 and mma k 16+4g..16+4g+3 <-> 8g+4..8g+7, for the
-    lane with g = lane % 4. The activations' B registers follow the same map: the 8 bytes at 8g of the slice, one
-    64-bit shared load. The dot product is a sum over k, so the result is exact as before;
+    lane's two A registers: mma k 4g..4g+3 <-> elements 8g, 8g+2, 8g+4, 8g+6 and mma k 16+4g..16+4g+3 <-> 8g+1,
+    8g+3, 8g+5, 8g+7, for the lane with g = lane % 4. The activations' B registers follow the same map: the 8 bytes
+    at 8g of the slice, one 64-bit shared load, even and odd bytes gathered by two byte permutes. The dot product is
+    a sum over k, so the result is exact as before;
   * each warp owns every 4th K block (split-K across the CTA's warps) with a cp.async ring of its own: no barrier
     in the main loop but __syncwarp; the warps' partial tiles are summed once through shared memory at the end;
   * the ring is swizzled so the lanes' shared loads are conflict-free (weights: 16-byte chunk c of row r at
@@ -75,8 +79,12 @@ MMA_FP8 = ("tl::mma_sync<tl::DataType::kFloat8_e4m3, tl::DataType::kFloat8_e4m3,
            "16, 8, 32, false, true>")
 MMA_F16 = ("tl::mma_sync<tl::DataType::kFloat16, tl::DataType::kFloat16, tl::DataType::kFloat32, "
            "16, 8, 16, false, true>")
-# e4m3 bytes of the e2m1 magnitudes 0..7 (0, 0.5, 1, 1.5, 2, 3, 4, 6), little-endian: the byte-permute table
-LUT_LO, LUT_HI = 0x3C383000, 0x4C484440
+# SM12x's e4m3 form: the even nibbles of a word (0, 2, 4, 6) -> the four bytes of one register, the odd ones
+# (1, 3, 5, 7) -> another (bit placement, x 2^-6): the word's shifts for the magnitudes and for the signs (a negative
+# shift is a right shift). Before 2026-11-25: a byte-permute table and a sign fix-up, about 5 more instructions.
+E4M3_QUAD_SHIFTS = ((2, 4), (-2, 0))
+E4M3_MAG_MASK, E4M3_SIGN_MASK = 0x1C1C1C1C, 0x80808080
+E4M3_UNSCALE = 2.0 ** 6
 # Hopper's f16 form: nibble i and i + 4 of a word -> one f16x2 (bit placement, x 2^-14): the word's shift and the
 # shift that brings its sign bits to 15 / 31, per pair i (a negative shift is a right shift)
 F16_PAIR_SHIFTS = ((9, 12), (5, 8), (1, 4), (-3, 0))
@@ -97,23 +105,6 @@ BLOCK_M_LARGE = 64
 # cp.async stages a warp (bench_moe.py --stages 1 2 3, SM120 schedule on the H100, 1-512 tokens: 2 was best or
 # within 3% of it everywhere; 3 won only w13 at 64 tokens, 781.8 against 804.3 us)
 STAGES = 2
-
-
-def e2m1_e4m3_byte(nib: int) -> int:
-    """The e4m3 byte of an e2m1 nibble, in plain Python: the table the kernel permutes from plus the sign
-    (tests check it against torch's float8_e4m3fn for all 16 nibbles)."""
-    return ((LUT_LO | LUT_HI << 32) >> (8 * (nib & 7)) & 0xFF) | ((nib & 8) << 4)
-
-
-def byte_perm(x: int, y: int, sel: int) -> int:
-    """CUDA's __byte_perm in plain Python (selector bit 3 of each nibble: replicate the byte's sign)."""
-    src = (x & 0xFFFFFFFF) | (y & 0xFFFFFFFF) << 32
-    out = 0
-    for i in range(4):
-        nib = sel >> (4 * i) & 0xF
-        b = src >> (8 * (nib & 7)) & 0xFF
-        out |= (0xFF if b & 0x80 else 0) << (8 * i) if nib & 8 else b << (8 * i)
-    return out
 
 
 def moe_block_m(num_tokens: int) -> int:
@@ -189,29 +180,15 @@ def moe_params(arch: ArchProfile, n: int, k: int, num_tokens: int) -> dict:
     return p
 
 
-def _byte_quads_py(u: int, lut_lo: int, lut_hi: int) -> tuple[int, int]:
-    """The kernel's word -> two quads of bytes in plain Python, op for op: each element's magnitude byte from the
-    8-byte table (lut_lo | lut_hi << 32) and its sign at bit 7; the low quad holds elements 0..3 of the 8 packed
-    e2m1 weights (element i in nibble i of u), the high quad 4..7."""
-    u &= 0xFFFFFFFF
-    m = u & 0x77777777
-
-    def sign(x: int) -> int:
-        # byte 0 / 2 carry their element's sign at bit 3 (shift to bit 7), bytes 1 / 3 at bit 7 already
-        return (((x << 4) & 0x00FF00FF) | (x & 0xFF00FF00)) & 0x80808080
-
-    lo = byte_perm(lut_lo, lut_hi, m & 0xFFFF) | sign(byte_perm(u, 0, 0x1100))
-    hi = byte_perm(lut_lo, lut_hi, m >> 16) | sign(byte_perm(u, 0, 0x3322))
-    return lo, hi
-
-
-def e4m3_pair_py(u: int) -> tuple[int, int]:
-    """Two e4m3 quads, one byte an element (tests compare every byte with fp4_moe_gemm.e2m1_e4m3_byte)."""
-    return _byte_quads_py(u, LUT_LO, LUT_HI)
-
-
 def _shift(x: int, n: int) -> int:
     return (x << n if n >= 0 else x >> -n) & 0xFFFFFFFF
+
+
+def e4m3_quads_py(u: int) -> tuple[int, int]:
+    """SM12x's two e4m3 registers of a word, op for op: bytes (e0, e2, e4, e6) and (e1, e3, e5, e7), each the
+    element's value x 2^-6 (tests compare every byte with torch's float8_e4m3fn)."""
+    u &= 0xFFFFFFFF
+    return tuple((_shift(u, a) & E4M3_MAG_MASK) | (_shift(u, b) & E4M3_SIGN_MASK) for a, b in E4M3_QUAD_SHIFTS)
 
 
 def f16_pairs_py(u: int) -> tuple[int, int, int, int]:
@@ -258,20 +235,15 @@ def build_fp4_moe_gemm(*, n: int, k: int, block_m: int, block_n: int, stages: in
     def perm(x, y, sel):
         return T.call_extern(u32, "__byte_perm", x, y, sel)
 
-    def sign(x):
-        return (((x << c32(4)) & c32(0x00FF00FF)) | (x & c32(0xFF00FF00))) & c32(0x80808080)
-
-    def quads(u, mg, lut_lo, lut_hi):
-        """Word u (mg = its magnitude bits) -> its two quads of bytes (elements 0..3, 4..7) from the table: the
-        kernel form of _byte_quads_py."""
-        return (perm(c32(lut_lo), c32(lut_hi), mg) | sign(perm(u, c32(0), c32(0x1100))),
-                perm(c32(lut_lo), c32(lut_hi), mg >> c32(16)) | sign(perm(u, c32(0), c32(0x3322))))
+    def placed(u, shifts, mag_mask: int, sign_mask: int):
+        """Bit placement: the kernel form of e4m3_quads_py / f16_pairs_py for one register."""
+        a_sh, s_sh = shifts
+        mag = u << c32(a_sh) if a_sh >= 0 else u >> c32(-a_sh)
+        return (mag & c32(mag_mask)) | ((u << c32(s_sh)) & c32(sign_mask))
 
     def f16_pair(u, i: int):
-        """Elements i and i + 4 of word u as one f16x2 (x 2^-14): the kernel form of f16_pairs_py."""
-        a_sh, s_sh = F16_PAIR_SHIFTS[i]
-        mag = u << c32(a_sh) if a_sh >= 0 else u >> c32(-a_sh)
-        return (mag & c32(F16_MAG_MASK)) | ((u << c32(s_sh)) & c32(F16_SIGN_MASK))
+        """Elements i and i + 4 of word u as one f16x2 (x 2^-14)."""
+        return placed(u, F16_PAIR_SHIFTS[i], F16_MAG_MASK, F16_SIGN_MASK)
 
     def ue8m0(byte):
         return T.reinterpret(T.shift_left(T.Cast(u32, byte), c32(23)), f32)
@@ -380,8 +352,9 @@ def build_fp4_moe_gemm(*, n: int, k: int, block_m: int, block_n: int, stages: in
                                     bf[j * 4 + q * 2] = T.call_extern(u32, "dsv4_e4m3x2_f16x2", pr)
                                     bf[j * 4 + q * 2 + 1] = T.call_extern(u32, "dsv4_e4m3x2_f16x2", pr >> c32(16))
                             else:
-                                bf[j * 2] = ring[tw]
-                                bf[j * 2 + 1] = ring[tw + 1]
+                                # bytes (e0, e2, e4, e6), then (e1, e3, e5, e7): the weights' even / odd registers
+                                bf[j * 2] = perm(ring[tw], ring[tw + 1], c32(0x6420))
+                                bf[j * 2 + 1] = perm(ring[tw], ring[tw + 1], c32(0x7531))
                         for tile in T.unroll(TL):
                             for h in T.unroll(2):
                                 row = tile * 16 + h * 8 + r
@@ -394,9 +367,8 @@ def build_fp4_moe_gemm(*, n: int, k: int, block_m: int, block_n: int, stages: in
                                     af[4 + h] = f16_pair(u, 2)
                                     af[4 + h + 2] = f16_pair(u, 3)
                                 else:
-                                    mg = u & c32(0x77777777)
-                                    af[h] = quads(u, mg, LUT_LO, LUT_HI)[0]
-                                    af[h + 2] = quads(u, mg, LUT_LO, LUT_HI)[1]
+                                    af[h] = placed(u, E4M3_QUAD_SHIFTS[0], E4M3_MAG_MASK, E4M3_SIGN_MASK)
+                                    af[h + 2] = placed(u, E4M3_QUAD_SHIFTS[1], E4M3_MAG_MASK, E4M3_SIGN_MASK)
                                 scl[h] = ue8m0(sw_s[row * SW_PITCH + kb * 4 + s])
                             for j in T.unroll(J):
                                 for v in T.unroll(4):
@@ -433,8 +405,8 @@ def build_fp4_moe_gemm(*, n: int, k: int, block_m: int, block_n: int, stages: in
                     for wp in T.unroll(WARPS):
                         total += T.reinterpret(ring[wp * WARP_WORDS + t * RED_PITCH + col], f32)
                     if idx < R * COLS and by * R + t < M:
-                        # Hopper's f16 weights carry 2^-14 (bit placement): one exact power-of-two multiply here
-                        c[by * R + t, bx * COLS + col] = T.Cast("bfloat16", total * F16_UNSCALE if F16 else total)
+                        # the weights carry 2^-14 (f16) or 2^-6 (e4m3) from bit placement: one exact multiply here
+                        c[by * R + t, bx * COLS + col] = T.Cast("bfloat16", total * (F16_UNSCALE if F16 else E4M3_UNSCALE))
 
     return fp4_moe_gemm
 
