@@ -184,18 +184,22 @@ def _shift(x: int, n: int) -> int:
     return (x << n if n >= 0 else x >> -n) & 0xFFFFFFFF
 
 
-def e4m3_quads_py(u: int) -> tuple[int, int]:
-    """SM12x's two e4m3 registers of a word, op for op: bytes (e0, e2, e4, e6) and (e1, e3, e5, e7), each the
-    element's value x 2^-6 (tests compare every byte with torch's float8_e4m3fn)."""
+def _placed_py(u: int, shifts, mag_mask: int, sign_mask: int) -> tuple:
+    """Bit placement in plain Python, op for op as the kernel's `placed`: one register per (magnitude, sign) shift."""
     u &= 0xFFFFFFFF
-    return tuple((_shift(u, a) & E4M3_MAG_MASK) | (_shift(u, b) & E4M3_SIGN_MASK) for a, b in E4M3_QUAD_SHIFTS)
+    return tuple((_shift(u, a) & mag_mask) | (_shift(u, b) & sign_mask) for a, b in shifts)
+
+
+def e4m3_quads_py(u: int) -> tuple[int, int]:
+    """SM12x's two e4m3 registers of a word: bytes (e0, e2, e4, e6) and (e1, e3, e5, e7), each the element's value
+    x 2^-6 (tests compare every byte with torch's float8_e4m3fn)."""
+    return _placed_py(u, E4M3_QUAD_SHIFTS, E4M3_MAG_MASK, E4M3_SIGN_MASK)
 
 
 def f16_pairs_py(u: int) -> tuple[int, int, int, int]:
-    """Hopper's four f16x2 registers of a word, op for op: (e0, e4), (e1, e5), (e2, e6), (e3, e7), the lower element
-    in the low half, each half the element's value x 2^-14 (tests compare every half with torch's float16)."""
-    u &= 0xFFFFFFFF
-    return tuple((_shift(u, a) & F16_MAG_MASK) | (_shift(u, b) & F16_SIGN_MASK) for a, b in F16_PAIR_SHIFTS)
+    """Hopper's four f16x2 registers of a word: (e0, e4), (e1, e5), (e2, e6), (e3, e7), the lower element in the low
+    half, each half the element's value x 2^-14 (tests compare every half with torch's float16)."""
+    return _placed_py(u, F16_PAIR_SHIFTS, F16_MAG_MASK, F16_SIGN_MASK)
 
 
 def build_fp4_moe_gemm(*, n: int, k: int, block_m: int, block_n: int, stages: int, threads: int,
