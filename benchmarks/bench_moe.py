@@ -96,21 +96,28 @@ def main() -> None:
     print(f"wrote {out}")
 
 
+def routed_rows(t: int, experts: int, topk: int, k: int, bm: int, g):
+    """Random top-k routing of t tokens and moe_align's layout of their activation rows: (ids, sorted_rows,
+    block_expert, a, a_scales)."""
+    from dsv4_jit.kernels.gemm.family import make_activations
+    from dsv4_jit.kernels.moe import ops
+    ids = torch.rand(t, experts, generator=g, device="cuda").argsort(dim=1)[:, :topk].int()
+    sorted_rows, blocks = ops.moe_align(ids, experts, bm)
+    x, sx = make_activations(t, k, g, "cuda")
+    src = (sorted_rows.clamp(min=0) // topk).long()
+    return ids, sorted_rows, blocks, x[src].contiguous(), sx[src].contiguous()
+
+
 def per_layer_us(layers: int, experts: int, topk: int, n: int, k: int, t: int, bm: int, arch, g) -> float | None:
     """One graph of `layers` calls, each over its own experts' weights, routing and activations (nothing served
     from L2 across layers), L2 flushed before the replay: graph time / layers. The one-call column carries the
     replay's launch latency once a call; this carries it once a graph."""
     import dsv4_jit
-    from dsv4_jit.kernels.gemm.family import make_activations
     from dsv4_jit.kernels.moe import ops
     sets = []
     for _ in range(layers):
         w, sw = random_experts(experts, n, k, g)
-        ids = torch.rand(t, experts, generator=g, device="cuda").argsort(dim=1)[:, :topk].int()
-        sorted_rows, blocks = ops.moe_align(ids, experts, bm)
-        x, sx = make_activations(t, k, g, "cuda")
-        src = (sorted_rows.clamp(min=0) // topk).long()
-        a, sa = x[src].contiguous(), sx[src].contiguous()
+        _, _, blocks, a, sa = routed_rows(t, experts, topk, k, bm, g)
         sets.append((a, sa, w, sw, blocks, torch.empty(a.shape[0], n, dtype=torch.bfloat16, device="cuda")))
     get = dsv4_jit.kernel_getter(arch)
 
@@ -125,7 +132,6 @@ def per_layer_us(layers: int, experts: int, topk: int, n: int, k: int, t: int, b
 
 def run_shapes(args, m, arch, experts: int, topk: int, g, bw: float) -> list:
     import dsv4_jit
-    from dsv4_jit.kernels.gemm.family import make_activations
     from dsv4_jit.kernels.moe import ops, reference
     from dsv4_jit.kernels.moe.family import moe_shapes
     from dsv4_jit.spec import get_spec
@@ -135,12 +141,8 @@ def run_shapes(args, m, arch, experts: int, topk: int, g, bw: float) -> list:
         w, sw = random_experts(experts, n, k, g)
         name = "w13" if "w1" in shape["label"] else "w2"
         for t in args.tokens:
-            ids = torch.rand(t, experts, generator=g, device="cuda").argsort(dim=1)[:, :topk].int()
             bm = ops.fp4_moe_block_m(n, k, t, arch=arch)
-            sorted_rows, blocks = ops.moe_align(ids, experts, bm)
-            x, sx = make_activations(t, k, g, "cuda")
-            src = (sorted_rows.clamp(min=0) // topk).long()
-            a, sa = x[src].contiguous(), sx[src].contiguous()
+            ids, sorted_rows, blocks, a, sa = routed_rows(t, experts, topk, k, bm, g)
             c = torch.empty(a.shape[0], n, dtype=torch.bfloat16, device="cuda")
             kw = dict(num_tokens=t, arch=arch, get_kernel=dsv4_jit.kernel_getter(arch), out=c)
             ours, why = graph_us_or_reason(lambda: ops.fp4_moe_gemm(a, sa, w, sw, blocks, **kw), reps=1)
