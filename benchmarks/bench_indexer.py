@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from mhc_bench_common import bench_us, copy_bandwidth_gbs, graph_us_or_reason  # noqa: E402
+from mhc_bench_common import bench_us, copy_bandwidth_gbs, graph_us_or_reason, row_rel_err  # noqa: E402
 
 
 def cold_us(fn):
@@ -85,14 +85,6 @@ def torch_logits(d: dict, out: torch.Tensor) -> torch.Tensor:
     out.fill_(float("-inf"))
     out[:, :comp] = (s * d["weights"][:, :, None]).sum(1)
     return out
-
-
-def row_err(got, ref) -> float | None:
-    """Max over rows of ||got - ref|| / ||ref|| (fp64), or None without a reference."""
-    if ref is None:
-        return None
-    g, r = got.double(), ref.double()
-    return ((g - r).norm(dim=1) / r.norm(dim=1).clamp_min(1e-30)).max().item()
 
 
 def prefill_row(tokens: int, ctx: int, arch, g: torch.Generator) -> dict:
@@ -182,7 +174,7 @@ def main() -> None:
                                                                          **kw))
             dsv4_jit.indexer_decode_logits(*args_, out=lg, row_info=info, **kw)
             ref_l = torch_logits(d, torch.empty_like(lg))[:, :d["comp"]] if b <= 8 else None
-            err_o = row_err(lg[:, :d["comp"]], ref_l)
+            err_o = None if ref_l is None else row_rel_err(lg[:, :d["comp"]], ref_l)
             ours_k, r3 = cold_us(lambda: dsv4_jit.indexer_topk(lg, info, d["block_table"], topk=TOPK, page_size=PAGE,
                                                                arch=arch, out=(idx, lens), workspace=tws))
             ours_t, r2 = cold_us(lambda: dsv4_jit.indexer_decode_topk(*args_, topk=TOPK, workspace=(lg, info, tws),
@@ -227,7 +219,9 @@ def main() -> None:
                     clen = torch.full((b,), d["comp"], dtype=torch.int32, device="cuda")
                     w = d["weights"] * d["q_scale"][:, None]
                     v_l, v_reason = cold_us(lambda: peer.logits(d["q"], w, cache, clen, d["block_table"], width))
-                    err_v = row_err(peer.logits(d["q"], w, cache, clen, d["block_table"], width)[:, :d["comp"]], ref_l)
+                    if ref_l is not None:
+                        err_v = row_rel_err(peer.logits(d["q"], w, cache, clen, d["block_table"], width)[:, :d["comp"]],
+                                            ref_l)
                     v_t, _ = cold_us(lambda: peer.topk(peer.logits(d["q"], w, cache, clen, d["block_table"], width), clen))
                 except Exception as e:
                     v_reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]

@@ -80,6 +80,13 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
 
 
+def row_rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
+    """Worst row's ||got - ref|| / ||ref|| in fp64 (rows: the first dim, the rest flattened): the per-token error
+    the GPU cases and the container cases report."""
+    g, r = got.double().flatten(1), ref.double().flatten(1)
+    return ((g - r).norm(dim=1) / r.norm(dim=1).clamp_min(1e-30)).max().item()
+
+
 def pre_weights(g: torch.Generator | None = None, dev: str = "cuda", hidden: int = H):
     """(fn [M, HC*hidden], hc_scale [3], hc_base [M]) fp32, random."""
     fn = torch.randn(M, HC * hidden, device=dev, generator=g) * 1e-2
