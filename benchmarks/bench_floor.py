@@ -1,28 +1,37 @@
-"""Streaming floors: the fastest this GPU moves each goal's bytes under the benchmarks' own timer, with no math.
+"""Streaming floors: how fast this GPU moves each open goal's bytes under the benchmarks' own timer, with no math.
 
 The open goals (#9 attention, #10 indexer, #12 GEMM / MoE) are stated as a share of copy bandwidth over the bytes
 a step must read: at small sizes the time budget that gives is a few microseconds, where a kernel's launch and
-ramp weigh as much as its bytes. This script times the cheapest kernel that reads those bytes, in the harness
-every family benchmark uses (`--layers` distinct buffers back to back in one CUDA graph, L2 flushed before the
-replay, time / layers), so each goal point gets a floor that no kernel of any design can beat there:
+ramp weigh as much as its bytes. This script times kernels that only read those bytes, in the harness every
+family benchmark uses (`--layers` distinct buffers back to back in one CUDA graph, L2 flushed before the replay,
+time / layers), so each goal point gets a floor to set the goal and our kernel against:
 
-  read/L     per layer, one kernel that reads the bytes and does nothing else: 16-byte loads, XOR-folded into one
-             int a CTA (Triton: a yardstick, not a product kernel), best of a few grid and block shapes
-  +dep/L     per layer, that read and one dependent 1-CTA kernel behind it (a step of two kernels: the indexer's
-             logits then top-k, split attention then its combine, split-K then its reduce)
-  copy/L     per layer, torch's device copy of half the bytes (read + write = the bytes): the copy the goals'
-             "% of copy bandwidth" is measured with, at this size
+  read/L     one kernel that reads the bytes and does nothing else: 16-byte loads, XOR-folded into one int a CTA
+             (Triton: a yardstick, not a product kernel), best of a few grid and block shapes; ordinary launches
+  +dep/L     that read and one dependent 1-CTA kernel behind it (a step of two kernels: the indexer's logits then
+             top-k, split attention then its combine, split-K then its reduce)
+  copy/L     torch's device copy of half the bytes (read + write = the bytes): the copy the goals' "% of copy
+             bandwidth" is measured with, at this size
+  tl/L       a TileLang read-only kernel (build_stream_read), ordinary launches
+  pref/L     the same under programmatic dependent launch (PDL), every load issued before the grid-dependency sync:
+             the next layer's kernel launches while this one runs and streams its bytes at once. The floor of bytes
+             that do not depend on the previous kernel (weights, index-K, a list known before the step)
+  dep/L      the same under PDL with the loads behind the sync: the launch is hidden, the bytes are not (the
+             gather of lists the previous kernel writes: the indexer's top-k)
   goal       the goal's time: bytes / (share x the 256 MiB copy bandwidth); #10: 1.5 x bytes / copy bandwidth
-  read/goal  read/L over the goal's time: above 1, by how much even a read-only kernel misses the goal
-  feasible   read/L <= goal: "no" means no kernel reaching the goal exists at that point, of any design, fused
-             or not: a kernel that only reads the bytes is already slower than the goal's time there.
-             "fused only": read/L meets the goal but +dep/L does not, so only a one-kernel step could (the
-             steps that run two kernels today: #9 at small batch, split; #10, logits then top-k)
+  floor/goal the fastest form over the goal's time: above 1, even a kernel that only reads misses the goal
+  no PDL     the verdict for ordinarily launched kernels (read/L, tl/L): "fused only" where the read fits but a
+             dependent second kernel does not
+  any        the verdict over every form: "no" means no kernel of these launch forms reaches the goal there
+
+Why the PDL forms: the first run (Triton forms only, H100, 2026-11-25) had our PDL-launched decode GEMM (wq_b,
+33.6 MB, M = 1: 13.0 us a layer) under the ordinary read-only kernel of the same bytes (13.6): a chain of PDL
+kernels overlaps each launch and ramp with the kernel before, so the ordinary forms are no floor for it.
 
 The floor is optimistic for the real steps: it reads contiguous memory (attention gathers 584 B rows from paged
 memory, the MoE reads only its routed experts' weights), and it does no arithmetic.
 
-    python benchmarks/bench_floor.py --out bench_out/floor.json [--layers 8]
+    python benchmarks/bench_floor.py --out bench_out/floor.json [--layers 8] [--issues 9 10 12]
 """
 from __future__ import annotations
 
@@ -109,27 +118,99 @@ def _kernels():
 
 
 READ_SHAPES = [(1024, 1, 4), (2048, 1, 8), (2048, 2, 8), (4096, 1, 8), (1024, 4, 4), (4096, 2, 8)]
+# TileLang forms: (floats a row, rows a CTA, threads); 16-byte loads, iters x block / threads floats a thread in flight
+TL_SHAPES = [(1024, 4, 256), (1024, 8, 256), (2048, 4, 512)]
+TL_MODES = ("plain", "prefetch", "dependent")
+ROW = 2048   # buffers are padded to a multiple of this many int32 (< 8 KB) so every TileLang shape views them whole
 
 
-def floor_us(nbytes: int, layers: int, read, dep) -> dict:
-    n = max(1, nbytes // 4)
-    bufs = [torch.randint(-2**31, 2**31 - 1, (n,), dtype=torch.int32, device="cuda") for _ in range(layers)]
-    outs = [torch.empty(max(1, -(-n // 1024)), dtype=torch.int32, device="cuda") for _ in range(layers)]
-    outs2 = [torch.empty(1, dtype=torch.int32, device="cuda") for _ in range(layers)]
-    best, best_shape = math.inf, None
-    for shape in READ_SHAPES:
-        us, _ = graph_us_or_reason(lambda: [read(b, o, *shape) for b, o in zip(bufs, outs)], reps=1)
+def build_stream_read(block: int, iters: int, threads: int, mode: str):
+    """Read-only TileLang kernel over x [rows, block] fp32 (any bits), one sum a row to out [rows].
+    mode "plain": an ordinary launch. With programmatic dependent launch (PDL: the kernel triggers its dependents
+    at its start, so the next layer's kernel launches while this one runs):
+      "prefetch"  every load is issued before the grid-dependency sync and only the write waits behind it: bytes
+                  that do not depend on the previous kernel (weights, index-K, a list known before the step), so
+                  a chain of such kernels streams back to back;
+      "dependent" the loads wait for the previous kernel: bytes whose addresses it produces (the top-k's lists)."""
+    import tilelang.language as T
+    if mode not in TL_MODES:
+        raise ValueError(f"build_stream_read: mode={mode!r} (one of {TL_MODES})")
+    rows = T.dynamic("rows")
+
+    @T.prim_func
+    def stream_read(x: T.Tensor[(rows, block), "float32"], out: T.Tensor[(rows,), "float32"]):
+        with T.Kernel(T.ceildiv(rows, iters), threads=threads) as bx:
+            v = T.alloc_fragment((iters, block), "float32")
+            r = T.alloc_fragment((iters,), "float32")
+            if mode != "plain":
+                T.pdl_trigger()
+            if mode == "dependent":
+                T.pdl_sync()
+            for i, j in T.Parallel(iters, block):
+                v[i, j] = x[T.min(bx * iters + i, rows - 1), j]
+            if mode == "prefetch":
+                T.pdl_sync()
+            T.reduce_sum(v, r, dim=1)
+            for i in T.Parallel(iters):
+                if bx * iters + i < rows:
+                    out[bx * iters + i] = r[i]
+    return stream_read
+
+
+def compile_stream_read(arch: str, block: int, iters: int, threads: int, mode: str):
+    import tilelang
+
+    from dsv4_jit.arch import get_profile
+    prof = get_profile(arch)
+    return tilelang.compile(build_stream_read(block, iters, threads, mode), target=prof.target,
+                            execution_backend="tvm_ffi", pass_configs=dict(prof.pass_configs))
+
+
+def _best(fns: dict, bufs_of) -> tuple[float, object]:
+    """(best per-graph us, its key) over fns {key: launch(x, out)}, each timed as one graph over every layer."""
+    best, key = math.inf, None
+    for k, fn in fns.items():
+        us, _ = graph_us_or_reason(lambda: [fn(x, o) for x, o in bufs_of(k)], reps=1)
         if us is not None and us < best:
-            best, best_shape = us, shape
-    dep_us, _ = graph_us_or_reason(lambda: [(read(b, o, *best_shape), dep(o, o2))
+            best, key = us, k
+    return best, key
+
+
+def floor_us(nbytes: int, layers: int, read, dep, tl_kernels: dict) -> dict:
+    n = max(1, nbytes // 4)
+    n_pad = -(-n // ROW) * ROW
+    bufs = [torch.randint(-2**31, 2**31 - 1, (n_pad,), dtype=torch.int32, device="cuda") for _ in range(layers)]
+    outs = [torch.empty(n_pad // 1024, dtype=torch.int32, device="cuda") for _ in range(layers)]
+    outs2 = [torch.empty(1, dtype=torch.int32, device="cuda") for _ in range(layers)]
+    best, best_shape = _best({s: (lambda x, o, s=s: read(x, o, *s)) for s in READ_SHAPES},
+                             lambda s: [(b[:n], o) for b, o in zip(bufs, outs)])
+    dep_us, _ = graph_us_or_reason(lambda: [(read(b[:n], o, *best_shape), dep(o, o2))
                                             for b, o, o2 in zip(bufs, outs, outs2)], reps=1)
+    row = {"read_us": best / layers, "read_shape": best_shape, "dep_us": None if dep_us is None else dep_us / layers}
+    # TileLang forms over the same buffers (fp32 views; x [rows, block], one float a row out)
+    f_outs = [o.view(torch.float32) for o in outs]
+    for mode in TL_MODES:
+        fns = {shape: k for (m, shape), k in tl_kernels.items() if m == mode}
+        us, shape = _best(fns, lambda s: [(b.view(torch.float32).view(-1, s[0]), o[: n_pad // s[0]])
+                                          for b, o in zip(bufs, f_outs)])
+        row[f"tl_{mode}_us"] = None if shape is None else us / layers
+        row[f"tl_{mode}_shape"] = shape
     half = [b.view(torch.uint8)[: nbytes // 2] for b in bufs]
     dst = [torch.empty_like(h) for h in half]
     copy_us, _ = graph_us_or_reason(lambda: [d.copy_(h) for d, h in zip(dst, half)], reps=1)
     del bufs, outs, half, dst
-    return {"read_us": best / layers, "read_shape": best_shape,
-            "dep_us": None if dep_us is None else dep_us / layers,
-            "copy_us": None if copy_us is None else copy_us / layers}
+    row["copy_us"] = None if copy_us is None else copy_us / layers
+    return row
+
+
+def verdicts(p: dict, f: dict, goal: float) -> tuple[float, str, str]:
+    """(floor us, verdict without PDL, verdict with any form): the floor is the fastest form; "no" means even it
+    misses the goal; without PDL, "fused only" where the read fits but a dependent second kernel does not."""
+    forms = [f[k] for k in ("read_us", "tl_plain_us", "tl_prefetch_us", "tl_dependent_us") if f.get(k) is not None]
+    plain = min(f[k] for k in ("read_us", "tl_plain_us") if f.get(k) is not None)
+    no_pdl = "no" if plain > goal else ("fused only" if p["kernels"] > 1 and (f["dep_us"] or 0) > goal else "yes")
+    floor = min(forms)
+    return floor, no_pdl, "no" if floor > goal else "yes"
 
 
 def main() -> None:
@@ -140,33 +221,34 @@ def main() -> None:
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_floor.py needs a CUDA GPU")
+    from dsv4_jit.arch import detect_arch
+    arch = detect_arch().name
     read, dep = _kernels()
+    tl_kernels = {(m, s): compile_stream_read(arch, *s, m) for m in TL_MODES for s in TL_SHAPES}
     bw = copy_bandwidth_gbs()
     empty, _ = graph_us_or_reason(lambda: [dep(o, o) for o in [torch.zeros(1, dtype=torch.int32, device="cuda")]
                                            * args.layers], reps=1)
-    print(f"{torch.cuda.get_device_name()}; copy bandwidth {bw:,.0f} GB/s; one 1-CTA kernel per layer "
+    print(f"{torch.cuda.get_device_name()} ({arch}); copy bandwidth {bw:,.0f} GB/s; one 1-CTA kernel per layer "
           f"{empty / args.layers:.2f} us (--layers {args.layers})")
-    hdr = (f"{'issue':>5} {'point':<44} {'MB':>8} {'goal us':>8} {'read/L':>7} {'+dep/L':>7} {'copy/L':>7} "
-           f"{'read %copy':>10} {'read/goal':>9} {'feasible':>10}")
-    print(hdr)
+    print(f"{'issue':>5} {'point':<44} {'MB':>8} {'goal us':>8} {'read/L':>7} {'+dep/L':>7} {'copy/L':>7} "
+          f"{'tl/L':>7} {'pref/L':>7} {'dep/L':>7} {'floor/goal':>10} {'no PDL':>10} {'any':>4}")
     rows, cache = [], {}
     for p in goal_points():
         if p["issue"] not in args.issues:
             continue
         nb = p["bytes"]
         if nb not in cache:
-            cache[nb] = floor_us(nb, args.layers, read, dep)
+            cache[nb] = floor_us(nb, args.layers, read, dep, tl_kernels)
         f = cache[nb]
         goal = nb * p["factor"] / (bw * 1e9) * 1e6
-        fits = f["read_us"] <= goal
-        verdict = "no" if not fits else ("fused only" if p["kernels"] > 1 and (f["dep_us"] or 0) > goal else "yes")
-        row = {**p, **f, "goal_us": goal, "read_pct_copy": 100 * nb / (f["read_us"] * 1e-6) / 1e9 / bw,
-               "feasible": verdict}
-        rows.append(row)
-        print(f"{p['issue']:>5} {p['point']:<44} {nb / 1e6:8.2f} {goal:8.2f} {f['read_us']:7.2f} "
-              f"{(f['dep_us'] or float('nan')):7.2f} {(f['copy_us'] or float('nan')):7.2f} "
-              f"{row['read_pct_copy']:9.1f}% {f['read_us'] / goal:9.2f} {verdict:>10}", flush=True)
-    write_rows(args.out, rows, copy_bandwidth_gbs=bw, layers=args.layers,
+        floor, no_pdl, any_form = verdicts(p, f, goal)
+        rows.append({**p, **f, "goal_us": goal, "floor_us": floor, "feasible_without_pdl": no_pdl,
+                     "feasible": any_form})
+        cells = [f[k] if f.get(k) is not None else float("nan")
+                 for k in ("read_us", "dep_us", "copy_us", "tl_plain_us", "tl_prefetch_us", "tl_dependent_us")]
+        print(f"{p['issue']:>5} {p['point']:<44} {nb / 1e6:8.2f} {goal:8.2f} " + " ".join(f"{c:7.2f}" for c in cells)
+              + f" {floor / goal:10.2f} {no_pdl:>10} {any_form:>4}", flush=True)
+    write_rows(args.out, rows, copy_bandwidth_gbs=bw, layers=args.layers, arch=arch,
                one_cta_kernel_us=empty / args.layers)
 
 

@@ -48,3 +48,37 @@ def test_gemm_bytes_follow_the_model_shapes(points):
     # one token touches exactly top-k = 6 experts: packed e2m1 (n x k / 2) plus 1x32 UE8M0 exponents
     assert points[(12, "flash TP1 MoE w2 2048->4096 T1")]["bytes"] == 6 * (4096 * 2048 // 2 + 4096 * 2048 // 32)
     assert points[(12, "pro TP8 MoE w13 7168->768 T1")]["bytes"] == 6 * (768 * 7168 // 2 + 768 * 7168 // 32)
+
+
+@pytest.mark.compile
+def test_stream_read_forms_place_the_dependency_sync_where_they_say():
+    """The PDL forms differ only in where the grid-dependency sync sits against the 16-byte loads: after every load
+    (prefetch), before them (dependent), nowhere (plain); cross-compiled for sm_90a with no GPU."""
+    floor = _load("bench_floor")
+    sync, trigger, load = "cudaGridDependencySynchronize()", "cudaTriggerProgrammaticLaunchCompletion()", "*(float4*)(x"
+    for mode in floor.TL_MODES:
+        src = floor.compile_stream_read("sm_90a", 1024, 4, 256, mode).get_kernel_source()
+        body = src[src.index("__launch_bounds__"):]   # the definition (its parameters are __restrict__ without PDL)
+        assert body.count(load) == 1 and "out[" in body       # one unrolled loop of 16-byte loads, then the write
+        if mode == "plain":
+            assert sync not in body and trigger not in body
+            continue
+        assert body.index(trigger) < body.index(load)
+        if mode == "prefetch":
+            assert body.index(load) < body.index(sync) < body.index("out[")
+        else:
+            assert body.index(sync) < body.index(load)
+    with pytest.raises(ValueError, match="mode='eager'"):
+        floor.build_stream_read(1024, 4, 256, "eager")
+
+
+def test_verdicts_take_the_fastest_form_and_say_when_only_pdl_or_fusion_reaches():
+    v = _load("bench_floor").verdicts
+    f = {"read_us": 8.3, "dep_us": 9.6, "tl_plain_us": 8.5, "tl_prefetch_us": 6.1, "tl_dependent_us": 7.9}
+    # a two-kernel step whose read fits the goal but whose dependent second kernel does not, without PDL
+    assert v({"kernels": 2}, f, 8.8) == (6.1, "fused only", "yes")
+    assert v({"kernels": 1}, f, 8.8) == (6.1, "yes", "yes")
+    # only the PDL prefetch form reaches it
+    assert v({"kernels": 1}, f, 7.0) == (6.1, "no", "yes")
+    # nothing reaches it; a form that failed to time (None) is left out
+    assert v({"kernels": 1}, {**f, "tl_prefetch_us": None}, 5.0) == (7.9, "no", "no")
