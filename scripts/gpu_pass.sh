@@ -20,7 +20,7 @@ status=0
   python3 -c "import sys, torch; print(sys.version.split()[0], torch.__version__)"; } 2>&1 | tee "$OUT/env.log"
 # STEPS picks parts (one device call runs at most 10 minutes; the whole pass takes longer), e.g.
 #   STEPS="warm tests" bash scripts/gpu_pass.sh     then     STEPS="bench_attention bench_indexer" ...
-STEPS=${STEPS:-"container warm tests bench_mhc bench_attention bench_indexer bench_gemm bench_moe plugin warm_load host"}
+STEPS=${STEPS:-"container warm tests bench_floor bench_mhc bench_attention bench_indexer bench_gemm bench_moe plugin warm_load host"}
 step() { case " $STEPS " in *" $1 "*) return 0;; *) return 1;; esac; }
 run() { local log=$1; shift; "$@" 2>&1 | tee "$OUT/$log.log"; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1; }
 # CONTAINER_ARGS adds families to the container case, e.g. "--gemm-model deepseek-v4-flash --attention-model
@@ -35,6 +35,8 @@ if step tests; then
   xdist=(); python3 -c "import xdist" 2>/dev/null && xdist=(-n "${XDIST:-$(nproc)}")
   run gpu_tests timeout "${TESTS_TIMEOUT:-3600}" python3 -m pytest -q -m gpu -p no:cacheprovider "${xdist[@]}" --durations=10 ${GPU_TESTS_K:+-k "$GPU_TESTS_K"} tests
 fi
+# the read-only floors of the open goals' points (ordinary and PDL launches), to set each benchmark below against
+step bench_floor && run bench_floor python3 benchmarks/bench_floor.py --out "$OUT/bench_floor.json"
 step bench_mhc && run bench_mhc python3 benchmarks/bench_mhc.py --out "$OUT/bench_mhc.json"
 step bench_attention && run bench_attention python3 benchmarks/bench_attention.py --out "$OUT/bench_attention.json"
 if step bench_indexer; then
