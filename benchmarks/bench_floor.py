@@ -52,9 +52,11 @@ INDEX_K_BYTES = 132          # index-K: 128 fp8 + a 4 B fp32 scale
 HEAD_DIM = 512
 
 
-def goal_points(ratio_topk: int = 512, window: int = 128) -> list[dict]:
+def goal_points() -> list[dict]:
     """Each issue's goal points: bytes, the goal's time factor (seconds = bytes * factor / copy B/s) and the
     kernels the step launches in sequence."""
+    flash = load_model_config("deepseek-v4-flash")
+    ratio_topk, window = int(flash.index_topk), int(flash.sliding_window)   # V4-Flash: 512, 128
     pts = []
     # 9: >= 70% of copy over (valid candidates x 584 B + q + out) at batch >= 8, context >= 8K
     for heads in (64, 16):
