@@ -126,4 +126,17 @@ def all_families() -> dict[str, KernelFamily]:
 
 
 def family_uses(families: Iterable[KernelFamily], model, parallel) -> list[KernelUse]:
-    return [u for f in families for u in f.uses(model, parallel)]
+    """Every use of these families for this model and parallel config. A family that cannot serve the config (its
+    statics raise ValueError: 64 attention heads over TP 3) is a ConfigError naming the family and the TP size,
+    which the CLI prints as one line."""
+    from .errors import ConfigError
+    uses = []
+    for f in families:
+        try:
+            uses += f.uses(model, parallel)
+        except ConfigError:
+            raise
+        except ValueError as e:
+            raise ConfigError(f"{f.name} kernels cannot serve {getattr(model, 'name', 'this model')} at tensor-parallel "
+                              f"size {parallel.tp_size}: {e}") from e
+    return uses

@@ -210,6 +210,22 @@ def test_cli_plan_json(fake_planner, capsys):
     assert rc == 0 and "distinct compiles: 7" in out and "from --arch" in out
 
 
+def test_cli_tp_the_model_cannot_split_is_one_line_naming_the_family(capsys):
+    """64 heads over TP 3: plan, check and warmup print which family cannot serve it, exit 1, no traceback."""
+    from dsv4_jit.cli import main
+    for cmd in ("plan", "check", "warmup"):
+        assert main([cmd, "--arch", "sm_120a", "--vllm-args", "-tp 3"]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("dsv4-jit: error: ") and err.count("\n") == 1
+        assert "kernels cannot serve deepseek-v4-flash at tensor-parallel size 3" in err and "64 heads" in err
+    # a family's statics error reaches library callers as a ConfigError, still a ValueError, naming the family
+    from dsv4_jit.family import all_families, family_uses
+    from dsv4_jit.model_config import ParallelConfig, load_model_config
+    with pytest.raises(ConfigError, match=r"^gemm kernels cannot serve deepseek-v4-pro at tensor-parallel size 3: "
+                                          r"num_attention_heads=128 is not divisible"):
+        family_uses([all_families()["gemm"]], load_model_config("deepseek-v4-pro"), ParallelConfig(tp_size=3))
+
+
 def test_cli_check_bundle(fake_planner, tmp_path, capsys, monkeypatch):
     import hashlib
     from dsv4_jit import jit
