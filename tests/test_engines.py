@@ -398,6 +398,10 @@ def test_shapes_roundtrip():
     ("vllm", "--speculative-config '{\"num_speculative_tokens\": true}'", "expected an integer"),
     ("vllm", "--speculative-config '{\"method\": \"mtp\"}'", "no num_speculative_tokens"),
     ("vllm", "--cudagraph-capture-sizes 1 2 0", "sizes must be >= 1"),
+    # a word in a size list: one error naming it (it recursed without end before)
+    ("vllm", "--cuda-graph-sizes 1 2 abc", "expected an integer, got 'abc'"),
+    ("vllm", "--cudagraph-capture-sizes '[1, \"x\"]'", "expected an integer, got 'x'"),
+    ("sglang", "--cuda-graph-bs 1 two", "expected an integer, got 'two'"),
     ("vllm", "--cudagraph-capture-sizes 1 2 4 --max-cudagraph-capture-size 8", "contradicts"),
     ("vllm", "--enforce-eager=maybe", "--enforce-eager: expected true/false"),
     ("vllm", "-tp 4 -O '{\"pass_config\":{\"enable_sp\":true}}' " + MTP2, "no sequence-parallelism pass"),

@@ -147,8 +147,8 @@ def to_int_list(value: Any, flag: str) -> list[int]:
         raise ConfigError(f"{flag}: expected a list of integers, got {value!r}")
     out: list[int] = []
     for v in value:
-        if isinstance(v, str) and not re.fullmatch(r"\s*[+-]?\d+\s*", v):
-            out.extend(to_int_list(v, flag))   # "1,2" inside a list
+        if isinstance(v, str) and re.search(r"[,\s\[]", v.strip()):
+            out.extend(to_int_list(v, flag))   # "1,2" or "[1, 2]" inside a list
         else:
             out.append(to_int(v, flag))
     return out
