@@ -226,6 +226,16 @@ def test_cli_tp_the_model_cannot_split_is_one_line_naming_the_family(capsys):
         family_uses([all_families()["gemm"]], load_model_config("deepseek-v4-pro"), ParallelConfig(tp_size=3))
 
 
+def test_cli_bad_limits_fail_before_planning(capsys):
+    """-j 0 and a non-positive --time-budget fail before the plan is built or printed."""
+    from dsv4_jit.cli import main
+    for argv, msg in ((["warmup", "--arch", "sm_120a", "--time-budget", "-5"], "--time-budget must be > 0"),
+                      (["plan", "-j", "0"], "-j/--jobs must be >= 1")):
+        assert main(argv) == 1
+        out, err = capsys.readouterr()
+        assert out == "" and err.startswith(f"dsv4-jit: error: {msg}") and err.count("\n") == 1
+
+
 def test_cli_check_bundle(fake_planner, tmp_path, capsys, monkeypatch):
     import hashlib
     from dsv4_jit import jit

@@ -154,10 +154,10 @@ def default_jobs() -> int:
 def run_plan_command(args) -> int:
     if args.command not in COMMANDS:
         raise ConfigError(f"unknown command {args.command!r}")
-    model, shapes, archs, reason, notes = resolve_inputs(args)
+    from .runner import check_run_limits
     jobs = getattr(args, "jobs", None)
-    if jobs is not None and jobs < 1:
-        raise ConfigError(f"-j/--jobs must be >= 1, got {jobs}")
+    check_run_limits(jobs, getattr(args, "time_budget", None))
+    model, shapes, archs, reason, notes = resolve_inputs(args)
     if args.command == "warmup":
         from .runner import run_warmup_cli
         return run_warmup_cli(args, model, shapes, archs, reason, notes)

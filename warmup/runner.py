@@ -240,6 +240,14 @@ def _store_spec(store) -> dict | None:
     return {"root": str(root), "layers": layers}
 
 
+def check_run_limits(jobs: int | None, time_budget: float | None) -> None:
+    """-j and --time-budget, checked before anything is planned or compiled."""
+    if jobs is not None and jobs < 1:
+        raise ConfigError(f"-j/--jobs must be >= 1, got {jobs}")
+    if time_budget is not None and time_budget <= 0:
+        raise ConfigError(f"--time-budget must be > 0 seconds, got {time_budget}")
+
+
 def run_warmup(plan: Plan, *, jobs: int | None = None, time_budget: float | None = None, store=None,
                compile_fn: Callable[[str, Any], dict] = compile_task, mp_context: str | None = "spawn",
                progress: Progress | None = None, quiet: bool = False,
@@ -253,10 +261,7 @@ def run_warmup(plan: Plan, *, jobs: int | None = None, time_budget: float | None
         from dsv4_jit.jit import default_store
         store = default_store()
     jobs = jobs or available_cpus()
-    if jobs < 1:
-        raise ConfigError(f"-j/--jobs must be >= 1, got {jobs}")
-    if time_budget is not None and time_budget <= 0:
-        raise ConfigError(f"--time-budget must be > 0 seconds, got {time_budget}")
+    check_run_limits(jobs, time_budget)
     t0 = clock()
     report = WarmupReport(jobs=jobs)
 
