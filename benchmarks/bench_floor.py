@@ -45,11 +45,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from mhc_bench_common import copy_bandwidth_gbs, graph_us_or_reason, write_rows  # noqa: E402
 
+from bench_attention import BYTES_PER_TOKEN as KV_BYTES_PER_TOKEN, D as HEAD_DIM  # noqa: E402
+from bench_indexer import DIM as INDEX_DIM, RATIO as INDEX_RATIO  # noqa: E402
+
 from dsv4_jit.model_config import load_model_config  # noqa: E402
 
-KV_BYTES_PER_TOKEN = 584     # fp8_ds_mla: 448 fp8 NoPE + 64 bf16 RoPE + 8 B of scales
-INDEX_K_BYTES = 132          # index-K: 128 fp8 + a 4 B fp32 scale
-HEAD_DIM = 512
+INDEX_K_BYTES = INDEX_DIM + 4    # an index-K row: DIM fp8 + a 4 B fp32 scale (bench_indexer's count)
 
 
 def goal_points() -> list[dict]:
@@ -69,7 +70,7 @@ def goal_points() -> list[dict]:
     # 10: the indexer step (logits + top-k) within 1.5x the index-K bytes floor at 64K (8K and 256K shown too)
     for ctx in (8192, 65536, 262144):
         for batch in (1, 8, 64):
-            pts.append({"issue": 10, "point": f"{ctx // 1024}K x {batch}", "bytes": batch * ctx // 4 * INDEX_K_BYTES,
+            pts.append({"issue": 10, "point": f"{ctx // 1024}K x {batch}", "bytes": batch * ctx // INDEX_RATIO * INDEX_K_BYTES,
                         "factor": 1.5, "kernels": 2})
     # 12: decode GEMMs (M <= 64) at >= 80% of copy over the weight bytes; MXFP4 MoE the same over the touched experts
     from dsv4_jit.kernels.gemm.family import gemm_shapes
