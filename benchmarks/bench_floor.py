@@ -66,12 +66,13 @@ def goal_points() -> list[dict]:
             for batch in (8, 64):
                 nbytes = batch * (cand * KV_BYTES_PER_TOKEN + 2 * heads * HEAD_DIM * 2)
                 pts.append({"issue": 9, "point": f"H{heads} ratio {ratio} {ctx // 1024}K x {batch}",
-                            "bytes": nbytes, "factor": 1 / 0.7, "kernels": 2 if batch <= 8 else 1})
+                            "bytes": nbytes, "factor": 1 / 0.7, "kernels": 2 if batch <= 8 else 1,
+                            "key": {"heads": heads, "ratio": ratio, "ctx": ctx, "batch": batch}})
     # 10: the indexer step (logits + top-k) within 1.5x the index-K bytes floor at 64K (8K and 256K shown too)
     for ctx in (8192, 65536, 262144):
         for batch in (1, 8, 64):
             pts.append({"issue": 10, "point": f"{ctx // 1024}K x {batch}", "bytes": batch * ctx // INDEX_RATIO * INDEX_K_BYTES,
-                        "factor": 1.5, "kernels": 2})
+                        "factor": 1.5, "kernels": 2, "key": {"ctx": ctx, "batch": batch}})
     # 12: decode GEMMs (M <= 64) at >= 80% of copy over the weight bytes; MXFP4 MoE the same over the touched experts
     from dsv4_jit.kernels.gemm.family import gemm_shapes
     from dsv4_jit.kernels.moe.family import moe_shapes
@@ -81,7 +82,8 @@ def goal_points() -> list[dict]:
             g, n, k = s["groups"], s["n"], s["k"]   # grouped (wo_a): g weights of n x k
             nbytes = g * (n * k + (n // 128) * (k // 128) * 4)
             pts.append({"issue": 12, "point": f"{name[12:]} TP{tp} {s['label'].split(' (')[0]} {g * k}->{g * n}",
-                        "bytes": nbytes, "factor": 1 / 0.8, "kernels": 1})
+                        "bytes": nbytes, "factor": 1 / 0.8, "kernels": 1,
+                        "key": {"model": name, "tp": tp, "n": n, "k": k, "groups": g}})
         e, topk = int(m.n_routed_experts), int(m.num_experts_per_tok)
         for s in moe_shapes(m, tp):
             n, k = s["n"], s["k"]
@@ -89,7 +91,8 @@ def goal_points() -> list[dict]:
                 touched = e * (1 - (1 - topk / e) ** t)   # expected distinct experts of t tokens' top-k
                 nbytes = int(touched * (n * k // 2 + n * k // 32))
                 pts.append({"issue": 12, "point": f"{name[12:]} TP{tp} MoE {'w13' if 'w1' in s['label'] else 'w2'} "
-                            f"{k}->{n} T{t}", "bytes": nbytes, "factor": 1 / 0.8, "kernels": 1})
+                            f"{k}->{n} T{t}", "bytes": nbytes, "factor": 1 / 0.8, "kernels": 1,
+                            "key": {"model": name, "tp": tp, "n": n, "k": k, "tokens": t}})
     return pts
 
 
@@ -122,13 +125,13 @@ def _kernels():
 
 READ_SHAPES = [(1024, 1, 4), (2048, 1, 8), (2048, 2, 8), (4096, 1, 8), (1024, 4, 4), (4096, 2, 8)]
 # TileLang forms: (floats a row, rows a CTA, threads); 16-byte loads, iters x block / threads floats a thread in flight
-TL_SHAPES = [(1024, 4, 256), (1024, 8, 256), (2048, 4, 512)]
+TL_SHAPES = [(1024, 4, 256), (1024, 8, 256), (1024, 16, 256), (2048, 4, 512), (2048, 8, 512)]
 TL_MODES = ("plain", "prefetch", "dependent")
 ROW = 2048   # buffers are padded to a multiple of this many int32 (< 8 KB) so every TileLang shape views them whole
 
 
 def build_stream_read(block: int, iters: int, threads: int, mode: str):
-    """Read-only TileLang kernel over x [rows, block] fp32 (any bits), one sum a row to out [rows].
+    """Read-only TileLang kernel over x [rows, block] fp32 (any bits), one sum a CTA (iters rows) to out [grid].
     mode "plain": an ordinary launch. With programmatic dependent launch (PDL: the kernel triggers its dependents
     at its start, so the next layer's kernel launches while this one runs):
       "prefetch"  every load is issued before the grid-dependency sync and only the write waits behind it: bytes
@@ -144,7 +147,8 @@ def build_stream_read(block: int, iters: int, threads: int, mode: str):
     def stream_read(x: T.Tensor[(rows, block), "float32"], out: T.Tensor[(rows,), "float32"]):
         with T.Kernel(T.ceildiv(rows, iters), threads=threads) as bx:
             v = T.alloc_fragment((iters, block), "float32")
-            r = T.alloc_fragment((iters,), "float32")
+            cols = T.alloc_fragment((block,), "float32")
+            r = T.alloc_fragment((1,), "float32")
             if mode != "plain":
                 T.pdl_trigger()
             if mode == "dependent":
@@ -153,10 +157,11 @@ def build_stream_read(block: int, iters: int, threads: int, mode: str):
                 v[i, j] = x[T.min(bx * iters + i, rows - 1), j]
             if mode == "prefetch":
                 T.pdl_sync()
-            T.reduce_sum(v, r, dim=1)
-            for i in T.Parallel(iters):
-                if bx * iters + i < rows:
-                    out[bx * iters + i] = r[i]
+            # rows first (each thread holds its columns of every row: no exchange), then one CTA-wide sum: the
+            # first form reduced each row across the CTA, iters barrier rounds a CTA that the Triton form does not pay
+            T.reduce_sum(v, cols, dim=0)
+            T.reduce_sum(cols, r, dim=0)
+            out[bx] = r[0]
     return stream_read
 
 
@@ -206,6 +211,21 @@ def floor_us(nbytes: int, layers: int, read, dep, tl_kernels: dict) -> dict:
     return row
 
 
+def launch_floor_us(layers: int, tl_kernels: dict) -> dict:
+    """Per layer, one-CTA TileLang kernels chained in the harness, one a layer, each reading one 4 KB row: the time a
+    kernel costs when it moves nothing, ordinary ("plain") and under PDL ("prefetch"). A goal time under the PDL
+    figure is out of reach of any step that launches a kernel, whatever its bytes."""
+    shape = TL_SHAPES[0]
+    xs = [torch.zeros(1, shape[0], dtype=torch.float32, device="cuda") for _ in range(layers)]
+    outs = [torch.empty(1, dtype=torch.float32, device="cuda") for _ in range(layers)]
+    out = {}
+    for mode in ("plain", "prefetch"):
+        k = tl_kernels[(mode, shape)]
+        us, _ = graph_us_or_reason(lambda: [k(x, o) for x, o in zip(xs, outs)], reps=1)
+        out[mode] = None if us is None else us / layers
+    return out
+
+
 def verdicts(p: dict, f: dict, goal: float) -> tuple[float, str, str]:
     """(floor us, verdict without PDL, verdict with any form): the floor is the fastest form; "no" means even it
     misses the goal; without PDL, "fused only" where the read fits but a dependent second kernel does not."""
@@ -231,8 +251,10 @@ def main() -> None:
     bw = copy_bandwidth_gbs()
     empty, _ = graph_us_or_reason(lambda: [dep(o, o) for o in [torch.zeros(1, dtype=torch.int32, device="cuda")]
                                            * args.layers], reps=1)
+    launch = launch_floor_us(args.layers, tl_kernels)
     print(f"{torch.cuda.get_device_name()} ({arch}); copy bandwidth {bw:,.0f} GB/s; one 1-CTA kernel per layer "
-          f"{empty / args.layers:.2f} us (--layers {args.layers})")
+          f"{empty / args.layers:.2f} us (--layers {args.layers}); TileLang 1-CTA kernel per layer: ordinary "
+          f"{launch['plain']:.2f} us, PDL {launch['prefetch']:.2f} us")
     print(f"{'issue':>5} {'point':<44} {'MB':>8} {'goal us':>8} {'read/L':>7} {'+dep/L':>7} {'copy/L':>7} "
           f"{'tl/L':>7} {'pref/L':>7} {'dep/L':>7} {'floor/goal':>10} {'no PDL':>10} {'any':>4}")
     rows, cache = [], {}
@@ -252,7 +274,8 @@ def main() -> None:
         print(f"{p['issue']:>5} {p['point']:<44} {nb / 1e6:8.2f} {goal:8.2f} " + " ".join(f"{c:7.2f}" for c in cells)
               + f" {floor / goal:10.2f} {no_pdl:>10} {any_form:>4}", flush=True)
     write_rows(args.out, rows, copy_bandwidth_gbs=bw, layers=args.layers, arch=arch,
-               one_cta_kernel_us=empty / args.layers)
+               one_cta_kernel_us=empty / args.layers, tl_one_cta_kernel_us=launch["plain"],
+               pdl_one_cta_kernel_us=launch["prefetch"])
 
 
 if __name__ == "__main__":

@@ -82,3 +82,48 @@ def test_verdicts_take_the_fastest_form_and_say_when_only_pdl_or_fusion_reaches(
     assert v({"kernels": 1}, f, 7.0) == (6.1, "no", "yes")
     # nothing reaches it; a form that failed to time (None) is left out
     assert v({"kernels": 1}, {**f, "tl_prefetch_us": None}, 5.0) == (7.9, "no", "no")
+
+
+def test_goal_table_joins_each_family_file_to_its_points_and_judges_them(points):
+    """goal_table.py (CPU, synthetic files): a point is met, short (a read-only form reaches the goal, ours does not)
+    or unreachable (no form does); GEMM points take every decode M; the SM120 schedule's files are left out."""
+    gt = _load("goal_table")
+    key = lambda issue, point: points[(issue, point)]["key"]  # noqa: E731
+    fl = [{"issue": 9, "point": "H64 ratio 4 64K x 64", "key": key(9, "H64 ratio 4 64K x 64"), "bytes": 1,
+           "goal_us": 11.0, "floor_us": 10.0, "copy_us": 10.0},
+          {"issue": 10, "point": "64K x 1", "key": key(10, "64K x 1"), "bytes": 1, "goal_us": 0.8, "floor_us": 2.3,
+           "copy_us": 2.7},
+          {"issue": 12, "point": "flash TP1 wq_b 1024->32768", "key": key(12, "flash TP1 wq_b 1024->32768"),
+           "bytes": 1, "goal_us": 10.0, "floor_us": 10.4, "copy_us": 10.4},
+          {"issue": 12, "point": "flash TP1 MoE w13 4096->4096 T8", "key": key(12, "flash TP1 MoE w13 4096->4096 T8"),
+           "bytes": 1, "goal_us": 119.0, "floor_us": 91.0, "copy_us": 145.0}]
+    # bench_attention times a ratio-4 layer at its first context only (the list is 512 + 128 at any context)
+    att = {"arch": "sm_90a", "rows": [{"heads": 64, "ratio": 4, "ctx": 8192, "batch": 64, "ours_sm90": {"us": 46.0}}]}
+    idx = {"arch": "sm_90a", "schedule": "sm_90a",
+           "rows": [{"ctx": 65536, "batch": 1, "ours_logits_topk_per_layer_us": 14.0}]}
+    gemm = {"arch": "sm_90a", "schedule": "sm_90a", "model": "deepseek-v4-flash", "tp": 1,
+            "rows": [{"shape": "wq_b (column-parallel)", "n": 32768, "k": 1024, "groups": 1, "m": m,
+                      "ours_per_layer_us": us, "tflops": 1.0} for m, us in ((1, 9.5), (64, 12.0))]
+            + [{"shape": "wq_b (column-parallel)", "n": 32768, "k": 1024, "groups": 1, "m": 8192,
+                "ours_per_layer_us": None, "tflops": 900.0}]}
+    sm120 = {**gemm, "schedule": "sm_120a", "rows": [{**gemm["rows"][0], "ours_per_layer_us": 1.0}]}
+    moe = {"arch": "sm_90a", "schedule": "sm_90a", "model": "deepseek-v4-flash", "tp": 1,
+           "rows": [{"gemm": "w13", "n": 4096, "k": 4096, "tokens": 8, "ours_per_layer_us": 155.0}]}
+    rows = gt.judge({"rows": fl}, [att, idx, gemm, sm120, moe])
+    got = {r["point"]: r["verdict"] for r in rows}
+    assert got == {"H64 ratio 4 64K x 64": "short", "64K x 1": "unreachable",
+                   "flash TP1 wq_b 1024->32768 M=1": "met", "flash TP1 wq_b 1024->32768 M=64": "unreachable",
+                   "flash TP1 MoE w13 4096->4096 T8": "short"}
+    wq = next(r for r in rows if r["point"].endswith("M=1"))
+    assert wq["ours_over_copy"] == pytest.approx(9.5 / 10.4)
+    assert gt.summary(rows)[12] == {"met": 1, "unreachable": 1, "short": 1}
+    # a goal under what one PDL-chained kernel that moves nothing costs: out of reach of any kernel
+    assert gt.judge({"rows": fl[1:2], "pdl_one_cta_kernel_us": 1.5}, [idx])[0]["verdict"] == "unreachable (launch)"
+    assert gt.judge({"rows": fl[1:2], "pdl_one_cta_kernel_us": 0.7}, [idx])[0]["verdict"] == "unreachable"
+    # nothing measured: said, not guessed
+    assert gt.judge({"rows": fl[:1]}, [])[0]["verdict"] == "no data"
+    big = gt.large_m_rows([gemm, sm120], gt.fp8_peak({"rows": [{"mma": gt.FP8_PEAK_ROW, "tflops": 1200.0}]}))
+    assert [(r["point"], r["verdict"]) for r in big] == [("flash TP1 wq_b M=8192", "met")]
+    assert big[0]["share_of_fp8_peak"] == pytest.approx(0.75)
+    with pytest.raises(ValueError, match="no point keys"):
+        gt.judge({"rows": [{k: v for k, v in fl[0].items() if k != "key"}]}, [])
