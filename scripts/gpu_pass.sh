@@ -20,7 +20,7 @@ status=0
   python3 -c "import sys, torch; print(sys.version.split()[0], torch.__version__)"; } 2>&1 | tee "$OUT/env.log"
 # STEPS picks parts (one device call runs at most 10 minutes; the whole pass takes longer), e.g.
 #   STEPS="warm tests" bash scripts/gpu_pass.sh     then     STEPS="bench_attention bench_indexer" ...
-STEPS=${STEPS:-"container warm tests bench_floor bench_mhc bench_attention bench_indexer bench_gemm bench_moe plugin warm_load host"}
+STEPS=${STEPS:-"container warm tests bench_floor bench_mhc bench_attention bench_indexer bench_gemm bench_moe goals plugin warm_load host"}
 step() { case " $STEPS " in *" $1 "*) return 0;; *) return 1;; esac; }
 run() { local log=$1; shift; "$@" 2>&1 | tee "$OUT/$log.log"; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1; }
 # CONTAINER_ARGS adds families to the container case, e.g. "--gemm-model deepseek-v4-flash --attention-model
@@ -48,13 +48,19 @@ if step bench_gemm; then
   run bench_gemm_sm120 python3 benchmarks/bench_gemm.py --arch sm_120a --out "$OUT/bench_gemm_sm120.json"
 fi
 if step bench_moe; then
-  run bench_moe python3 benchmarks/bench_moe.py --out "$OUT/bench_moe.json"
+  # --layers 8: the per-layer figure the goal is judged on (goal_table reads it)
+  run bench_moe python3 benchmarks/bench_moe.py --layers 8 --out "$OUT/bench_moe.json"
   run bench_moe_sm120 python3 benchmarks/bench_moe.py --arch sm_120a --out "$OUT/bench_moe_sm120.json"
 fi
 if step plugin; then
   for model in deepseek-v4-flash deepseek-v4-pro; do
     run "plugin_check_$model" python3 scripts/gpu_engine_plugin_check.py --model "$model"
   done
+fi
+# every open goal point judged from this pass's floor and benchmarks (met / short / unreachable); the fp8 peak first
+if step goals; then
+  run mma_peak python3 benchmarks/bench_mma_peak.py --out "$OUT/mma_peak.json"
+  run goal_table python3 benchmarks/goal_table.py "$OUT"
 fi
 step warm_load && run warm_load python3 benchmarks/bench_warm_load.py --repeat 5 --out "$OUT/warm_load.json"
 step host && run host_overhead python3 benchmarks/bench_host_overhead.py --out "$OUT/host_overhead.json"
