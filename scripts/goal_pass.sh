@@ -6,6 +6,7 @@
 # Everything lands in $OUT/r and comes back as one $OUT/r.tgz (the device returns at most 8 files).
 set -u
 part=${1:?"usage: goal_pass.sh attention_indexer|gemm_moe"}
+case $part in attention_indexer|gemm_moe) ;; *) echo "goal_pass.sh: unknown part '$part' (attention_indexer or gemm_moe)" >&2; exit 2 ;; esac
 export DSV4_JIT_CACHE_DIR=${DSV4_JIT_CACHE_DIR:-/tmp/dcache} PYTHONUNBUFFERED=1
 OUT=${OUT:-bench_out}
 O=$OUT/r; mkdir -p "$O"
@@ -34,7 +35,6 @@ case $part in
       > "$O/moe_flash.log" 2>&1; echo "moe rc $?"
     timeout 70 python3 benchmarks/bench_moe.py --model deepseek-v4-pro --tp 8 --tokens 1 8 64 --layers 8 \
       --out "$O/moe_pro8.json" > "$O/moe_pro8.log" 2>&1; echo "moe pro rc $?" ;;
-  *) echo "goal_pass.sh: unknown part '$part' (attention_indexer or gemm_moe)" >&2; exit 2 ;;
 esac
 python3 benchmarks/goal_table.py "$O" 2>&1 | tee "$O/goal_table.log"
 rc=${PIPESTATUS[0]}
