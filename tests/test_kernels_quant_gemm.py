@@ -226,12 +226,18 @@ def test_gemm_select_ladder_and_split():
                         assert p["block_m"] == rows and kb % p["split"] == 0
                         assert p.get("wgmma", False) == arch.has_wgmma
                         assert p["split"] == 1 or p["split"] * 256 * 4 <= s["k"]     # partials <= weight bytes
-                    if arch.has_wgmma:   # N tiles a CTA: never fewer CTAs than SMs, and they divide the row
-                        for t in (257, 1000, 2049, 8192):
+                    if arch.has_wgmma:   # N tiles a CTA divide the row; from 4 waves up never fewer CTAs than
+                        for t in (257, 1000, 2049, 8192):   # SMs, below that the fewest waves x (K blocks + fill)
                             p = spec.select(arch, st, t).p
                             nt, tpc = s["n"] // p["block_n"], p["tiles_per_cta"]
                             assert nt % tpc == 0 and tpc in (1, 2, 4)
-                            assert tpc == 1 or -(-t // 128) * s["groups"] * nt // tpc >= arch.num_sms_hint
+                            tiles, sms = -(-t // 128) * s["groups"] * nt, arch.num_sms_hint
+                            if tiles >= 4 * sms:
+                                assert tpc == 1 or tiles // tpc >= sms
+                            else:
+                                def cost(u):
+                                    return -(-(tiles // u) // sms) * (u * kb + gemm_kernel._TILE_FILL_BLOCKS)
+                                assert cost(tpc) == min(cost(u) for u in (1, 2, 4) if nt % u == 0)
                     big = spec.select(arch, st, 257).p
                     if arch.has_wgmma:   # Hopper: TMA + WGMMA, a producer and two consumer warp groups
                         assert (big["split"], big["block_m"], big["threads"], big["wgmma"]) == (1, 128, 256, True)
@@ -396,3 +402,16 @@ def test_families_registered_with_their_ops():
     for op in ("act_quant_fp8", "act_quant_fp8_inplace", "act_quant_fp4", "swiglu_quant_fp8", "fp8_gemm"):
         assert callable(getattr(dsv4_jit, op)) and op in dsv4_jit.__all__
     assert gemm_kernel.BLOCK_K == 128 and quant_kernel.BLK_M == 32
+
+
+def test_hopper_tiles_per_cta_saves_a_wave_below_four():
+    """The 2026-11-26 H100 sweep's changed points (README): below 4 waves of single tiles the count with the fewest
+    waves, even with SMs left idle; from 4 waves the old rule."""
+    tpc = gemm_kernel.tiles_per_cta
+    assert tpc(12, 192, 132, 32) == 2      # V4-Flash wq_a + wkv at M 2,048: 96 CTAs in one wave, not 192 in two
+    assert tpc(6, 384, 132, 56) == 1       # V4-Pro TP 8 shared w1+w3 at M 8,192: 2 a CTA would give 1.45 waves
+    assert tpc(32, 512, 132, 64) == 4      # V4-Flash wo_b at M 2,048: 128 CTAs (4 SMs idle) in one wave
+    assert tpc(256, 16384, 132, 8) == 4    # V4-Flash wq_b at M 8,192: many waves, the old rule
+    assert tpc(8, 1024, 132, 32) == 2      # grouped wo_a at M 8,192: a row of 8 tiles takes 2 (4 needs 16)
+    hopper = get_profile("sm_90a")
+    assert gemm_kernel.gemm_params(hopper, 1536, 4096, 2048)["tiles_per_cta"] == 2

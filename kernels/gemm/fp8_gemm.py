@@ -68,6 +68,9 @@ _LARGE_TILE = (64, 128, 128)
 # a 64 x block_n wgmma tile. The per-K-block scales are read by the consumers from global memory (a SIMT store by
 # the producer would cost it the setmaxnreg split). Not an SM12x path: SM120 has no WGMMA.
 _WGMMA_TILE = (128, 128, 256, 4)
+# what a CTA's pipeline fill and last epilogue cost, in K blocks of its main loop (tiles_per_cta below 4 waves; any
+# value from 2 to 16 picks the same counts on the 26 swept V4 points)
+_TILE_FILL_BLOCKS = 8
 
 
 def uses_wgmma(arch: ArchProfile, num_tokens: int) -> bool:
@@ -163,20 +166,39 @@ def wgmma_params(n: int, k: int, kb: int, groups: int, num_tokens: int, decode_b
             split = decode_split(tiles, kb, num_sms, k // (4 * SPLIT_MAX_M))
         else:
             split = 1
-            extra = {"tiles_per_cta": tiles_per_cta(n // block_n, tiles, num_sms)}
+            extra = {"tiles_per_cta": tiles_per_cta(n // block_n, tiles, num_sms, kb)}
     return {"n": n, "k": k, "groups": groups, "block_m": block_m, "block_n": block_n, "split": split,
             "threads": threads, "stages": max(1, min(_WGMMA_TILE[3], kb // split)), "wgmma": True, **extra}
 
 
-def tiles_per_cta(n_tiles: int, tiles: int, num_sms: int) -> int:
-    """N tiles one CTA of Hopper's large-M form walks: 4 where the row has 16 or more and 4 still leave a CTA for
-    every SM, else 2, else 1. H100, TFLOP/s at 1 / 2 / 4 (2026-11-24, one pipelined loop over the tiles):
-    4096^3 844 / 1,015 / 1,046; 8192 x 4096 x 8192 909 / 1,025 / 1,038; 2048 x 32768 x 1024 686 / 803 / 884;
-    8192 x 8192 x 1024 705 / 821 / 901; 8192 x 1536 x 4096 835 / 999 / 795 (12 tiles a row: 4 leave 1.5 waves)."""
-    for t in (4, 2):
-        if n_tiles % t == 0 and (t == 2 or n_tiles >= 16) and tiles // t >= num_sms:
-            return t
-    return 1
+def tiles_per_cta(n_tiles: int, tiles: int, num_sms: int, k_blocks: int) -> int:
+    """N tiles one CTA of Hopper's large-M form walks (1, 2 or 4, dividing the row's n_tiles).
+
+    From 4 waves of single tiles up: 4 where the row has 16 or more and 4 still leave a CTA for every SM, else 2,
+    else 1. H100, TFLOP/s at 1 / 2 / 4 (2026-11-24, one pipelined loop over the tiles): 4096^3 844 / 1,015 / 1,046;
+    8192 x 4096 x 8192 909 / 1,025 / 1,038; 2048 x 32768 x 1024 686 / 803 / 884; 8192 x 8192 x 1024 705 / 821 / 901.
+
+    Below 4 waves the last wave's idle SMs weigh more than a pipeline fill: the count with the fewest waves x
+    (its K blocks + _TILE_FILL_BLOCKS) a CTA, fewer tiles a CTA on a tie. That may leave SMs without a CTA when it
+    saves a wave. H100 sweep (2026-11-26, every V4-Flash TP 1 and V4-Pro TP 8 shape at M 2,048 / 8,192, us, the
+    old rule -> this one): V4-Flash wq_a + wkv at M 2,048 (192 tiles) 42.5 -> 34.9, wo_b / shared w1+w3 / shared w2
+    at 2,048 (512 tiles) 153.8 -> 140.6, 75.7 -> 69.9, 38.6 -> 36.2; V4-Pro shared w1+w3 at 8,192 (384 tiles, 2 a
+    CTA gave 1.45 waves) 140.1 -> 111.7, wo_a at 2,048 38.8 -> 37.0, wq_a + wkv at 2,048 71.4 -> 72.4. Over the 26
+    points the mean loss against each point's best count fell 3.4% -> 0.55% (worst 7.2%, unchanged: V4-Pro
+    wq_a + wkv at 8,192, where single tiles win at 8 waves)."""
+    if tiles >= 4 * num_sms:
+        for t in (4, 2):
+            if n_tiles % t == 0 and (t == 2 or n_tiles >= 16) and tiles // t >= num_sms:
+                return t
+        return 1
+    best, pick = None, 1
+    for t in (1, 2, 4):
+        if n_tiles % t:
+            continue
+        cost = -(-(tiles // t) // num_sms) * (t * k_blocks + _TILE_FILL_BLOCKS)
+        if best is None or cost < best:
+            best, pick = cost, t
+    return pick
 
 
 def fitting_stages(p: Mapping[str, Any], budget: int, most: int) -> int:
