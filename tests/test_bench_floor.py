@@ -127,3 +127,19 @@ def test_goal_table_joins_each_family_file_to_its_points_and_judges_them(points)
     assert big[0]["share_of_fp8_peak"] == pytest.approx(0.75)
     with pytest.raises(ValueError, match="no point keys"):
         gt.judge({"rows": [{k: v for k, v in fl[0].items() if k != "key"}]}, [])
+
+
+def test_large_m_sweep_candidates_swap_only_the_tile_width_and_count():
+    """sweep_gemm_large_m.py (CPU): every candidate is select's variant with block_n / tiles_per_cta swapped in,
+    the count dividing the row's tiles, and select's own pick always among them."""
+    sweep = _load("sweep_gemm_large_m")
+    from dsv4_jit.arch import get_profile
+    base, cands = sweep.candidates(get_profile("sm_90a"), 1536, 4096, 1, 2048, [128, 64], [1, 2, 4])
+    assert base in cands and base["tiles_per_cta"] == 2
+    assert {(p["block_n"], p["tiles_per_cta"]) for p in cands} == {(128, 1), (128, 2), (128, 4), (64, 1), (64, 2),
+                                                                    (64, 4)}
+    assert all({k: v for k, v in p.items() if k not in ("block_n", "tiles_per_cta")}
+               == {k: v for k, v in base.items() if k not in ("block_n", "tiles_per_cta")} for p in cands)
+    # V4-Pro TP 8 shared w1+w3: 6 tiles a row of 128, so no 4
+    _, cands = sweep.candidates(get_profile("sm_90a"), 768, 7168, 1, 8192, [128], [1, 2, 4])
+    assert sorted(p["tiles_per_cta"] for p in cands) == [1, 2]
