@@ -29,10 +29,17 @@ from dsv4_jit.spec import Variant, get_spec  # noqa: E402
 GEMM = get_spec("fp8_gemm")
 
 
-def candidates(prof, n: int, k: int, groups: int, m: int, widths: list[int], counts: list[int]) -> tuple[dict, list]:
-    """(what select picks, the candidates: select's params with block_n and tiles_per_cta swapped in)."""
+def candidates(prof, n: int, k: int, groups: int, m: int, widths: list[int], counts: list[int],
+               small_tile: bool = False) -> tuple[dict, list]:
+    """(what select picks, the candidates: select's params with block_n and tiles_per_cta swapped in; with
+    small_tile also the 64 x 64 WGMMA tile over one consumer warp group, two CTAs an SM, that select takes up to
+    128 rows)."""
     base = gk.gemm_params(prof, n, k, m, groups)
     out = []
+    if small_tile and n % 64 == 0:
+        for t in counts:
+            if (n // 64) % t == 0:
+                out.append({**base, "block_m": 64, "block_n": 64, "threads": 128, "tiles_per_cta": t})
     for bn in widths:
         for t in counts:
             if n % bn or (n // bn) % t:
@@ -48,6 +55,7 @@ def main() -> int:
     ap.add_argument("--m", type=int, nargs="+", default=[2048, 8192])
     ap.add_argument("--block-n", type=int, nargs="+", default=[128, 64])
     ap.add_argument("--tiles-per-cta", type=int, nargs="+", default=[1, 2, 4])
+    ap.add_argument("--small-tile", action="store_true", help="also the 64 x 64 tile (one consumer warp group)")
     ap.add_argument("-j", "--jobs", type=int, default=16)
     ap.add_argument("--out", default="bench_out/sweep_gemm_large_m.json")
     args = ap.parse_args()
@@ -60,7 +68,8 @@ def main() -> int:
     for model, tp in (("deepseek-v4-flash", 1), ("deepseek-v4-pro", 8)):
         for s in gemm_shapes(load_model_config(model), tp):
             for m in args.m:
-                base, cands = candidates(prof, s["n"], s["k"], s["groups"], m, args.block_n, args.tiles_per_cta)
+                base, cands = candidates(prof, s["n"], s["k"], s["groups"], m, args.block_n, args.tiles_per_cta,
+                                         args.small_tile)
                 plan.append((model[12:], tp, s, m, base, cands))
     jobs = sorted({json.dumps(p, sort_keys=True) for *_, cands in plan for p in cands})
     with ProcessPoolExecutor(args.jobs) as ex:
@@ -90,7 +99,8 @@ def main() -> int:
             tf = 2.0 * m * groups * n * k / (us * 1e-6) / 1e12 if us else None
             row.update(us=us, why=why, tflops=tf, max_token_rel_err=err)
             rows.append(row)
-            print(f"{mdl} TP{tp} {s['label'][:22]:<22} M={m:<5} bn={p['block_n']:<3} tpc={p['tiles_per_cta']}: "
+            print(f"{mdl} TP{tp} {s['label'][:22]:<22} M={m:<5} bm={p['block_m']:<3} bn={p['block_n']:<3} "
+                  f"tpc={p['tiles_per_cta']}: "
                   f"{us if us is None else round(us, 1)} us {tf if tf is None else round(tf)} TFLOP/s err "
                   f"{'-' if err is None else f'{err:.1e}'}{'  <- select' if row['selected'] else ''}", flush=True)
         del a, sa, b, sb, c, ref
