@@ -164,13 +164,6 @@ def wgmma_params(n: int, k: int, kb: int, groups: int, num_tokens: int, decode_b
         tiles = -(-num_tokens // block_m) * groups * n // block_n
         if num_tokens <= SPLIT_MAX_M:   # partial bytes split * SPLIT_MAX_M * N * 4 <= weight bytes N * K
             split = decode_split(tiles, kb, num_sms, k // (4 * SPLIT_MAX_M))
-        elif 2 * tiles <= num_sms and n % 64 == 0:
-            # 128 x 128 tiles would fill at most half the SMs: the 64 x 64 tile (two CTAs an SM) gives 8x the CTAs.
-            # H100 sweep (2026-11-26, M 512 / 1,024 / 2,048, every V4-Flash TP 1 and V4-Pro TP 8 shape), us: V4-Pro
-            # shared w1+w3 at 512 / 1,024 33.5 -> 23.3, 33.8 -> 27.8; wq_a + wkv and wo_a at 512 33.6 -> 28.6,
-            # 18.4 -> 15.9; V4-Flash wq_a + wkv at 512 21.8 -> 16.9. Past half the SMs the 128 x 128 tile won at
-            # every swept point (up to 1.5x).
-            block_m, block_n, threads, split = DECODE_MAX_M, 64, 128, 1
         else:
             split = 1
             extra = {"tiles_per_cta": tiles_per_cta(n // block_n, tiles, num_sms, kb)}
