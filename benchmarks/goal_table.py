@@ -41,6 +41,21 @@ def _native(doc: dict) -> bool:
     return doc.get("schedule", doc.get("arch")) == doc.get("arch")
 
 
+def _family(doc: dict) -> str | None:
+    """Which family benchmark wrote a file, from its first row's keys: "attention", "indexer", "gemm", "moe" or
+    None (bench_mma_peak and anything else)."""
+    first = (doc.get("rows") or [{}])[0]
+    if "ours_sm90" in first:
+        return "attention"
+    if "ours_logits_topk_per_layer_us" in first:
+        return "indexer"
+    if "shape" in first and "m" in first:
+        return "gemm"
+    if "gemm" in first and "tokens" in first:
+        return "moe"
+    return None
+
+
 def point_key(issue: int, key: dict) -> tuple:
     """A point's join key. A ratio-4 attention layer reads 512 + 128 candidates at every context past 2K, so its
     points are one point whatever the context (bench_attention times it at its first context only)."""
@@ -59,22 +74,21 @@ def ours_by_point(files: list[dict]) -> dict[tuple, list[tuple[str, float]]]:
             out.setdefault(point_key(issue, key), []).append((what, float(us)))
 
     for doc in files:
-        rows = doc.get("rows") or []
-        if not rows or not _native(doc):
+        if not _native(doc):
             continue
-        first = rows[0]
-        if "ours_sm90" in first:                                # bench_attention
+        family, rows = _family(doc), doc.get("rows") or []
+        if family == "attention":
             for r in rows:
                 add(9, {k: r[k] for k in ("heads", "ratio", "ctx", "batch")}, "", (r.get("ours_sm90") or {}).get("us"))
-        elif "ours_logits_topk_per_layer_us" in first:          # bench_indexer
+        elif family == "indexer":
             for r in rows:
                 add(10, {"ctx": r["ctx"], "batch": r["batch"]}, "", r.get("ours_logits_topk_per_layer_us"))
-        elif "shape" in first and "m" in first:                 # bench_gemm
+        elif family == "gemm":
             for r in rows:
                 if r["m"] <= 64:
                     add(12, {"model": doc["model"], "tp": doc["tp"], "n": r["n"], "k": r["k"], "groups": r["groups"]},
                         f"M={r['m']}", r.get("ours_per_layer_us"))
-        elif "gemm" in first and "tokens" in first:             # bench_moe
+        elif family == "moe":
             for r in rows:
                 add(12, {"model": doc["model"], "tp": doc["tp"], "n": r["n"], "k": r["k"], "tokens": r["tokens"]},
                     "", r.get("ours_per_layer_us"))
@@ -117,7 +131,7 @@ def large_m_rows(files: list[dict], peak_tflops: float | None) -> list[dict]:
     """#12's large-M goal: each native bench_gemm row past M = 64 against 70% of the measured fp8 peak."""
     rows = []
     for doc in files:
-        if not doc.get("rows") or "shape" not in doc["rows"][0] or not _native(doc):
+        if _family(doc) != "gemm" or not _native(doc):
             continue
         for r in doc["rows"]:
             if r["m"] > 64 and r.get("tflops") is not None:
@@ -158,8 +172,7 @@ def main() -> None:
     floor_doc["pdl_one_cta_kernel_us"] = min(launches) if launches else None
     files = [doc for f in sorted(d.glob("*.json")) if not f.name.startswith("bench_floor") and f.name != "goals.json"
              and (doc := _load(f)) is not None]
-    peak = fp8_peak(next((doc for doc in files if any(r.get("mma") == FP8_PEAK_ROW for r in doc.get("rows", []))),
-                         None))
+    peak = next((p for doc in files if (p := fp8_peak(doc)) is not None), None)
     rows = judge(floor_doc, files)
     big = large_m_rows(files, peak)
     f = lambda v, w=8, p=2: f"{v:>{w}.{p}f}" if isinstance(v, float) else f"{'-':>{w}}"  # noqa: E731
