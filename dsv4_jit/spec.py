@@ -9,6 +9,7 @@ A `KernelSpec` owns:
 """
 from __future__ import annotations
 
+import ast
 import hashlib
 import inspect
 import json
@@ -65,7 +66,7 @@ class KernelSpec:
     """Subclass per kernel family (see kernels/). Subclasses set `name` and `module`."""
 
     name: str = ""
-    # Modules whose source defines this kernel; their bytes form the code fingerprint.
+    # Modules whose source defines this kernel; their code (not comments or docstrings) forms the fingerprint.
     source_modules: tuple = ()
 
     def static_params(self, model, parallel) -> dict[str, Any]:
@@ -87,13 +88,14 @@ class KernelSpec:
     # ---- shared helpers -------------------------------------------------------------------
     @cached_property
     def code_fingerprint(self) -> str:
-        """sha256 over the source of this kernel's module and every kernel module it draws on
+        """sha256 over the code of this kernel's module and every kernel module it draws on
         (transitively): no TileLang elaboration is needed on the warm path, and an edit to a shared
-        helper in another kernel module still changes the key."""
+        helper in another kernel module still changes the key. Comments and docstrings are not
+        code: editing them keeps every cached artifact valid."""
         h = hashlib.sha256()
         for m in self.source_closure():
             h.update(m.__name__.encode())
-            h.update(inspect.getsource(m).encode())
+            h.update(code_digest(inspect.getsource(m)).encode())
         return h.hexdigest()
 
     def source_closure(self) -> list:
@@ -128,6 +130,23 @@ class KernelSpec:
     def check_tokens(self, num_tokens: int) -> None:
         if not isinstance(num_tokens, int) or num_tokens < 1:
             raise ValueError(f"{self.name}: num_tokens must be a positive int, got {num_tokens!r}")
+
+
+def _drop_docstrings(tree: ast.AST) -> ast.AST:
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+                    and isinstance(body[0].value.value, str):
+                node.body = body[1:] or [ast.Pass()]
+    return tree
+
+
+def code_digest(source: str) -> str:
+    """sha256 of a module's syntax tree without docstrings, comments, line numbers or formatting:
+    what changes it is what can change the compiled kernel."""
+    tree = _drop_docstrings(ast.parse(source))
+    return hashlib.sha256(ast.dump(tree, annotate_fields=True, include_attributes=False).encode()).hexdigest()
 
 
 def multiple_param(kernel: str, static: Mapping[str, Any], key: str, multiple: int) -> int:

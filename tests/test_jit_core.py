@@ -145,3 +145,53 @@ def test_code_fingerprint_covers_imported_kernel_modules():
     # the host ops, references and family registration are not kernel source and stay out of it.
     assert mods == ["dsv4_jit.kernels.mhc.head", "dsv4_jit.kernels.mhc.post", "dsv4_jit.kernels.mhc.pre"]
     assert len(head.code_fingerprint) == 64 and head.code_fingerprint != get_spec("mhc_post").code_fingerprint
+
+
+_KERNEL_SRC = '''"""A toy kernel module."""
+import math
+
+# tile chosen for the L2 size
+TILE = 64
+
+
+def build(n):
+    """Return the block count."""
+    return math.ceil(n / TILE)  # round up
+'''
+
+
+def _spec_over(tmp_path, name: str, source: str):
+    """A KernelSpec whose source module is `source`, imported fresh from a file."""
+    import importlib.util
+    from dsv4_jit.spec import KernelSpec
+    path = tmp_path / f"{name}.py"
+    path.write_text(source)
+    mod_spec = importlib.util.spec_from_file_location(f"toykernels.{name}", path)
+    mod = importlib.util.module_from_spec(mod_spec)
+    mod_spec.loader.exec_module(mod)
+    sys.modules[mod.__name__] = mod
+
+    class Spec(KernelSpec):
+        source_modules = (mod,)
+    Spec.name = "toy"
+    return Spec()
+
+
+def test_code_fingerprint_ignores_comments_and_docstrings(tmp_path):
+    base = _spec_over(tmp_path, "k0", _KERNEL_SRC).code_fingerprint
+    # module, function docstrings and comments edited, a blank line added, formatting changed: same key
+    edited = (_KERNEL_SRC.replace("A toy kernel module.", "Toy kernel; measured 3.1 us on H100.")
+              .replace("# tile chosen for the L2 size", "# 64: best of the sweep\n")
+              .replace('"""Return the block count."""', '"""Blocks.\n\n    More words."""')
+              .replace("# round up", "# ceil").replace("TILE = 64", "TILE  =  64"))
+    assert _spec_over(tmp_path, "k0", edited).code_fingerprint == base
+    # a module whose docstring is removed entirely keeps it too
+    assert _spec_over(tmp_path, "k0", _KERNEL_SRC.split("\n", 1)[1]).code_fingerprint == base
+    # code edits change it: a constant, an operator, a new statement, a string that is not a docstring
+    for code_edit in (_KERNEL_SRC.replace("TILE = 64", "TILE = 128"),
+                      _KERNEL_SRC.replace("n / TILE", "n // TILE"),
+                      _KERNEL_SRC + "\nEXTRA = 1\n",
+                      _KERNEL_SRC.replace("    return", "    x = 'why'\n    return")):
+        assert _spec_over(tmp_path, "k0", code_edit).code_fingerprint != base, code_edit
+    # the module name is part of it: the same code in another module is another kernel
+    assert _spec_over(tmp_path, "k1", _KERNEL_SRC).code_fingerprint != base
