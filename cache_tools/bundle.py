@@ -266,10 +266,7 @@ def export_bundle(store: Store, dest: str | os.PathLike, fingerprint: dict, *,
         size = _export_remote(dest, raw, blobs, xz)
     else:
         out = _local(dest)
-        if out.is_dir():
-            raise BundleError(f"export destination {out} is a directory; give a file name such as "
-                              f"{out / 'dsv4-jit-cache.tar.gz'}")
-        out.parent.mkdir(parents=True, exist_ok=True)
+        check_export_dest(out)
         tmp = out.with_name(f".{out.name}.{uuid.uuid4().hex[:8]}.tmp")
         try:
             with open(tmp, "wb") as raw_f:
@@ -278,17 +275,39 @@ def export_bundle(store: Store, dest: str | os.PathLike, fingerprint: dict, *,
                 os.fsync(raw_f.fileno())
             os.replace(tmp, out)
             fsync_dir(out.parent)
-        except BaseException:
+        except BaseException as e:
             try:
                 os.unlink(tmp)
             except OSError:
                 pass
+            if isinstance(e, OSError) and not isinstance(e, CacheError):
+                where = f" ({e.filename})" if e.filename and os.fspath(e.filename) != str(tmp) else ""
+                raise BundleError(f"cannot write bundle {out}: {e.strerror or e}{where}") from None
             raise
         size = out.stat().st_size
     secs = time.monotonic() - t0
     return {"dest": dest, "entries": len(recs), "blobs": len(blobs), "bytes": manifest["total_bytes"],
             "compressed_bytes": size, "archs": arch_list, "skipped_corrupt": sorted(bad),
             "seconds": round(secs, 4)}
+
+
+def check_export_dest(dest: str | os.PathLike) -> None:
+    """BundleError now if a local `dest` cannot be written (missing or read-only dir, a directory), so a
+    warmup fails before compiling, not after. URLs are checked when written."""
+    dest = os.fspath(dest)
+    if _is_url(dest):
+        return
+    out = _local(dest)
+    if out.is_dir():
+        raise BundleError(f"export destination {out} is a directory; give a file name such as "
+                          f"{out / 'dsv4-jit-cache.tar.gz'}")
+    probe = out.with_name(f".{out.name}.{uuid.uuid4().hex[:8]}.probe")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        os.unlink(probe)
+    except OSError as e:
+        raise BundleError(f"cannot write bundle {out}: {e.strerror or e}") from None
 
 
 def _write_tar(raw_f, manifest_raw: bytes, blobs: dict[str, tuple[int, Path]], xz: bool) -> None:
@@ -479,10 +498,11 @@ def import_bundle(store: Store, src: str | os.PathLike, expected_fingerprint: di
         f.close()
     secs = time.monotonic() - t0
     total = int(sum(m["blobs"].values()))
-    if store.memory_only:
+    persisted = 0 if layer.memory_only else installed
+    if layer.memory_only:
         notes.append("no writable cache dir: entries live in a temp dir for this process only")
     return {"src": src, "format_version": m["format_version"], "entries": len(m["entries"]),
-            "installed": installed, "already_present": present, "blobs": len(m["blobs"]),
+            "installed": installed, "persisted": persisted, "already_present": present, "blobs": len(m["blobs"]),
             "bytes": total, "compressed_bytes": compressed, "archs": m.get("archs", []),
             "fingerprint_match": not diff, "fingerprint_diff": diff, "forced": bool(force and diff),
             "coverage": m.get("coverage"), "check_seconds": round(t_checked - t0, 4),

@@ -59,7 +59,9 @@ def add_cache_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
     cmd("stats", "entries, bytes, hits and misses per layer")
     cmd("verify", "sha256-check every entry; quarantine bad ones (exit 1 if any)")
     pr = cmd("prune", "evict least-recently-used entries until the writable layer fits")
-    pr.add_argument("--max-size", required=True, type=str, help="size cap, e.g. 10G, 500M or bytes")
+    pr.add_argument("--max-size", required=True, type=str, help="size cap, e.g. 10G, 500M or bytes "
+                                                                "(0 empties the cache: asks first, like clear)")
+    pr.add_argument("--yes", action="store_true", help="do not ask for confirmation (--max-size 0)")
     cl = cmd("clear", "delete every entry of the writable layer")
     cl.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     ex = cmd("export", "write entries to one compressed bundle (tar.gz, or tar.xz by suffix)")
@@ -79,10 +81,23 @@ def _split(values: list[str] | None) -> list[str] | None:
     return [v for item in values for v in item.replace(",", " ").split()]
 
 
+# Commands that write the cache: an unwritable dir is their error, not a warning.
+_WRITERS = {"import": "import into the cache", "prune": "prune the cache", "clear": "clear the cache"}
+_DIR_FIX = "pass --cache-dir DIR or point DSV4_JIT_CACHE_DIR at a writable directory"
+
+
 def run_cache(args: argparse.Namespace) -> int:
+    import warnings
+    from .errors import CacheWarning
     from .store import Store
-    store = Store(args.cache_dir)
+    with warnings.catch_warnings():
+        if args.cache_cmd in _WRITERS:
+            warnings.simplefilter("ignore", CacheWarning)
+        store = Store(args.cache_dir)
     try:
+        if args.cache_cmd in _WRITERS:
+            store.require_persistent(_WRITERS[args.cache_cmd], _DIR_FIX,
+                                     consequence="nothing would be kept" if args.cache_cmd == "import" else "")
         return _COMMANDS[args.cache_cmd](store, args)
     finally:
         store.flush_stats()
@@ -139,8 +154,22 @@ def _verify(store, args) -> int:
     return 1 if r["bad"] else 0
 
 
+def _confirm(store, args, what: str) -> bool:
+    """True to go ahead: --yes, or 'y' typed at a terminal; no terminal and no --yes is an error."""
+    if args.yes:
+        return True
+    if not sys.stdin.isatty():
+        raise CacheError(f"refusing to {what} {store.root} without confirmation; pass --yes")
+    answer = input(f"{what[0].upper() + what[1:]} {store.root}: delete every entry? [y/N] ")
+    return answer.strip().lower() in ("y", "yes")
+
+
 def _prune(store, args) -> int:
-    r = store.prune(parse_size(args.max_size))
+    max_size = parse_size(args.max_size)
+    if max_size == 0 and not _confirm(store, args, "prune to 0 bytes"):
+        _emit(args, {"pruned": False}, "aborted")
+        return 1
+    r = store.prune(max_size)
     human = (f"evicted {r['evicted_count']} entries, freed {human_bytes(r['freed_bytes'])}; "
              f"now {human_bytes(r.get('bytes_after'))} (cap {human_bytes(r.get('max_size_bytes'))})"
              if r.get("layer") else r.get("note", "nothing to prune"))
@@ -149,13 +178,9 @@ def _prune(store, args) -> int:
 
 
 def _clear(store, args) -> int:
-    if not args.yes:
-        if not sys.stdin.isatty():
-            raise CacheError(f"refusing to clear {store.root} without confirmation; pass --yes")
-        answer = input(f"Delete every entry in {store.root}? [y/N] ")
-        if answer.strip().lower() not in ("y", "yes"):
-            _emit(args, {"cleared": False}, "aborted")
-            return 1
+    if not _confirm(store, args, "clear"):
+        _emit(args, {"cleared": False}, "aborted")
+        return 1
     r = store.clear()
     _emit(args, {"cleared": True, **r},
           f"removed {r['entries_removed']} entries ({human_bytes(r['bytes_removed'])}) from {r['layer']}")
@@ -189,11 +214,14 @@ def _export(store, args) -> int:
 def _import(store, args) -> int:
     from .bundle import import_bundle
     r = import_bundle(store, args.src, _fingerprint(), force=args.force)
-    human = (f"imported {r['src']}: {r['installed']} installed, {r['already_present']} already present "
-             f"({human_bytes(r['bytes'])} in {r['seconds']:.2f}s, {r['mb_per_s']} MB/s)")
+    human = (f"imported {r['src']} into {store.root}: {r['installed']} installed, {r['already_present']} "
+             f"already present ({human_bytes(r['bytes'])} in {r['seconds']:.2f}s, {r['mb_per_s']} MB/s)")
     for n in r["notes"]:
         human += f"\nnote: {n}"
     _emit(args, r, human)
+    if r["persisted"] < r["installed"]:  # the dir went bad mid-way (disk full, remounted read-only)
+        raise CacheError(f"only {r['persisted']} of {r['installed']} installed entries were kept: "
+                         f"{store.degraded_reason}; {_DIR_FIX}")
     return 0
 
 

@@ -294,6 +294,23 @@ class Store:
         check_key(key)
         return self._lookup(key, count=True)
 
+    def peek(self, key: str) -> Entry | None:
+        """`lookup` without counting a hit or miss: for probes (planning, `check`), not uses."""
+        check_key(key)
+        return self._lookup(key, count=False)
+
+    def contains(self, key: str) -> bool:
+        return self.peek(key) is not None
+
+    def require_persistent(self, doing: str, fix: str = "", *, consequence: str = "nothing would be kept") -> None:
+        """CacheError unless new entries would outlive this process: a command whose purpose is to fill
+        (or change) the cache must fail, not fill a temp dir that vanishes at exit."""
+        if not self.memory_only:
+            return
+        reason = self.degraded_reason or f"cache dir {self.root} is not writable"
+        raise CacheError(f"cannot {doing}: {reason}{', so ' + consequence if consequence else ''}; "
+                         f"{fix or f'point {CACHE_DIR_ENV} at a writable directory'}")
+
     def lookup_many(self, keys: Iterable[str]) -> dict[str, Entry | None]:
         return {k: self.lookup(k) for k in keys}
 

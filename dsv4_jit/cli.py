@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import NoReturn
 
 from .errors import Dsv4JitError
 
@@ -38,13 +39,22 @@ def _run_info(args) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors in one line naming the command and where its help is (subcommands inherit this)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
     from .cache_tools.cli import add_cache_parser
     from .warmup.cli import add_plan_parsers
-    parser = argparse.ArgumentParser(prog="dsv4-jit", description=(
+    parser = _Parser(prog="dsv4-jit", description=(
         "Compile every DeepSeek V4 TileLang kernel an engine will request, before serving."))
     parser.add_argument("--version", action="version", version=f"dsv4-jit {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="also show the compiler's own warnings (always kept in the cache's log dir)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     add_plan_parsers(sub)
@@ -53,8 +63,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line_warnings() -> None:
+    """Our warnings (a degraded cache, a skipped layer) as one `dsv4-jit: warning:` line each."""
+    import warnings
+    plain = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if category.__module__.startswith("dsv4_jit") or str(message).startswith("dsv4-jit"):
+            text = " ".join(str(message).split())
+            text = text[len("dsv4-jit cache: "):] if text.startswith("dsv4-jit cache: ") else text
+            print(f"dsv4-jit: warning: {text}", file=file or sys.stderr)
+        else:
+            plain(message, category, filename, lineno, file, line)
+    warnings.showwarning = show
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    _one_line_warnings()
+    if args.verbose:
+        import os
+        os.environ["DSV4_JIT_VERBOSE"] = "1"  # read by warmup workers too
     try:
         if args.command == "info":
             return _run_info(args)
@@ -71,6 +100,10 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except OSError as e:  # a path the user gave that cannot be read or written
+        where = f" ({e.filename})" if e.filename else ""
+        print(f"dsv4-jit: error: {e.strerror or e}{where}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

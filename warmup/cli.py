@@ -74,7 +74,13 @@ def _engine_tokens(raw: list[str] | None) -> list[str] | None:
     toks: list[str] = []
     for item in raw:
         # One quoted string ("--max-num-seqs 256 -tp 2") or argv pieces: split quoted strings only.
-        toks.extend(shlex.split(item) if (" " in item and not item.startswith("{")) else [item])
+        if " " in item and not item.startswith("{"):
+            try:
+                toks.extend(shlex.split(item))
+            except ValueError as e:
+                raise ConfigError(f"engine flags {item!r}: {str(e).lower()} (quote them as the shell would)") from None
+        else:
+            toks.append(item)
     return toks
 
 
@@ -222,10 +228,14 @@ def _check(plan, args) -> int:
         from dsv4_jit.jit import default_store
         store = default_store()
         missing = missing_in_store(plan, store)
-        where = f"cache {getattr(store, 'root', '')}"
+        holders = _holding_layers(plan, store)
+        where = _describe_cache(store, holders, complete=not missing)
     if args.json:
-        print(json.dumps({"covered": not missing, "where": where, "planned": plan.compiles,
-                          "missing": [v.to_dict() for v in missing], "coverage": plan.coverage()}, indent=1))
+        out = {"covered": not missing, "where": where, "planned": plan.compiles,
+               "missing": [v.to_dict() for v in missing], "coverage": plan.coverage()}
+        if not args.bundle:
+            out["layers"] = holders
+        print(json.dumps(out, indent=1))
         return 1 if missing else 0
     _say_context(plan)
     if not missing:
@@ -234,6 +244,27 @@ def _check(plan, args) -> int:
     print(f"NOT covered: {len(missing)} of {plan.compiles} planned variants missing from the {where}:")
     from .planner import format_ranges
     for v in missing:
-        print(f"  {v.arch:8} {', '.join(v.labels)[:40]:40} tokens [{format_ranges(v.token_ranges, 3)}]  {v.key[:16]}")
+        print(f"  {v.arch:8} {v.key[:16]}  tokens [{format_ranges(v.token_ranges, 3)}]  {', '.join(v.labels)}")
     print("run `dsv4-jit warmup` with the same flags to build them")
     return 1
+
+
+def _holding_layers(plan, store) -> dict[str, int]:
+    """Layer root -> how many planned variants it serves (the first layer holding a key serves it)."""
+    counts: dict[str, int] = {}
+    for v in plan.variants:
+        e = store.peek(v.key)
+        if e is not None:
+            counts[str(e.layer)] = counts.get(str(e.layer), 0) + 1
+    return counts
+
+
+def _describe_cache(store, holders: dict[str, int], complete: bool) -> str:
+    """Where the plan's variants are: the layers holding them when all are there, else what was searched."""
+    searched = ", ".join(f"{'writable' if L.writable else 'read-only'} {L.root}"
+                        for L in store.layers if not L.memory_only) or f"{store.root} (unusable)"
+    if not complete or not holders:
+        return f"cache (searched: {searched})"
+    if len(holders) == 1:
+        return f"cache layer {next(iter(holders))}"
+    return "cache (" + ", ".join(f"{n} in {root}" for root, n in holders.items()) + ")"

@@ -230,7 +230,8 @@ def missing_in_store(plan: Plan, store=None) -> list[PlannedVariant]:
     if store is None:
         from dsv4_jit.jit import default_store
         store = default_store()
-    return [v for v in plan.variants if store.lookup(v.key) is None]
+    has = getattr(store, "contains", None)   # a probe, not a use: no hit/miss counted
+    return [v for v in plan.variants if not (has(v.key) if has else store.lookup(v.key) is not None)]
 
 
 def missing_in_keys(plan: Plan, keys: Iterable[str]) -> list[PlannedVariant]:
@@ -241,7 +242,8 @@ def missing_in_keys(plan: Plan, keys: Iterable[str]) -> list[PlannedVariant]:
 def format_table(plan: Plan, jobs: int = 1) -> str:
     """Human table: one row per arch x kernel use, then the totals."""
     byk = plan.by_key()
-    head = f"{'arch':8} {'kernel':44} {'variants':>8} {'naive':>6}  token ranges -> capture sizes mapped"
+    w = max([len("kernel")] + [len(r.label) for r in plan.rows])   # whole names, never cut
+    head = f"{'arch':8} {'kernel':{w}} {'variants':>8} {'naive':>6}  token ranges -> capture sizes mapped"
     lines = [head, "-" * len(head)]
     for r in plan.rows:
         parts = []
@@ -251,8 +253,8 @@ def format_table(plan: Plan, jobs: int = 1) -> str:
             cs_txt = (f"{len(cs)} ({cs[0]}..{cs[-1]})" if len(cs) > 1 else (str(cs[0]) if cs else "none"))
             parts.append(f"[{format_ranges(pv.token_ranges, 3)}] -> {cs_txt}")
         first, rest = (parts[0] if parts else ""), parts[1:]
-        lines.append(f"{r.arch:8} {r.label[:44]:44} {len(r.keys):>8} {r.naive:>6}  {first}")
-        lines += [f"{'':8} {'':44} {'':>8} {'':>6}  {p}" for p in rest]
+        lines.append(f"{r.arch:8} {r.label:{w}} {len(r.keys):>8} {r.naive:>6}  {first}")
+        lines += [f"{'':8} {'':{w}} {'':>8} {'':>6}  {p}" for p in rest]
     lines.append("-" * len(head))
     lines.append(f"distinct compiles: {plan.compiles}   one-per-capture-size: {plan.naive_compiles}   "
                  f"estimated cold compile: {_fmt_s(plan.estimate_seconds(jobs))} with {jobs} job(s) "

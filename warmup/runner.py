@@ -92,15 +92,26 @@ def _init_worker(store_spec: dict | None) -> None:
 
 
 def compile_task(spec_name: str, variant: Any) -> dict:
-    """Default worker job: compile one variant into the default store (no-op if it is there)."""
-    from dsv4_jit.jit import compile_variant, lookup
+    """Default worker job: compile one variant into the default store (no-op if it is there).
+    `waited`: another process was building it; this one waited on its lock and took its entry."""
+    from dsv4_jit import jit
     from dsv4_jit.spec import get_spec
     _quiet_tilelang()
     spec = get_spec(spec_name)
-    if lookup(spec, variant) is not None:
+    store = jit.default_store()
+    if _has(store, jit.artifact_key(spec, variant)):
         return {"status": "cached"}
-    compile_variant(spec, variant, caller="dsv4-jit warmup")
+    before = jit.COUNTERS.compiles
+    jit.compile_variant(spec, variant, caller="dsv4-jit warmup")
+    if jit.COUNTERS.compiles == before:
+        return {"status": "cached", "waited": True}
     return {"status": "compiled"}
+
+
+def _has(store, key: str) -> bool:
+    """Is `key` in the store, as a probe (no hit/miss counted where the store counts them)."""
+    has = getattr(store, "contains", None)
+    return has(key) if has is not None else store.lookup(key) is not None
 
 
 _QUIETED = False
@@ -190,6 +201,7 @@ class TaskResult:
     status: str            # compiled | cached | failed | not_done
     seconds: float = 0.0
     error: str = ""
+    waited: bool = False   # cached because another process built it while this one waited on its lock
 
 
 @dataclass
@@ -200,13 +212,19 @@ class WarmupReport:
     interrupted: bool = False
     budget_hit: bool = False
     export: dict | None = None
+    not_persisted: list[str] = field(default_factory=list)   # compiled, but gone with a worker's temp dir
 
     def count(self, status: str) -> int:
         return sum(1 for r in self.results if r.status == status)
 
     @property
+    def waited(self) -> int:
+        return sum(1 for r in self.results if r.waited)
+
+    @property
     def ok(self) -> bool:
-        return not self.interrupted and all(r.status in ("compiled", "cached") for r in self.results)
+        return (not self.interrupted and not self.not_persisted
+                and all(r.status in ("compiled", "cached") for r in self.results))
 
     def rows(self) -> list[dict]:
         """Per arch x kernel use: variants, compiled, cached, failed, not done, seconds."""
@@ -225,7 +243,10 @@ class WarmupReport:
     def to_dict(self) -> dict:
         return {"ok": self.ok, "seconds": round(self.seconds, 2), "jobs": self.jobs,
                 "interrupted": self.interrupted, "time_budget_hit": self.budget_hit,
-                "totals": {s: self.count(s) for s in ("compiled", "cached", "failed", "not_done")},
+                "totals": {**{s: self.count(s) for s in ("compiled", "cached", "failed", "not_done")},
+                           "built_by_another_process": self.waited,
+                           "persisted": self.count("compiled") - len(self.not_persisted)},
+                "not_persisted": list(self.not_persisted),
                 "kernels": self.rows(),
                 "failures": [{"key": r.key, "name": r.name, "error": r.error} for r in self.results
                              if r.status == "failed"],
@@ -270,7 +291,7 @@ def run_warmup(plan: Plan, *, jobs: int | None = None, time_budget: float | None
 
     todo: list[PlannedVariant] = []
     for v in plan.variants:
-        if store.lookup(v.key) is not None:
+        if _has(store, v.key):
             report.results.append(res(v, "cached"))
         else:
             todo.append(v)
@@ -305,6 +326,7 @@ def run_warmup(plan: Plan, *, jobs: int | None = None, time_budget: float | None
                 except BaseException as e:  # noqa: BLE001 - a worker died (OOM, segfault in nvcc...)
                     out = {"status": "failed", "error": f"worker died: {type(e).__name__}: {e}", "seconds": 0.0}
                 r = res(v, out["status"], out.get("seconds", 0.0), out.get("error", ""))
+                r.waited = bool(out.get("waited"))
                 report.results.append(r)
                 if r.status == "failed":
                     log.error("compile failed: %s: %s", v.name, r.error)
@@ -331,6 +353,9 @@ def run_warmup(plan: Plan, *, jobs: int | None = None, time_budget: float | None
         raise
     ex.shutdown(wait=True)
     prog.finish()
+    # A worker whose cache dir went bad mid-run (disk full, remounted read-only) kept its builds in a
+    # temp dir that died with it: what this process cannot see was not kept.
+    report.not_persisted = [r.key for r in report.results if r.status == "compiled" and not _has(store, r.key)]
     report.seconds = clock() - t0
     return report
 
@@ -427,15 +452,19 @@ def _wait_for(variants: Sequence[PlannedVariant], store, *, timeout: float, poll
 # ---- the CLI command ---------------------------------------------------------------------------------------
 
 def format_report(report: WarmupReport) -> str:
-    head = f"{'arch':8} {'kernel':44} {'variants':>8} {'compiled':>8} {'cached':>6} {'failed':>6} {'not done':>8} {'seconds':>8}"
+    rows = report.rows()
+    w = max([len("kernel")] + [len(r["kernel"]) for r in rows])   # whole names, never cut
+    head = f"{'arch':8} {'kernel':{w}} {'variants':>8} {'compiled':>8} {'cached':>6} {'failed':>6} {'not done':>8} {'seconds':>8}"
     lines = [head, "-" * len(head)]
-    for r in report.rows():
-        lines.append(f"{r['arch']:8} {r['kernel'][:44]:44} {r['variants']:>8} {r['compiled']:>8} {r['cached']:>6} "
+    for r in rows:
+        lines.append(f"{r['arch']:8} {r['kernel']:{w}} {r['variants']:>8} {r['compiled']:>8} {r['cached']:>6} "
                      f"{r['failed']:>6} {r['not_done']:>8} {r['seconds']:>8.1f}")
     lines.append("-" * len(head))
     t = {s: report.count(s) for s in ("compiled", "cached", "failed", "not_done")}
-    lines.append(f"total {len(report.results)}: {t['compiled']} compiled, {t['cached']} cached, {t['failed']} failed, "
-                 f"{t['not_done']} not done in {_fmt_dur(report.seconds)} with {report.jobs} worker(s)")
+    waited = f" ({report.waited} built by another process while this one waited on its lock)" if report.waited else ""
+    lines.append(f"total {len(report.results)}: {t['compiled']} compiled, {t['cached']} cached{waited}, "
+                 f"{t['failed']} failed, {t['not_done']} not done in {_fmt_dur(report.seconds)} "
+                 f"with {report.jobs} worker(s)")
     return "\n".join(lines)
 
 
@@ -458,8 +487,10 @@ def run_warmup_cli(args, model, shapes, archs, reason: str, notes: list[str]) ->
     plan = build_plan(model, shapes, [a.name for a in archs], arch_reason=reason,
                       families=select_families(getattr(args, "family", None)))
     plan.notes[:0] = notes
-    from dsv4_jit.jit import default_store
-    store = default_store()
+    store = _persistent_store()
+    if args.export:
+        from dsv4_jit.cache_tools.bundle import check_export_dest
+        check_export_dest(args.export)   # before any compile: a bad path must not cost a whole warmup
     jobs = args.jobs or available_cpus()
     print(f"archs: {', '.join(plan.archs)} ({reason})", file=out)
     if not any(a.name == getattr(_gpu(), "name", None) for a in archs):
@@ -467,7 +498,7 @@ def run_warmup_cli(args, model, shapes, archs, reason: str, notes: list[str]) ->
     print(f"engine: {shapes.summary()}", file=out)
     for n in plan.notes:
         print(f"note: {n}", file=out)
-    missing = sum(1 for v in plan.variants if store.lookup(v.key) is None)
+    missing = sum(1 for v in plan.variants if not _has(store, v.key))
     print(f"plan: {plan.compiles} variants ({plan.naive_compiles} if one per capture size); {missing} to compile "
           f"with {jobs} worker(s), estimated {_fmt_dur(plan.estimate_seconds(jobs, missing))}", file=out)
     try:
@@ -484,6 +515,11 @@ def run_warmup_cli(args, model, shapes, archs, reason: str, notes: list[str]) ->
             report.export = export_plan_bundle(plan, args.export, store, report)
         except Dsv4JitError as e:
             report.export = {"error": str(e)}
+    lost = ""
+    if report.not_persisted:
+        why = store.degraded_reason or f"a worker could not write {store.root}"
+        lost = (f"{len(report.not_persisted)} compiled variants were not kept ({why}); "
+                "point DSV4_JIT_CACHE_DIR at a writable directory and rerun")
     if args.json:
         print(json.dumps({"plan": {"compiles": plan.compiles, "naive_compiles": plan.naive_compiles,
                                    "archs": plan.archs, "model": plan.model, "engine": shapes.to_dict()},
@@ -502,9 +538,24 @@ def run_warmup_cli(args, model, shapes, archs, reason: str, notes: list[str]) ->
                 print(f"export failed: {e['error']}")
             else:
                 print(f"exported {e.get('entries')} entries to {e.get('dest')}")
+    if lost:
+        print(f"dsv4-jit: error: {lost}", file=sys.stderr)
     if report.export and report.export.get("error"):
         return 1
     return 0 if report.ok else 1
+
+
+def _persistent_store():
+    """The default store, or a one-line error if nothing built into it would outlive this process."""
+    import warnings
+    from dsv4_jit.cache_tools.errors import CacheWarning
+    from dsv4_jit.jit import default_store
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CacheWarning)   # the error below says it, once
+        store = default_store()
+    if hasattr(store, "require_persistent"):
+        store.require_persistent("warm up")
+    return store
 
 
 def _gpu():

@@ -427,7 +427,11 @@ def _scheduler_limits(v: dict[str, Any], nm: dict[str, str], usage: str, perf: s
     d_seqs, d_tokens, d_note = batch_defaults(None if gib is None else float(gib), v.get("gpu_name"), usage)
     seqs_set, tokens_set = "max_num_seqs" in v, "max_num_batched_tokens" in v
     if (not seqs_set or not tokens_set) and d_note:
-        notes.append(d_note)
+        left = [f"--{n}" for n, given in (("max-num-seqs", seqs_set), ("max-num-batched-tokens", tokens_set))
+                if not given]   # name only the flags the GPU-class assumption decided
+        which = f"vLLM's default{'s' if len(left) > 1 else ''} for {' and '.join(left)} assume{'' if len(left) > 1 else 's'}"
+        notes.append(d_note.replace("vLLM defaults assume", which)
+                     .replace("--max-num-seqs/--max-num-batched-tokens", " and ".join(left)))
     ep = to_bool(v.get("enable_expert_parallel") or False, nm["enable_expert_parallel"])
     dp = _positive(v.get("data_parallel_size", 1), nm["data_parallel_size"])
     if ep and dp > 1 and str(v.get("all2all_backend", "")).lower() in _BATCHED_DP_BACKENDS:
