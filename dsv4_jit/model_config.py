@@ -111,18 +111,42 @@ def from_hf_dict(d: dict, name: str) -> ModelConfig:
     return cfg
 
 
+HF_IDS = {"deepseek-v4-flash": "deepseek-ai/DeepSeek-V4-Flash", "deepseek-v4-pro": "deepseek-ai/DeepSeek-V4-Pro"}
+
+
+def embedded_name(model: str | Path) -> str | None:
+    """The embedded config a name stands for: 'deepseek-v4-flash', any case, or a Hugging Face id /
+    hub path ending in it ('deepseek-ai/DeepSeek-V4-Flash'); None for anything else."""
+    base = str(model).strip().rstrip("/").rsplit("/", 1)[-1].lower()
+    return base if base in EMBEDDED else None
+
+
 def load_model_config(model: str | Path) -> ModelConfig:
-    """An embedded name (deepseek-v4-flash, deepseek-v4-pro) or a path to a HF config.json."""
+    """An embedded name (deepseek-v4-flash, deepseek-v4-pro), its Hugging Face id
+    (deepseek-ai/DeepSeek-V4-Flash), a model dir holding config.json, or a config.json path."""
+    if not str(model).strip():
+        raise ConfigError("--model is empty: give deepseek-v4-flash, deepseek-v4-pro, a Hugging Face id or a "
+                          "config.json path")
     key = str(model).strip().lower()
-    if key in EMBEDDED:
-        return from_hf_dict(json.loads((_EMBEDDED_DIR / EMBEDDED[key]).read_text()), key)
-    path = Path(model)
+    path = Path(str(model).strip()).expanduser()
+    if key not in EMBEDDED and (path.is_file() or (path / "config.json").is_file()):
+        return _load_config_file(path / "config.json" if path.is_dir() else path)
+    name = embedded_name(model)
+    if name is not None:
+        return from_hf_dict(json.loads((_EMBEDDED_DIR / EMBEDDED[name]).read_text()), name)
     if path.is_dir():
-        path = path / "config.json"
-    if not path.exists():
-        raise ConfigError(f"unknown model {model!r}: not one of {', '.join(EMBEDDED)} and no such config.json")
+        raise ConfigError(f"--model {model}: the directory has no config.json")
+    raise ConfigError(f"unknown model {model!r}: give {' or '.join(EMBEDDED)}, a Hugging Face id "
+                      f"({', '.join(HF_IDS.values())}), a model dir with config.json, or a config.json path")
+
+
+def _load_config_file(path: Path) -> ModelConfig:
     try:
         data = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read it ({e.strerror or e})") from None
+    except ValueError as e:
         raise ConfigError(f"{path}: not valid JSON ({e})") from None
-    return from_hf_dict(data, path.parent.name or path.stem)
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: not a config.json (a JSON object was expected)")
+    return from_hf_dict(data, (path.parent.name if path.name == "config.json" else path.stem) or path.stem)

@@ -26,9 +26,10 @@ def _sha256_file(path: Path) -> str:
 
 
 def _memo_path() -> Path | None:
+    """memo/ beside the artifact store, in the cache dir the user chose ($DSV4_JIT_CACHE_DIR)."""
     try:
-        import platformdirs
-        d = Path(platformdirs.user_cache_dir("dsv4-jit")) / "memo"
+        from .cache_tools.store import default_cache_dir
+        d = default_cache_dir() / "memo"
         d.mkdir(parents=True, exist_ok=True, mode=0o700)
         return d / "libhash.json"
     except Exception:

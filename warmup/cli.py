@@ -20,8 +20,9 @@ COMMANDS = ("plan", "check", "warmup")
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None,
-                   help=f"embedded model name (deepseek-v4-flash, deepseek-v4-pro) or a HF config.json / "
-                        f"model dir; default: the engine flags' model if recognised, else {DEFAULT_MODEL}")
+                   help=f"deepseek-v4-flash, deepseek-v4-pro, their Hugging Face ids (deepseek-ai/DeepSeek-V4-Flash), "
+                        f"a model dir or a config.json path; default: the engine flags' model if recognised, "
+                        f"else {DEFAULT_MODEL}")
     p.add_argument("--arch", default=None,
                    help="target archs, comma separated (sm_90a, sm_100a, sm_120a, sm_121a); default: "
                         "DSV4_JIT_ARCH, else the GPU, else sm_120a")
@@ -118,17 +119,16 @@ def _normalise(args) -> None:
 
 def _model_from_engine(shapes) -> str | None:
     """`vllm serve deepseek-ai/DeepSeek-V4-Flash` / `--model-path ...` -> an embedded name or a dir."""
-    from dsv4_jit.model_config import EMBEDDED
+    from dsv4_jit.model_config import embedded_name
     cands = [shapes.ignored.get(k) for k in ("--model", "--model-path")]
     cands += [p for p in shapes.ignored.get("_positional", [])]
     for c in cands:
         if not isinstance(c, str) or c in ("vllm", "serve", "python", "-m", "sglang.launch_server"):
             continue
-        base = c.rstrip("/").rsplit("/", 1)[-1].lower()
-        if base in EMBEDDED:
-            return base
         if (Path(c) / "config.json").is_file():
             return c
+        if embedded_name(c):
+            return embedded_name(c)
     return None
 
 
