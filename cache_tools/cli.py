@@ -159,14 +159,14 @@ def _confirm(store, args, what: str) -> bool:
     if args.yes:
         return True
     if not sys.stdin.isatty():
-        raise CacheError(f"refusing to {what} {store.root} without confirmation; pass --yes")
-    answer = input(f"{what[0].upper() + what[1:]} {store.root}: delete every entry? [y/N] ")
+        raise CacheError(f"refusing to {what} without confirmation; pass --yes")
+    answer = input(f"{what[0].upper() + what[1:]}: delete every entry? [y/N] ")
     return answer.strip().lower() in ("y", "yes")
 
 
 def _prune(store, args) -> int:
     max_size = parse_size(args.max_size)
-    if max_size == 0 and not _confirm(store, args, "prune to 0 bytes"):
+    if max_size == 0 and not _confirm(store, args, f"prune {store.root} to 0 bytes"):
         _emit(args, {"pruned": False}, "aborted")
         return 1
     r = store.prune(max_size)
@@ -178,7 +178,7 @@ def _prune(store, args) -> int:
 
 
 def _clear(store, args) -> int:
-    if not _confirm(store, args, "clear"):
+    if not _confirm(store, args, f"clear {store.root}"):
         _emit(args, {"cleared": False}, "aborted")
         return 1
     r = store.clear()

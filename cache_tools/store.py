@@ -43,6 +43,8 @@ PAUSE_BEFORE_MANIFEST_ENV = "DSV4_JIT_CACHE_TEST_PAUSE_BEFORE_MANIFEST"
 _NO_LINK_ERRNOS = frozenset({errno.EPERM, errno.EXDEV, errno.EMLINK, errno.ENOSYS,
                              getattr(errno, "ENOTSUP", errno.EOPNOTSUPP), errno.EOPNOTSUPP})
 _BUILD_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
+_LAYER_IS = (f"a layer is a directory laid out as {CACHE_DIR_ENV} holds it (v1/ac/ manifests over v1/blobs/), "
+             "such as a cache dir baked into an image")
 
 # Process-wide memos (several Store objects may point at the same layers).
 _warned: set[str] = set()
@@ -242,8 +244,14 @@ class Store:
             return
         layer = Layer(root, writable=False)
         if not layer.has_layout():
+            if (root / "manifest.json").is_file() and (root / "blobs").is_dir():
+                # Bundle blobs are stored by hash alone (no .so name), so they cannot be loaded in place.
+                raise CacheError(f"read-only layer {root} is an unpacked bundle, not a cache dir: {_LAYER_IS} "
+                                 f"(`dsv4-jit cache import BUNDLE.tar.gz --cache-dir DIR` makes one; list DIR "
+                                 f"in {LAYERS_ENV} instead)")
             _warn_once(f"missing-layer:{root}",
-                       f"dsv4-jit cache: read-only layer {root} has no v1/ac dir; ignoring it")
+                       f"dsv4-jit cache: read-only layer {root} is not a cache dir, ignoring it: {_LAYER_IS} "
+                       f"(e.g. one filled by `dsv4-jit cache import BUNDLE.tar.gz --cache-dir DIR`)")
             return
         for d in (root, layer.v, layer.dir("ac"), layer.dir("blobs")):
             check_dir(d, writable_layer=False, allow_shared=self.allow_shared)

@@ -67,6 +67,13 @@ def sparse_mla_decode(q, kv_cache, indices, lengths, attn_sink, *, arch=None, **
     return _a.sparse_mla_decode(q, kv_cache, indices, lengths, attn_sink, **_arch_kw(arch), **kw)
 
 
+def sparse_mla_workspace_max_numel(heads: int, max_tokens: int, kv_format: str = "fp8_ds_mla", *, arch=None) -> int:
+    """fp32 elements of the `workspace=` sparse_mla_decode needs at any token count <= max_tokens: allocate it
+    once (before graph capture) and pass it on every call."""
+    from .kernels.attention import ops as _a
+    return _a.sparse_mla_workspace_max_numel(_arch_kw(arch)["arch"], heads, max_tokens, kv_format)
+
+
 def sparse_mla_prefill(q, kv, indices, lengths, attn_sink, *, arch=None, **kw):
     """Sparse MLA attention with the sink over gathered bf16 KV rows (ragged prefill). Returns [T, H, 512]."""
     from .kernels.attention import ops as _a
@@ -208,6 +215,7 @@ __all__ = [
     "seal", "sealed", "counters", "reset_counters", "get_kernel", "kernel_getter", "load", "compile_variant",
     "ModelConfig", "ParallelConfig", "load_model_config",
     "mhc_pre", "mhc_sinkhorn", "mhc_post", "mhc_post_pre_fused", "hc_head", "sparse_mla_decode", "sparse_mla_prefill", "warm",
+    "sparse_mla_workspace_max_numel",
     "indexer_decode_logits", "indexer_prefill_logits", "indexer_topk", "indexer_decode_topk", "indexer_swa_indices",
     "indexer_topk_workspace_numel",
     "act_quant_fp8", "act_quant_fp8_inplace", "act_quant_fp4", "swiglu_quant_fp8", "fp8_gemm",

@@ -81,10 +81,16 @@ def available_cpus() -> int:
 
 # ---- worker side --------------------------------------------------------------------------------------
 
-def _init_worker(store_spec: dict | None) -> None:
+def _init_worker(store_spec: dict | None, log_path: str | None = None) -> None:
     # Workers ignore Ctrl-C: the parent decides what to cancel and reports it.
     import signal
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if log_path:
+        # TileLang and TVM warn from C++ straight to fd 2 (advice for kernel authors); results and
+        # errors travel back through the pool, so the worker's stderr can go to the log whole.
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.dup2(fd, 2)
+        os.close(fd)
     if store_spec:
         from dsv4_jit.cache_tools.store import Store
         from dsv4_jit.jit import set_default_store
@@ -213,6 +219,7 @@ class WarmupReport:
     budget_hit: bool = False
     export: dict | None = None
     not_persisted: list[str] = field(default_factory=list)   # compiled, but gone with a worker's temp dir
+    compiler_log: dict | None = None                          # {"path", "lines"} the compiler wrote there
 
     def count(self, status: str) -> int:
         return sum(1 for r in self.results if r.status == status)
@@ -246,7 +253,7 @@ class WarmupReport:
                 "totals": {**{s: self.count(s) for s in ("compiled", "cached", "failed", "not_done")},
                            "built_by_another_process": self.waited,
                            "persisted": self.count("compiled") - len(self.not_persisted)},
-                "not_persisted": list(self.not_persisted),
+                "not_persisted": list(self.not_persisted), "compiler_log": self.compiler_log,
                 "kernels": self.rows(),
                 "failures": [{"key": r.key, "name": r.name, "error": r.error} for r in self.results
                              if r.status == "failed"],
@@ -272,12 +279,13 @@ def check_run_limits(jobs: int | None, time_budget: float | None) -> None:
 def run_warmup(plan: Plan, *, jobs: int | None = None, time_budget: float | None = None, store=None,
                compile_fn: Callable[[str, Any], dict] = compile_task, mp_context: str | None = "spawn",
                progress: Progress | None = None, quiet: bool = False,
-               clock: Callable[[], float] = time.monotonic) -> WarmupReport:
+               clock: Callable[[], float] = time.monotonic, log_path: str | None = None) -> WarmupReport:
     """Compile every planned variant missing from `store` with `jobs` worker processes.
 
     Variants already in the store count as cached. With `time_budget` (seconds) no compile starts
     after the budget; those are `not_done`. Ctrl-C cancels what has not started, keeps what finished,
-    and re-raises KeyboardInterrupt after filling in the report (available as `exc.report`)."""
+    and re-raises KeyboardInterrupt after filling in the report (available as `exc.report`). With
+    `log_path`, the workers' stderr (the compiler's own warnings) is appended there."""
     if store is None:
         from dsv4_jit.jit import default_store
         store = default_store()
@@ -302,7 +310,7 @@ def run_warmup(plan: Plan, *, jobs: int | None = None, time_budget: float | None
 
     ctx = mp.get_context(mp_context) if mp_context else None
     ex = ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=ctx,
-                             initializer=_init_worker, initargs=(_store_spec(store),))
+                             initializer=_init_worker, initargs=(_store_spec(store), log_path))
     pending: dict[Future, PlannedVariant] = {}
     queue = list(todo)
     try:
@@ -501,8 +509,11 @@ def run_warmup_cli(args, model, shapes, archs, reason: str, notes: list[str]) ->
     missing = sum(1 for v in plan.variants if not _has(store, v.key))
     print(f"plan: {plan.compiles} variants ({plan.naive_compiles} if one per capture size); {missing} to compile "
           f"with {jobs} worker(s), estimated {_fmt_dur(plan.estimate_seconds(jobs, missing))}", file=out)
+    log_path = _compiler_log(store)
+    log_start = _size(log_path)
     try:
-        report = run_warmup(plan, jobs=jobs, time_budget=args.time_budget, store=store, quiet=args.json)
+        report = run_warmup(plan, jobs=jobs, time_budget=args.time_budget, store=store, quiet=args.json,
+                            log_path=log_path)
     except KeyboardInterrupt as e:
         rep = getattr(e, "report", None)
         if rep is not None:
@@ -515,6 +526,7 @@ def run_warmup_cli(args, model, shapes, archs, reason: str, notes: list[str]) ->
             report.export = export_plan_bundle(plan, args.export, store, report)
         except Dsv4JitError as e:
             report.export = {"error": str(e)}
+    report.compiler_log = _log_summary(log_path, log_start)
     lost = ""
     if report.not_persisted:
         why = store.degraded_reason or f"a worker could not write {store.root}"
@@ -538,11 +550,44 @@ def run_warmup_cli(args, model, shapes, archs, reason: str, notes: list[str]) ->
                 print(f"export failed: {e['error']}")
             else:
                 print(f"exported {e.get('entries')} entries to {e.get('dest')}")
+        if report.compiler_log:
+            print(f"compiler warnings: {report.compiler_log['lines']} lines in {log_path} (-v shows them here)",
+                  file=out)
     if lost:
         print(f"dsv4-jit: error: {lost}", file=sys.stderr)
     if report.export and report.export.get("error"):
         return 1
     return 0 if report.ok else 1
+
+
+def _compiler_log(store) -> str | None:
+    """<cache dir>/logs/compile.log for the compiler's own warnings; None with -v (they stay on the
+    terminal) or where no log can be written."""
+    if os.environ.get("DSV4_JIT_VERBOSE") or getattr(store, "root", None) is None:
+        return None
+    d = Path(store.root) / "logs"
+    try:
+        d.mkdir(mode=0o700, exist_ok=True)
+        return str(d / "compile.log")
+    except OSError:
+        return None
+
+
+def _size(path: str | None) -> int:
+    try:
+        return os.path.getsize(path) if path else 0
+    except OSError:
+        return 0
+
+
+def _log_summary(path: str | None, start: int) -> dict | None:
+    """{"path", "lines"} of what this run appended to the compiler log, None if nothing."""
+    if not path or _size(path) <= start:
+        return None
+    with open(path, "rb") as f:
+        f.seek(start)
+        lines = f.read().count(b"\n")
+    return {"path": path, "lines": lines}
 
 
 def _persistent_store():
