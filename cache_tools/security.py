@@ -32,7 +32,7 @@ def check_dir(path: Path, *, writable_layer: bool, allow_shared: bool) -> None:
         return
     try:
         st = os.stat(path)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):   # nothing there yet (or cannot be): creating it fails later
         return
     me = os.geteuid()
     owners_ok = (me,) if writable_layer else (me, 0)

@@ -194,3 +194,47 @@ def test_real_plan_covers_every_select(k):
         for cs in shapes.capture_sizes:
             assert artifact_key(u.spec, u.spec.select(prof, u.static, cs)) in byk
     assert plan.compiles < plan.naive_compiles
+
+
+def test_table_names_are_never_cut():
+    long = "sparse MLA over the fp8_ds_mla cache (decode / MTP, every layer)"
+    uses = USES + [Use(ConstSpec(), {"hidden": 7168}, long)]
+    plan = build_plan("deepseek-v4-flash", vllm_shapes(max_num_seqs=64, max_num_batched_tokens=300), ["sm_120a"],
+                      uses=uses, key_fn=fake_key)
+    lines = format_table(plan).splitlines()
+    row = next(ln for ln in lines if long in ln)
+    # the kernel column is as wide as the longest name: every row's counts line up under the header
+    assert row.index(long) == lines[0].index("kernel")
+    header_end = lines[0].index("variants") + len("variants")
+    for ln in lines[2:-2]:
+        if ln.startswith("sm_120a"):
+            assert ln[header_end - 1].isdigit(), ln   # the variants count ends under its header
+
+
+def test_check_names_the_layer_that_holds_the_plan(tmp_path, capsys, isolated_cache):
+    """With DSV4_JIT_CACHE_LAYERS, `check` says the entries are in the read-only layer, not the empty writable dir."""
+    import argparse
+    import hashlib
+    from dsv4_jit.cache_tools import Store
+    from dsv4_jit.warmup.cli import _check
+    plan = build_plan("deepseek-v4-flash", vllm_shapes(max_num_seqs=64, max_num_batched_tokens=300), ["sm_120a"],
+                      uses=USES, key_fn=lambda s, v: hashlib.sha256(fake_key(s, v).encode()).hexdigest())
+    baked = Store(tmp_path / "baked", layers=[])
+    for k in plan.keys():
+        baked.get_or_build(k, {"kernel": "fake"}, lambda st: (st / "kernel.so").write_bytes(b"x") and None)
+    from dsv4_jit import jit
+    jit.set_default_store(Store(tmp_path / "rw", layers=[tmp_path / "baked"]))
+    try:
+        assert _check(plan, argparse.Namespace(bundle=None, json=True)) == 0
+        d = json.loads(capsys.readouterr().out)
+        assert d["covered"] and d["layers"] == {str(tmp_path / "baked"): plan.compiles}
+        assert d["where"] == f"cache layer {tmp_path / 'baked'}"
+        assert _check(plan, argparse.Namespace(bundle=None, json=False)) == 0
+        assert f"are in the cache layer {tmp_path / 'baked'}" in capsys.readouterr().out
+        # one entry missing: say what was searched, both layers
+        Store(tmp_path / "baked", layers=[]).clear()
+        assert _check(plan, argparse.Namespace(bundle=None, json=False)) == 1
+        out = capsys.readouterr().out
+        assert f"missing from the cache (searched: writable {tmp_path / 'rw'}, read-only {tmp_path / 'baked'})" in out
+    finally:
+        jit.set_default_store(None)

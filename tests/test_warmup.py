@@ -267,3 +267,160 @@ def test_cli_check_bundle(fake_planner, tmp_path, capsys, monkeypatch):
     assert "NOT covered: 1 of 7" in out
     assert main(argv[:3] + ["--bundle", str(tmp_path / "nope.tar")] + argv[5:]) == 1
     assert "--bundle: no such file" in capsys.readouterr().err
+
+
+# ---- what warmup reports is what happened -----------------------------------------------------------------
+
+def store_compile(spec_name, variant):
+    """Worker job over a real Store (the worker's default store): one build per key, counted as the store counts."""
+    import hashlib
+    from dsv4_jit import jit
+    key = hashlib.sha256(f"{spec_name}:{json.dumps(variant.key_fields(), sort_keys=True)}".encode()).hexdigest()
+
+    def build(staging):
+        (staging / "kernel.so").write_bytes(b"\x7fELF" + key.encode())
+    jit.default_store().get_or_build(key, {"kernel": spec_name, "arch": variant.arch}, build)
+    return {"status": "compiled"}
+
+
+def noisy_compile(spec_name, variant):
+    """Worker job that writes to fd 2 as TileLang's C++ passes do, then 'compiles' into $WARMUP_FAKE_STORE."""
+    from test_planner import DirStore
+    os.write(2, f"Buffer read before initialization in {spec_name}\n".encode())
+    DirStore(os.environ["WARMUP_FAKE_STORE"]).add(f"{spec_name}:{json.dumps(variant.key_fields(), sort_keys=True)}")
+    return {"status": "compiled"}
+
+
+def _hex_plan():
+    import hashlib
+    shapes = vllm_shapes(max_num_seqs=64, max_num_batched_tokens=300)
+    return build_plan("deepseek-v4-flash", shapes, ["sm_120a"], uses=USES,
+                      key_fn=lambda s, v: hashlib.sha256(fake_key(s, v).encode()).hexdigest())
+
+
+def test_stats_after_warmup_count_one_miss_per_compile(tmp_path, isolated_cache):
+    from dsv4_jit.cache_tools import Store
+    plan = _hex_plan()
+    store = Store(tmp_path / "cache", layers=[])
+    rep = run_warmup(plan, jobs=2, store=store, compile_fn=store_compile, quiet=True)
+    assert rep.ok and rep.count("compiled") == plan.compiles and rep.to_dict()["totals"]["persisted"] == plan.compiles
+    rep2 = run_warmup(plan, jobs=2, store=store, compile_fn=store_compile, quiet=True)
+    assert rep2.count("cached") == plan.compiles
+    store.flush_stats()
+    st = Store(tmp_path / "cache", layers=[]).stats()["layers"][0]
+    assert st["entries"] == plan.compiles and (st["misses"], st["hits"]) == (plan.compiles, 0)
+
+
+def test_waiting_on_another_process_is_reported_as_such(monkeypatch, tmp_path, isolated_cache):
+    from dsv4_jit import jit
+    from dsv4_jit.cache_tools import Store
+    jit.set_default_store(Store(tmp_path / "cache", layers=[]))
+    monkeypatch.setattr(jit, "artifact_key", lambda spec, v: "a" * 64)
+    variant = small_plan().variants[0].variant
+
+    def built_here(spec, v, *a, **k):
+        jit.COUNTERS.compiles += 1
+
+    try:
+        monkeypatch.setattr(jit, "compile_variant", built_here)
+        assert runner.compile_task("mhc_post", variant) == {"status": "compiled"}
+        # the store's per-key lock: the peer built it while this worker waited, so nothing compiled here
+        monkeypatch.setattr(jit, "compile_variant", lambda *a, **k: None)
+        assert runner.compile_task("mhc_post", variant) == {"status": "cached", "waited": True}
+    finally:
+        jit.set_default_store(None)
+    rep = runner.WarmupReport(results=[runner.TaskResult("k1", "step.a", "sm_120a", "v1", "compiled"),
+                                       runner.TaskResult("k2", "step.a", "sm_120a", "v2", "cached", waited=True)])
+    assert "1 compiled, 1 cached (1 built by another process while this one waited on its lock)" in format_report(rep)
+    assert rep.to_dict()["totals"]["built_by_another_process"] == 1
+
+
+def test_compiles_a_worker_could_not_keep_fail_the_run(store):
+    plan = small_plan()
+
+    class ForgetfulStore(type(store)):
+        """A worker's cache dir went bad mid-run: the last compiled variant never reached it."""
+        def contains(self, key):
+            return key != plan.variants[-1].key and self.lookup(key) is not None
+    rep = run_warmup(plan, jobs=1, store=ForgetfulStore(store.path), compile_fn=noisy_compile, quiet=True)
+    assert rep.count("compiled") == plan.compiles and rep.not_persisted == [plan.variants[-1].key]
+    assert not rep.ok and rep.to_dict()["totals"]["persisted"] == plan.compiles - 1
+
+
+def test_compiler_warnings_go_to_the_log_not_the_terminal(store, tmp_path, capfd):
+    plan = small_plan()
+    log = tmp_path / "compile.log"
+    rep = run_warmup(plan, jobs=2, store=store, compile_fn=noisy_compile, quiet=True, log_path=str(log))
+    assert rep.count("compiled") == plan.compiles
+    assert "Buffer read before" not in capfd.readouterr().err
+    assert log.read_text().count("Buffer read before initialization") == plan.compiles
+    assert runner._log_summary(str(log), 0) == {"path": str(log), "lines": plan.compiles}
+    # -v (no log): the same warnings reach the terminal
+    for f in store.path.iterdir():
+        f.unlink()
+    run_warmup(plan, jobs=1, store=store, compile_fn=noisy_compile, quiet=True)
+    assert capfd.readouterr().err.count("Buffer read before initialization") == plan.compiles
+
+
+def test_compiler_log_lives_under_the_cache_dir_and_verbose_skips_it(tmp_path, monkeypatch, isolated_cache):
+    from dsv4_jit.cache_tools import Store
+    s = Store(tmp_path / "cache", layers=[])
+    monkeypatch.delenv("DSV4_JIT_VERBOSE", raising=False)
+    assert runner._compiler_log(s) == str(tmp_path / "cache" / "logs" / "compile.log")
+    monkeypatch.setenv("DSV4_JIT_VERBOSE", "1")
+    assert runner._compiler_log(s) is None
+
+
+def test_warmup_into_an_unwritable_cache_fails_before_compiling(tmp_path, monkeypatch, capsys, isolated_cache):
+    from dsv4_jit import jit
+    from dsv4_jit.cli import main
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("DSV4_JIT_CACHE_DIR", str(blocker / "cache"))
+    jit.set_default_store(None)
+    compiled = []
+    monkeypatch.setattr(runner, "run_warmup", lambda *a, **k: compiled.append(1))
+    try:
+        for argv in (["warmup", "--arch", "sm_90a"], ["warmup", "--arch", "sm_90a", "--json"]):
+            assert main(argv) == 1
+            out, err = capsys.readouterr()
+            assert out == "" and err.count("\n") == 1 and not compiled
+            assert err.startswith(f"dsv4-jit: error: cannot warm up: cache dir {blocker / 'cache'} is not writable")
+            assert "so nothing would be kept; point DSV4_JIT_CACHE_DIR at a writable directory" in err
+    finally:
+        jit.set_default_store(None)
+
+
+def test_warmup_export_path_is_checked_before_compiling(tmp_path, monkeypatch, capsys, isolated_cache):
+    from dsv4_jit import jit
+    from dsv4_jit.cli import main
+    monkeypatch.setenv("DSV4_JIT_CACHE_DIR", str(tmp_path / "cache"))
+    jit.set_default_store(None)
+    compiled = []
+    monkeypatch.setattr(runner, "run_warmup", lambda *a, **k: compiled.append(1))
+    try:
+        for dest, msg in ((tmp_path, "is a directory"), ("/proc/no/such.tar.gz", "cannot write bundle")):
+            assert main(["warmup", "--arch", "sm_90a", "--export", str(dest)]) == 1
+            err = capsys.readouterr().err
+            assert err.startswith("dsv4-jit: error: ") and msg in err and err.count("\n") == 1 and not compiled
+    finally:
+        jit.set_default_store(None)
+
+
+@pytest.mark.parametrize("flags,named", [
+    ([], ["--max-num-seqs", "--max-num-batched-tokens"]),
+    (["--max-num-seqs", "64"], ["--max-num-batched-tokens"]),
+    (["--max-num-batched-tokens", "4096"], ["--max-num-seqs"]),
+    (["--max-num-seqs", "64", "--max-num-batched-tokens", "4096"], []),
+    (["--max-num-seqs", "64", "--gpu-memory-gib", "80"], []),
+])
+def test_vllm_gpu_class_note_names_only_the_flags_left_to_defaults(flags, named):
+    from dsv4_jit.warmup.engines import resolve_shapes
+    shapes, _ = resolve_shapes(vllm_args=["vllm", "serve", *flags])
+    notes = [n for n in shapes.notes if "H100/H200 class" in n]
+    if not named:
+        assert notes == []
+        return
+    assert len(notes) == 1
+    for flag in ("--max-num-seqs", "--max-num-batched-tokens"):
+        assert (flag in notes[0]) == (flag in named), notes[0]
