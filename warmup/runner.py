@@ -477,7 +477,7 @@ def format_report(report: WarmupReport) -> str:
 
 
 def export_plan_bundle(plan: Plan, dest: str, store, report: WarmupReport | None = None) -> dict:
-    from dsv4_jit.cache_tools.bundle import export_bundle   # written alongside; imported lazily
+    from dsv4_jit.cache_tools.bundle import export_bundle   # lazily: tarfile and lzma only when exporting
     from dsv4_jit.toolchain import toolchain_fingerprint
     coverage = plan.coverage()
     if report is not None:
