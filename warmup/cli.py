@@ -176,7 +176,8 @@ def run_plan_command(args) -> int:
     return _check(plan, args)
 
 
-def _say_context(plan, out=sys.stderr) -> None:
+def _say_context(plan, out=None) -> None:
+    out = out or sys.stderr   # looked up per call: the stream may be replaced after import
     print(f"archs: {', '.join(plan.archs)} ({plan.arch_reason})", file=out)
     print(f"engine: {plan.shapes.summary()}", file=out)
     for n in plan.notes:
