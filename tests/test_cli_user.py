@@ -185,3 +185,10 @@ def test_sparse_mla_workspace_size_is_exported():
     for arch in ("sm_90a", "sm_120a"):
         n = dsv4_jit.sparse_mla_workspace_max_numel(64, 64, arch=arch)
         assert n == max(sparse_mla_workspace_numel(get_profile(arch), 64, t) for t in range(1, 65)) and n > 0
+
+
+def test_verbose_before_or_after_the_command():
+    from dsv4_jit.cli import build_parser
+    p = build_parser()
+    assert p.parse_args(["-v", "warmup"]).verbose and p.parse_args(["warmup", "--verbose"]).verbose
+    assert not p.parse_args(["warmup"]).verbose and not p.parse_args(["plan"]).verbose

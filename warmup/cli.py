@@ -58,6 +58,8 @@ def add_plan_parsers(subparsers) -> None:
     w.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
                    help="start no new compile after this; the rest is reported as not done (exit 1)")
     w.add_argument("--export", default=None, metavar="BUNDLE", help="export the plan's entries to a bundle")
+    w.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                   help="show the compiler's own warnings here instead of only in <cache dir>/logs/compile.log")
     w.set_defaults(_own_parser=w)
 
 
