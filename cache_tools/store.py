@@ -325,12 +325,23 @@ class Store:
     def _lookup(self, key: str, *, count: bool) -> Entry | None:
         for layer in self._search:
             e = self._lookup_in(layer, key)
-            if count:
-                c = self._counts.setdefault(layer.label, [0, 0, 0])
-                c[0 if e is not None else 1] += 1
             if e is not None:
+                if count:
+                    self._count(e)
                 return e
+        if count:
+            self._count(None)
         return None
+
+    def _count(self, found: Entry | None) -> None:
+        """A miss in each layer searched before the one that served `found` (a hit there); misses in all
+        of them when nothing did."""
+        for layer in self._search:
+            c = self._counts.setdefault(layer.label, [0, 0, 0])
+            if found is not None and layer.root == found.layer:
+                c[0] += 1
+                return
+            c[1] += 1
 
     def _lookup_in(self, layer: Layer, key: str, *, verify_hash: bool = True) -> Entry | None:
         # Warm path: one manifest read, one stat per file, at most one utime. No hashing.
@@ -459,8 +470,21 @@ class Store:
         with klock, self._file_lock(key):
             e = self._lookup(key, count=False)  # double-checked: a peer may have built it
             if e is not None:
+                self._uncount_miss(e)  # served from the cache after all (built by the lock holder)
                 return e
             return self._build_and_publish(key, fields, build)
+
+    def _uncount_miss(self, found: Entry) -> None:
+        """Turn the miss counted before waiting on the lock into what it was: a hit where `found` lives
+        (so `cache stats` shows one miss per build, however many processes waited for it)."""
+        reached = False   # layers before the one holding it did miss; it and those after were not searched
+        for layer in self._search:
+            c = self._counts.setdefault(layer.label, [0, 0, 0])
+            if layer.root == found.layer:
+                reached = True
+                c[0] += 1
+            if reached and c[1] > 0:
+                c[1] -= 1
 
     @contextmanager
     def _file_lock(self, key: str) -> Iterator[None]:

@@ -618,3 +618,33 @@ def test_clear_and_entries(tmp_path):
     assert r["entries_removed"] == 3
     assert [e.key for e in s.entries()] == [bkey]
     assert s.lookup(bkey) is not None  # read-only layers are never cleared
+
+
+def test_a_build_waited_for_counts_as_a_hit_not_a_miss(tmp_path):
+    """Two processes missing one key: the one that builds counts the miss, the one that waited on the
+    per-key lock and got the built entry counts a hit, so `cache stats` misses equal builds."""
+    root = tmp_path / "c"
+    f = fields_for()
+    key = compute_key(f)
+    waiter = Store(root, layers=[])
+    builder_store = Store(root, layers=[])
+    calls: list = []
+
+    def must_not_build(staging):
+        raise AssertionError("the waiter must not build")
+    real_lookup = waiter._lookup
+    first = []
+
+    def lookup(k, *, count):
+        e = real_lookup(k, count=count)
+        if not first:   # the waiter's first look finds nothing; the peer publishes before the waiter locks
+            first.append(1)
+            builder_store.get_or_build(key, f, builder(b"\x7fELF-peer", calls))
+        return e
+    waiter._lookup = lookup
+    e = waiter.get_or_build(key, f, must_not_build)
+    assert e.files["kernel.so"].read_bytes() == b"\x7fELF-peer" and calls == [1]
+    waiter.flush_stats()
+    builder_store.flush_stats()
+    st = Store(root, layers=[]).stats()["layers"][0]
+    assert (st["hits"], st["misses"]) == (1, 1)
