@@ -55,7 +55,7 @@ class _PrePlan(NamedTuple):
 
 
 # Hot path: one dict lookup per call instead of re-deriving shapes, statics and variants (the eager
-# op at T=1 is bound by host time; see benchmarks/bench_host_overhead.py).
+# op at T=1 is bound by host time).
 _PRE_PLANS: dict[tuple, _PrePlan] = {}
 
 
@@ -220,7 +220,7 @@ def _check_post_inputs(x, residual, post, comb):
 
 
 # Hot path: (getter, arch, x shape, residual shape) -> the loaded kernel, so a call is one dict lookup
-# plus cheap layout checks (see benchmarks/bench_host_overhead.py).
+# plus cheap layout checks.
 _POST_PLANS: dict[tuple, Any] = {}
 
 

@@ -30,10 +30,9 @@ FUSED_WARPS = 4
 
 
 def fused_tokens_per_cta(num_tokens: int) -> int:
-    """4 warps per CTA. Up to 16 tokens: one token per warp (TB=4), the shortest dot phase (H200
-    Flash: 2.3 us at T=1, 2.8 us at T=8). Beyond: 16 tokens share one staged fn slice, 4 per warp,
-    each fn_s read feeding 4 tokens (5.2 us at T=32 vs 6.3 us with TB=4, where the fn re-reads and
-    the per-token smem traffic dominate)."""
+    """4 warps per CTA. Up to 16 tokens: one token per warp (TB=4), the shortest dot phase. Beyond:
+    16 tokens share one staged fn slice, 4 per warp, each fn_s read feeding 4 tokens (with TB=4 the fn
+    re-reads and the per-token smem traffic dominate)."""
     return 4 if num_tokens <= 16 else 16
 
 
@@ -55,7 +54,7 @@ def schedule_name(arch: ArchProfile) -> str:
 
 def pass_configs_for(variant: Variant) -> dict[str, Any]:
     """Profile pass configs plus 128-bit vectors only: TileLang 0.1.15 emits 256-bit global loads
-    for sm_100+/sm_120 (tl::load_global_256), which an SM120 schedule proven on H200 (compiled for
+    for sm_100+/sm_120 (tl::load_global_256), which an SM120 schedule proven on Hopper (compiled for
     sm_90a) would never exercise; 2 x 16 B costs nothing here."""
     cfg = dict(get_profile(variant.schedule).pass_configs)
     cfg["tl.disable_vectorize_256"] = True
@@ -114,8 +113,7 @@ def post_tile(hidden: int, num_tokens: int, num_sms: int) -> tuple[int, int]:
     * few tokens: 32 threads x 256 columns, so the grid still covers the SMs;
     * once T x hidden/1024 fills the SMs: 128 threads x 1024 columns;
     * once the wide tile gives >= 2 CTAs per SM: 2 x 16 B per thread, up to 256 threads (twice the
-      bytes in flight per thread). H200, V4-Flash, graph us: T=4096 73.5 vs 76.4 (t128v1); T=512 7.6
-      vs 7.8; at T=64 the 1024-column tile stays best (2.4 vs 2.7) - sweep_mhc_schedules.py."""
+      bytes in flight per thread); at small T the 1024-column tile stays best."""
     wide = _wide_threads(hidden)
     if wide is not None and num_tokens * (hidden // (wide * VEC * 2)) >= 2 * num_sms:
         return wide, 2
