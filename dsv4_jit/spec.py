@@ -130,17 +130,6 @@ class KernelSpec:
             raise ValueError(f"{self.name}: num_tokens must be a positive int, got {num_tokens!r}")
 
 
-def multiple_param(kernel: str, static: Mapping[str, Any], key: str, multiple: int) -> int:
-    """static[key] as a positive int multiple of `multiple`, else a ValueError naming kernel and key (for select;
-    validation only, so it lives outside the kernel modules the artifact key hashes)."""
-    if not isinstance(static, Mapping) or key not in static:
-        raise ValueError(f"{kernel}: static params lack {key!r}")
-    v = static[key]
-    if isinstance(v, bool) or not isinstance(v, int) or v < multiple or v % multiple:
-        raise ValueError(f"{kernel}: {key} must be a positive multiple of {multiple}, got {v!r}")
-    return v
-
-
 def stable_json(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"))
 

@@ -14,8 +14,9 @@ from typing import Any
 
 import torch
 
-from dsv4_jit.arch import ArchProfile
+from dsv4_jit.arch import ArchProfile, check_arch
 from dsv4_jit.spec import get_spec
+from dsv4_jit.validate import int_arg
 
 from .sparse_mla import D, ROPE, SCALE_BYTES, TOKEN_BYTES, SparseMlaCombineSpec, SparseMlaSpec
 
@@ -71,8 +72,7 @@ def _page_geometry(cache, name: str, block_size, dev) -> tuple[int, int]:
     if cache.dtype != torch.uint8:
         raise ValueError(f"{name}: expected dtype torch.uint8 (fp8_ds_mla bytes), got {cache.dtype}")
     _check(cache, name, [None] * cache.dim(), torch.uint8, dev)
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-        raise ValueError(f"{name}: block_size must be a positive int, got {block_size!r}")
+    int_arg("block_size", block_size, op=name)
     pages = cache.shape[0]
     pb = cache.numel() // max(pages, 1)
     need = block_size * (TOKEN_BYTES + SCALE_BYTES)

@@ -44,6 +44,7 @@ from typing import Any, Mapping
 from dsv4_jit.arch import (DISABLE_TMA_LOWER, DISABLE_WARP_SPECIALIZED, DISABLE_WGMMA, ArchProfile, check_arch,
                            get_profile, schedule_name)
 from dsv4_jit.spec import KernelSpec, Variant, register
+from dsv4_jit.validate import int_param
 
 FP8 = "float8_e4m3"
 QBLOCK = 128          # quantization block (activations 1x128, weights 128x128)
@@ -441,15 +442,6 @@ def build_gemm_reduce(*, cols: int = REDUCE_COLS, threads: int = REDUCE_THREADS)
     return fp8_gemm_reduce
 
 
-def _int(name: str, static: Mapping[str, Any], key: str, multiple: int) -> int:
-    if not isinstance(static, Mapping) or key not in static:
-        raise ValueError(f"{name}: static params lack {key!r}")
-    v = static[key]
-    if isinstance(v, bool) or not isinstance(v, int) or v < multiple or v % multiple:
-        raise ValueError(f"{name}: {key} must be a positive multiple of {multiple}, got {v!r}")
-    return v
-
-
 class _GemmSpecBase(KernelSpec):
     def pass_configs(self, variant: Variant) -> dict[str, Any]:
         cfg = dict(get_profile(variant.schedule).pass_configs)
@@ -478,9 +470,9 @@ class Fp8GemmSpec(_GemmSpecBase):
     def select(self, arch: ArchProfile, static: Mapping[str, Any], num_tokens: int) -> Variant:
         check_arch(self.name, arch)
         self.check_tokens(num_tokens)
-        n = _int(self.name, static, "n", 64)
-        k = _int(self.name, static, "k", BLOCK_K)
-        groups = _int(self.name, static, "groups", 1) if "groups" in static else 1
+        n = int_param(self.name, static, "n", multiple=64)
+        k = int_param(self.name, static, "k", multiple=BLOCK_K)
+        groups = int_param(self.name, static, "groups") if "groups" in static else 1
         return Variant.make(self.name, gemm_params(arch, n, k, num_tokens, groups), arch, schedule_name(arch))
 
     def smem_bytes(self, variant: Variant) -> int:

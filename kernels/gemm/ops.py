@@ -13,16 +13,11 @@ launch the variant `select` picked, then (split-K variants) the reduction.
 """
 from __future__ import annotations
 
+from dsv4_jit.arch import check_arch
 from dsv4_jit.spec import get_spec
+from dsv4_jit.validate import int_arg
 
 QBLOCK = 128
-
-
-def _arch_of(op: str, arch):
-    from dsv4_jit.arch import ArchProfile
-    if not isinstance(arch, ArchProfile):
-        raise ValueError(f"{op}: arch must be an ArchProfile (dsv4_jit.arch.get_profile), got {arch!r}")
-    return arch
 
 
 def gemm_static(n: int, k: int, groups: int = 1) -> dict:
@@ -34,7 +29,7 @@ def fp8_gemm_workspace_numel(n: int, k: int, num_tokens: int, *, arch, groups: i
     """fp32 elements of the split-K workspace at this token count (0 when the variant does not split)."""
     if num_tokens < 1:
         return 0
-    p = get_spec("fp8_gemm").select(_arch_of("fp8_gemm", arch), gemm_static(n, k, groups), num_tokens).p
+    p = get_spec("fp8_gemm").select(check_arch("fp8_gemm", arch), gemm_static(n, k, groups), num_tokens).p
     return 0 if p["split"] == 1 else p["split"] * num_tokens * groups * n
 
 
@@ -43,9 +38,8 @@ def fp8_gemm(a, a_scales, b, b_scales, *, arch, get_kernel, groups: int = 1, out
     import torch
     from dsv4_jit.validate import check_tensor, require_1d
     op = "fp8_gemm"
-    arch = _arch_of(op, arch)
-    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
-        raise ValueError(f"groups: must be an int >= 1, got {groups!r}")
+    arch = check_arch(op, arch)
+    int_arg("groups", groups)
     if not isinstance(a, torch.Tensor) or a.dim() != 2:
         raise ValueError("a: expected a 2-D torch.float8_e4m3fn tensor [tokens, K]")
     check_tensor(a, "a", [None, None], torch.float8_e4m3fn)

@@ -14,10 +14,10 @@ several tokens per CTA that would need 32-56 KB per token, too much for SM120's 
 # No `from __future__ import annotations` (TileLang evaluates the T.Tensor annotations).
 from typing import Any, Mapping
 
-from dsv4_jit.arch import ArchProfile
+from dsv4_jit.arch import ArchProfile, check_arch, schedule_name
 from dsv4_jit.spec import KernelSpec, Variant, register
 
-from .post import check_arch, check_hidden_hc, pass_configs_for, schedule_name
+from .post import check_hidden_hc, pass_configs_for
 
 VEC = 8
 

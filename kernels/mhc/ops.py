@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from dsv4_jit.arch import ArchProfile, get_profile
+from dsv4_jit.arch import ArchProfile, check_arch, get_profile
 from dsv4_jit.spec import get_spec
 
 from .post import fused_num_splits
-from .pre import MhcPreFuseSpec, MhcPreNormFnSpec, MhcSinkhornSpec, _arch_of, mix_pad, mix_width
+from .pre import MhcPreFuseSpec, MhcPreNormFnSpec, MhcSinkhornSpec, mix_pad, mix_width
 
 
 # =============================================================================================
@@ -106,7 +106,7 @@ def mhc_pre(residual, fn, hc_scale, hc_base, *, norm_weight=None, rms_eps, hc_ep
     import torch
     from dsv4_jit.validate import require, require_1d
 
-    arch = _arch_of("mhc_pre", arch)
+    arch = check_arch("mhc_pre", arch)
     with_norm = norm_weight is not None
     try:
         # get_kernel is part of the key: a plan holds the kernels that getter returned
@@ -171,7 +171,7 @@ def mhc_sinkhorn(mixes, hc_scale, hc_base, *, hc_eps, sinkhorn_iters, post_mult,
     import torch
     from dsv4_jit.validate import check_tensor
 
-    arch = _arch_of("mhc_sinkhorn", arch)
+    arch = check_arch("mhc_sinkhorn", arch)
     if not isinstance(mixes, torch.Tensor) or mixes.dim() != 2:
         raise ValueError("mixes: expected a [T, (2+hc)*hc] fp32 tensor")
     dev = mixes.device

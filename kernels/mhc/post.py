@@ -19,8 +19,9 @@ Fused output layout (what the pre big-fuse consumes):
 # under PEP 563 names used only in annotations (not captured by the closure) are not found.
 from typing import Any, Mapping
 
-from dsv4_jit.arch import PROFILES, ArchProfile, get_profile
+from dsv4_jit.arch import ArchProfile, check_arch, get_profile, schedule_name
 from dsv4_jit.spec import KernelSpec, Variant, register
+from dsv4_jit.validate import int_param
 
 from .pre import mix_pad as pre_mix_pad
 
@@ -40,17 +41,6 @@ def fused_tokens_per_cta(num_tokens: int) -> int:
 # (SGLang switches at 32 too); the runtime should route larger T to mhc_post + the pre kernels.
 FUSED_POST_PRE_MAX_TOKENS = 32
 
-_FAMILY_SCHEDULE = {"hopper": "sm_90a", "blackwell_dc": "sm_100a", "blackwell_consumer": "sm_120a"}
-
-
-def schedule_name(arch: ArchProfile) -> str:
-    """Schedule an (possibly emulated) profile stands for: an SM120 profile retargeted to sm_90a
-    keeps its family, so the variant records schedule=sm_120a and gets SM12x pass configs."""
-    canon = PROFILES.get(arch.name)
-    if canon is not None and canon.family == arch.family:
-        return arch.name
-    return _FAMILY_SCHEDULE[arch.family]
-
 
 def pass_configs_for(variant: Variant) -> dict[str, Any]:
     """Profile pass configs plus 128-bit vectors only: TileLang 0.1.15 emits 256-bit global loads
@@ -61,30 +51,14 @@ def pass_configs_for(variant: Variant) -> dict[str, Any]:
     return cfg
 
 
-def _int_param(name: str, static: Mapping[str, Any], key: str, lo: int = 1) -> int:
-    if key not in static:
-        raise ValueError(f"{name}: static params lack {key!r} (got {sorted(static)})")
-    v = static[key]
-    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-        raise ValueError(f"{name}: {key} must be an int >= {lo}, got {v!r}")
-    return v
-
-
 def check_hidden_hc(name: str, static: Mapping[str, Any]) -> tuple[int, int]:
-    hidden = _int_param(name, static, "hidden_size")
-    hc = _int_param(name, static, "hc_mult")
+    hidden = int_param(name, static, "hidden_size")
+    hc = int_param(name, static, "hc_mult")
     if hidden % 256:
         raise ValueError(f"{name}: hidden_size must be a multiple of 256 (16-byte vectors per thread), got {hidden}")
     if hc > 16:
         raise ValueError(f"{name}: hc_mult={hc} is out of range (1..16)")
     return hidden, hc
-
-
-def check_arch(name: str, arch: ArchProfile) -> None:
-    if not isinstance(arch, ArchProfile):
-        raise ValueError(f"{name}: arch must be an ArchProfile, got {type(arch).__name__}")
-    if arch.family not in _FAMILY_SCHEDULE:
-        raise ValueError(f"{name}: unknown arch family {arch.family!r}")
 
 
 # =============================================================================================
@@ -340,7 +314,7 @@ class MhcPostPreFusedSpec(KernelSpec):
         check_arch(self.name, arch)
         self.check_tokens(num_tokens)
         hidden, hc = check_hidden_hc(self.name, static)
-        mix = _int_param(self.name, static, "mix_width")
+        mix = int_param(self.name, static, "mix_width")
         mp = pre_mix_pad(hc)  # the consumer's (mhc_pre_fuse) compile-time column count
         if not mix <= mp <= MAX_MIX_PAD:
             raise ValueError(f"{self.name}: mix_width={mix} with hc_mult={hc} needs mix_pad={mp}; this kernel "

@@ -20,8 +20,9 @@ TileLang is imported only inside the builders: importing this module must stay c
 # builder-local shapes (PEP 563 strings cannot see closure variables).
 from typing import Any, Mapping
 
-from dsv4_jit.arch import ArchProfile
+from dsv4_jit.arch import ArchProfile, check_arch
 from dsv4_jit.spec import KernelSpec, Variant, register
+from dsv4_jit.validate import int_param
 
 # ---------------------------------------------------------------------------------------------
 # shared constants / helpers
@@ -77,8 +78,7 @@ def _check_static(kernel: str, static: Mapping[str, Any], required: dict[str, ty
             if not isinstance(v, bool):
                 raise ValueError(f"{kernel}: {k} must be a bool, got {v!r}")
         elif typ is int:
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{kernel}: {k} must be a positive int, got {v!r}")
+            v = int_param(kernel, static, k)
         out[k] = v
     return out
 
@@ -89,12 +89,6 @@ def _check_hc_hidden(kernel: str, hc: int, hidden: int) -> None:
         raise ValueError(f"{kernel}: hc_mult={hc} unsupported (1..4; DeepSeek V4 uses 4)")
     if hidden % 256:
         raise ValueError(f"{kernel}: hidden_size={hidden} must be a multiple of 256")
-
-
-def _arch_of(kernel: str, arch) -> ArchProfile:
-    if not isinstance(arch, ArchProfile):
-        raise ValueError(f"{kernel}: arch must be an ArchProfile (dsv4_jit.arch.get_profile), got {arch!r}")
-    return arch
 
 
 # ---------------------------------------------------------------------------------------------
@@ -169,7 +163,7 @@ class MhcPreNormFnSpec(KernelSpec):
         return self.statics_for(model)
 
     def select(self, arch: ArchProfile, static: Mapping[str, Any], num_tokens: int) -> Variant:
-        arch = _arch_of(self.name, arch)
+        arch = check_arch(self.name, arch)
         self.check_tokens(num_tokens)
         st = _check_static(self.name, static, self._STATIC)
         _check_hc_hidden(self.name, st["hc"], st["hidden"])
@@ -369,7 +363,7 @@ class MhcPreFuseSpec(KernelSpec):
         return self.statics_for(model)
 
     def select(self, arch: ArchProfile, static: Mapping[str, Any], num_tokens: int) -> Variant:
-        arch = _arch_of(self.name, arch)
+        arch = check_arch(self.name, arch)
         self.check_tokens(num_tokens)
         st = _check_static(self.name, static, _FUSE_STATIC)
         _check_hc_hidden(self.name, st["hc"], st["hidden"])
@@ -580,7 +574,7 @@ class MhcSinkhornSpec(KernelSpec):
         return self.statics_for(model)
 
     def select(self, arch: ArchProfile, static: Mapping[str, Any], num_tokens: int) -> Variant:
-        arch = _arch_of(self.name, arch)
+        arch = check_arch(self.name, arch)
         self.check_tokens(num_tokens)
         st = _check_static(self.name, static, _SINKHORN_STATIC)
         if not 1 <= st["hc"] <= 8:

@@ -62,7 +62,8 @@ Kernel-defining code only (no host code: the artifact key hashes this module).
 from typing import Any, Mapping
 
 from dsv4_jit.arch import ArchProfile, check_arch, schedule_name
-from dsv4_jit.spec import Variant, multiple_param, register
+from dsv4_jit.spec import Variant, register
+from dsv4_jit.validate import int_param
 
 from .spec_base import MoeKernelSpec
 
@@ -423,8 +424,8 @@ class Fp4MoeGemmSpec(MoeKernelSpec):
     def select(self, arch: ArchProfile, static: Mapping[str, Any], num_tokens: int) -> Variant:
         check_arch(self.name, arch)
         self.check_tokens(num_tokens)
-        n = multiple_param(self.name, static, "n", 128)
-        k = multiple_param(self.name, static, "k", ACT_BLOCK)
+        n = int_param(self.name, static, "n", multiple=128)
+        k = int_param(self.name, static, "k", multiple=ACT_BLOCK)
         return Variant.make(self.name, moe_params(arch, n, k, num_tokens), arch, schedule_name(arch))
 
     def smem_bytes(self, variant: Variant) -> int:

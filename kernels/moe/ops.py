@@ -14,23 +14,12 @@ output is ignored) and scatters / combines C back by sorted_rows.
 """
 from __future__ import annotations
 
+from dsv4_jit.arch import check_arch
 from dsv4_jit.spec import get_spec
+from dsv4_jit.validate import int_arg
 
 ACT_BLOCK = 128
 WEIGHT_GROUP = 32
-
-
-def _arch_of(op: str, arch):
-    from dsv4_jit.arch import ArchProfile
-    if not isinstance(arch, ArchProfile):
-        raise ValueError(f"{op}: arch must be an ArchProfile (dsv4_jit.arch.get_profile), got {arch!r}")
-    return arch
-
-
-def _positive_int(name: str, v) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise ValueError(f"{name}: must be an int >= 1, got {v!r}")
-    return v
 
 
 def _check_leading(t, name: str, shape: list, dtype, layout: str, device=None) -> None:
@@ -50,14 +39,14 @@ def moe_static(n: int, k: int) -> dict:
 
 def fp4_moe_block_m(n: int, k: int, num_tokens: int, *, arch) -> int:
     """Rows per block the GEMM variant for `num_tokens` engine tokens expects (moe_align's block_m)."""
-    _positive_int("num_tokens", num_tokens)
-    return get_spec("fp4_moe_gemm").select(_arch_of("fp4_moe_gemm", arch), moe_static(n, k), num_tokens).p["block_m"]
+    int_arg("num_tokens", num_tokens)
+    return get_spec("fp4_moe_gemm").select(check_arch("fp4_moe_gemm", arch), moe_static(n, k), num_tokens).p["block_m"]
 
 
 def moe_capacity(num_tokens: int, topk: int, num_experts: int, block_m: int) -> int:
     """Rows of the padded layout: every routing of num_tokens x topk entries over num_experts fits."""
     for name, v in (("num_tokens", num_tokens), ("topk", topk), ("num_experts", num_experts), ("block_m", block_m)):
-        _positive_int(name, v)
+        int_arg(name, v)
     # at most min(E, T * topk) experts get rows, each padded by at most block_m - 1
     rows = num_tokens * topk + min(num_experts, num_tokens * topk) * (block_m - 1)
     return -(-rows // block_m) * block_m
@@ -72,8 +61,8 @@ def moe_align(topk_ids, num_experts: int, block_m: int):
     if not isinstance(topk_ids, torch.Tensor) or topk_ids.dim() != 2 or topk_ids.dtype not in (torch.int32, torch.int64):
         raise ValueError("topk_ids: expected an int32/int64 tensor [tokens, topk]")
     t, k = topk_ids.shape
-    _positive_int("num_experts", num_experts)
-    _positive_int("block_m", block_m)
+    int_arg("num_experts", num_experts)
+    int_arg("block_m", block_m)
     dev = topk_ids.device
     if t == 0 or k == 0:
         return torch.empty(0, dtype=torch.int32, device=dev), torch.empty(0, dtype=torch.int32, device=dev)
@@ -112,8 +101,8 @@ def fp4_moe_gemm(a, a_scales, w, w_scales, block_expert, *, num_tokens: int, arc
     import torch
     from dsv4_jit.validate import check_tensor
     op = "fp4_moe_gemm"
-    arch = _arch_of(op, arch)
-    _positive_int("num_tokens", num_tokens)
+    arch = check_arch(op, arch)
+    int_arg("num_tokens", num_tokens)
     _check_leading(w, "w", [None, None, None], torch.uint8, "uint8 tensor [experts, N, K / 2]")
     e, n, half_k = w.shape
     k = 2 * half_k
@@ -167,7 +156,7 @@ def moe_route(logits, *, topk: int, routed_scaling: float = 1.0, bias=None, hash
     import torch
     from dsv4_jit.validate import check_tensor
     op = "moe_route"
-    arch = _arch_of(op, arch)
+    arch = check_arch(op, arch)
     _check_leading(logits, "logits", [None, None], torch.float32, "float32 tensor [tokens, experts]")
     t, e = logits.shape
     dev = logits.device
@@ -202,7 +191,7 @@ def moe_entry_rows(sorted_rows, num_entries: int):
     import torch
     if not isinstance(sorted_rows, torch.Tensor) or sorted_rows.dim() != 1 or sorted_rows.dtype != torch.int32:
         raise ValueError("sorted_rows: expected moe_align's int32 [capacity] output")
-    _positive_int("num_entries", num_entries)
+    int_arg("num_entries", num_entries)
     dev = sorted_rows.device
     inv = torch.full((num_entries + 1,), -1, dtype=torch.int32, device=dev)
     slot = torch.where(sorted_rows >= 0, sorted_rows, torch.full_like(sorted_rows, num_entries)).long()
@@ -220,7 +209,7 @@ def moe_combine(c, entry_rows, weights, *, arch, get_kernel, out=None):
     import torch
     from dsv4_jit.validate import check_tensor
     op = "moe_combine"
-    arch = _arch_of(op, arch)
+    arch = check_arch(op, arch)
     _check_leading(weights, "weights", [None, None], torch.float32, "float32 tensor [tokens, topk]")
     t, k = weights.shape
     dev = weights.device

@@ -33,6 +33,7 @@ from typing import Any, Mapping
 
 from dsv4_jit.arch import ArchProfile, check_arch, get_profile, schedule_name
 from dsv4_jit.spec import KernelSpec, Variant, register
+from dsv4_jit.validate import int_param
 
 FP8 = "float8_e4m3"
 FP8_MAX = 448.0
@@ -45,17 +46,6 @@ THREADS = 128
 
 # mode -> (group, input width given n and stride)
 MODES = ("fp8", "fp8_inplace", "fp4", "swiglu")
-
-
-def int_param(name: str, static: Mapping[str, Any], key: str, lo: int = 1, multiple: int = 1) -> int:
-    if not isinstance(static, Mapping) or key not in static:
-        raise ValueError(f"{name}: static params lack {key!r}")
-    v = static[key]
-    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-        raise ValueError(f"{name}: {key} must be an int >= {lo}, got {v!r}")
-    if v % multiple:
-        raise ValueError(f"{name}: {key}={v} must be a multiple of {multiple}")
-    return v
 
 
 def quant_smem_bytes(p: Mapping[str, Any]) -> int:
