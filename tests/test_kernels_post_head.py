@@ -153,9 +153,9 @@ def test_wrappers_validate_gpu():
         OPS.mhc_post(x, r, p, c, out=torch.empty(2, 4, 255, dtype=torch.bfloat16, device="cuda"), **kw)
     with pytest.raises(ValueError, match="fn_next"):
         OPS.mhc_post_pre_fused(x, r, p, c, torch.zeros(24, 10, device="cuda"), **kw)
-    with pytest.raises(ValueError, match="mix_part"):
-        OPS.mhc_post_pre_fused(x, r, p, c, torch.zeros(24, 1024, device="cuda"),
-                              mix_part=torch.empty(1, 2, 32, device="cuda"), **kw)
+    with pytest.raises(ValueError, match="mix_part"):   # its shape follows the selected variant
+        OPS.mhc_post_pre_fused(x, r, p, c, torch.zeros(24, 1024, device="cuda"), mix_part=torch.empty(1, 2, 32, device="cuda"),
+                              arch=get_profile("sm_90a"), get_kernel=select_only_getter(get_profile("sm_90a")))
     with pytest.raises(ValueError, match="fn"):
         OPS.hc_head(r, torch.zeros(4, 1000, device="cuda"), torch.ones(1, device="cuda"),
                    torch.zeros(4, device="cuda"), rms_eps=1e-6, hc_eps=1e-6, **kw)

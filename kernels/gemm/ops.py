@@ -1,6 +1,7 @@
 """FP8 block-scaled GEMM host op: validate every argument (ValueError naming it) before anything is selected,
-loaded or compiled; allocate only what the caller did not pass (`out=`, `workspace=` for CUDA-graph capture);
-launch the variant `select` picked, then (split-K variants) the reduction.
+loaded or compiled (the workspace's size, which the variant's split count fixes, before the launch); allocate
+only what the caller did not pass (`out=`, `workspace=` for CUDA-graph capture); launch the variant `select`
+picked, then (split-K variants) the reduction.
 
   a         torch.float8_e4m3fn [M, G*K]      activations (act_quant_fp8 output)
   a_scales  fp32 [M, G*K/128]                 per-token 1x128 scales (powers of two)
@@ -62,22 +63,23 @@ def fp8_gemm(a, a_scales, b, b_scales, *, arch, get_kernel, groups: int = 1, out
         out = torch.empty(m, gn, dtype=torch.bfloat16, device=dev)
     else:
         check_tensor(out, "out", [m, gn], torch.bfloat16, dev)
+    if workspace is not None:
+        require_1d(workspace, "workspace", torch.float32, dev)
     if m == 0:
         return out
-    static = gemm_static(n, k, groups)
-    split = get_spec(op).select(arch, static, m).p["split"]   # pure: validates before anything loads
+    # select + load once; the variant it returns fixes the split count, hence the workspace's size
+    kernel = get_kernel(get_spec(op), gemm_static(n, k, groups), m)
+    split = kernel.variant.p["split"]
     if split == 1:
-        get_kernel(get_spec(op), static, m)(a, a_scales, b, b_scales, out)
+        kernel(a, a_scales, b, b_scales, out)
         return out
     need = split * m * gn
     if workspace is None:
         workspace = torch.empty(need, dtype=torch.float32, device=dev)
-    else:
-        require_1d(workspace, "workspace", torch.float32, dev)
-        if workspace.numel() < need:
-            raise ValueError(f"workspace: needs >= {need} fp32 elements at {m} tokens ({split} K splits; see "
-                             f"fp8_gemm_workspace_numel), got {workspace.numel()}")
+    elif workspace.numel() < need:
+        raise ValueError(f"workspace: needs >= {need} fp32 elements at {m} tokens ({split} K splits; see "
+                         f"fp8_gemm_workspace_numel), got {workspace.numel()}")
     partial = workspace[:need].view(split, m, gn)
-    get_kernel(get_spec(op), static, m)(a, a_scales, b, b_scales, partial)
+    kernel(a, a_scales, b, b_scales, partial)
     get_kernel(get_spec("fp8_gemm_reduce"), {}, m)(partial, out)
     return out
