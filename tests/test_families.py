@@ -22,12 +22,12 @@ import sys
 import pytest
 import torch
 
-from conftest import compile_tier
+from conftest import compile_tier, gpu_profile_params
 from dsv4_jit.arch import PROFILES, get_profile
 from dsv4_jit.family import KernelFamily, all_families
 from dsv4_jit.model_config import EMBEDDED, ParallelConfig, load_model_config
 from dsv4_jit.spec import all_specs
-from dsv4_jit.testing import check_case_outputs, gpu_profiles, poison, profile_id, serving_getter, store_for_gpu_tests
+from dsv4_jit.testing import check_case_outputs, poison, serving_getter
 from toy_family.family import FAMILY as TOY
 
 FAMILIES: list[KernelFamily] = [*all_families().values(), TOY]
@@ -208,13 +208,6 @@ def test_cross_compile(compile_case, tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------- gpu
-def _schedules() -> list:
-    profiles = gpu_profiles()
-    if not profiles:
-        return [pytest.param(None, id="no-gpu")]
-    return [pytest.param(p, id=profile_id(p)) for p in profiles]
-
-
 def _gpu_cases() -> list:
     out = []
     for fam in FAMILIES:
@@ -222,11 +215,6 @@ def _gpu_cases() -> list:
             for i, case in enumerate(fam.gpu_cases(load_model_config(model))):
                 out.append(pytest.param(fam, model, i, id=f"{fam.name}-{model}-{case.name}"))
     return out
-
-
-@pytest.fixture(scope="module")
-def gpu_store(tmp_path_factory):
-    return store_for_gpu_tests(tmp_path_factory.mktemp("family_store"))
 
 
 @functools.lru_cache(maxsize=None)
@@ -243,7 +231,7 @@ def _planned(family_name: str, model: str, schedule: str, max_tokens: int, tp_si
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("schedule", _schedules())
+@pytest.mark.parametrize("schedule", gpu_profile_params(placeholder=True))
 @pytest.mark.parametrize("family,model,case_index", _gpu_cases())
 def test_gpu_case(family, model, case_index, schedule, gpu_store, gpu_turn):
     if schedule is None:

@@ -12,8 +12,8 @@ from dsv4_jit.kernels.mhc import post as MP
 from dsv4_jit.kernels.mhc import reference as REF
 from dsv4_jit.model_config import ParallelConfig, load_model_config
 from dsv4_jit.spec import get_spec
-from dsv4_jit.testing import (gpu_profiles, nan_filled, profile_id, select_only_getter, serving_getter,
-                              store_for_gpu_tests)
+from conftest import gpu_profile_params
+from dsv4_jit.testing import nan_filled, select_only_getter, serving_getter
 
 NAMES = ("mhc_post", "mhc_post_pre_fused", "mhc_head")
 MODELS = ("deepseek-v4-flash", "deepseek-v4-pro")
@@ -178,9 +178,9 @@ def test_post_tile_by_token_count():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_gpu_post_hot_path_still_validates(kernel_dir):
+def test_gpu_post_hot_path_still_validates(gpu_store):
     prof = get_profile("sm_90a")
-    get = serving_getter(prof, kernel_dir)
+    get = serving_getter(prof, gpu_store)
     x, r, p, c = _inputs(3, 4, 4096, device="cuda")
     o1 = OPS.mhc_post(x, r, p, c, arch=prof, get_kernel=get)
     o2 = OPS.mhc_post(x, r, p, c, arch=prof, get_kernel=get)  # plan hit
@@ -270,25 +270,16 @@ def test_ref_head_naive():
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
-def _gpu_profiles():
-    return [pytest.param(p, id=profile_id(p)) for p in gpu_profiles()]
-
-
-@pytest.fixture(scope="module")
-def kernel_dir(tmp_path_factory):
-    return store_for_gpu_tests(tmp_path_factory.mktemp("post_head_store"))
-
-
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("model", MODELS)
-@pytest.mark.parametrize("profile", _gpu_profiles())
-def test_gpu_post_pre_fused(profile, model, kernel_dir):
+@pytest.mark.parametrize("profile", gpu_profile_params())
+def test_gpu_post_pre_fused(profile, model, gpu_store):
     """Accuracy is a family GPU case (tests/test_families.py); here: the padded mix columns are zero and
     a default-allocating call agrees bit for bit with the preallocated (graph-capture) one."""
     cfg = load_model_config(model)
     hidden, hc, mix = cfg.hidden_size, cfg.hc_mult, cfg.mix_width
-    get = serving_getter(profile, kernel_dir)
+    get = serving_getter(profile, gpu_store)
     spec = get_spec("mhc_post_pre_fused")
     for t in (1, 33):
         v = spec.select(profile, {"hidden_size": hidden, "hc_mult": hc, "mix_width": mix}, t)

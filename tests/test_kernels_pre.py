@@ -13,7 +13,8 @@ import torch
 from dsv4_jit.arch import get_profile
 from dsv4_jit.family import DEFAULT_GPU_TOKENS
 from dsv4_jit.model_config import load_model_config
-from dsv4_jit.testing import gpu_profiles, profile_id, rel_err, serving_getter, store_for_gpu_tests
+from conftest import gpu_profile_params
+from dsv4_jit.testing import profile_id, rel_err, serving_getter
 from dsv4_jit.kernels.mhc import ops
 from dsv4_jit.kernels.mhc import pre as mp
 from dsv4_jit.kernels.mhc import reference as ref
@@ -247,15 +248,6 @@ GPU_TOKENS = DEFAULT_GPU_TOKENS  # the family cases' token counts (tile, split a
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
-def _schedules():
-    return [pytest.param(p, id=profile_id(p)) for p in gpu_profiles()]
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    return store_for_gpu_tests(tmp_path_factory.mktemp("pre_store"))
-
-
 def _pre_inputs(T_, hc, H, broadcast, dev, seed):
     g = torch.Generator(device="cpu").manual_seed(seed)
     M = (2 + hc) * hc
@@ -270,14 +262,14 @@ def _pre_inputs(T_, hc, H, broadcast, dev, seed):
 
 @gpu
 @pytest.mark.gpu
-@pytest.mark.parametrize("schedule", _schedules())
+@pytest.mark.parametrize("schedule", gpu_profile_params())
 @pytest.mark.parametrize("model", MODELS)
-def test_gpu_norm_fn(schedule, model, store):
+def test_gpu_norm_fn(schedule, model, gpu_store):
     """The GEMM partials alone (all split counts select returns), against float64."""
     m = load_model_config(model)
     H, hc = m.hidden_size, m.hc_mult
     used: set = set()
-    get = serving_getter(schedule, store, used)
+    get = serving_getter(schedule, gpu_store, used)
     dev = torch.device("cuda")
     worst = 0.0
     for i, T_ in enumerate(GPU_TOKENS):
@@ -300,9 +292,9 @@ def test_gpu_norm_fn(schedule, model, store):
 
 @gpu
 @pytest.mark.gpu
-def test_gpu_op_validation(store):
+def test_gpu_op_validation(gpu_store):
     hopper = get_profile("sm_90a")
-    get = serving_getter(hopper, store)
+    get = serving_getter(hopper, gpu_store)
     dev = torch.device("cuda")
     X, fn, scale, base, w = _pre_inputs(4, 4, 4096, False, dev, seed=7)
     kw = dict(rms_eps=1e-6, hc_eps=1e-6, sinkhorn_iters=20, post_mult=2.0, arch=hopper, get_kernel=get)
@@ -318,11 +310,11 @@ def test_gpu_op_validation(store):
 
 @gpu
 @pytest.mark.gpu
-def test_gpu_hot_path_still_validates(store):
+def test_gpu_hot_path_still_validates(gpu_store):
     """After a good call has cached the launch plan for this signature, every argument is still
     checked on each call (the plan is keyed on shapes; dtype, device, contiguity are re-checked)."""
     hopper = get_profile("sm_90a")
-    get = serving_getter(hopper, store)
+    get = serving_getter(hopper, gpu_store)
     dev = torch.device("cuda")
     X, fn, scale, base, w = _pre_inputs(4, 4, 4096, False, dev, seed=8)
     kw = dict(rms_eps=1e-6, hc_eps=1e-6, sinkhorn_iters=20, post_mult=2.0, arch=hopper, get_kernel=get)
