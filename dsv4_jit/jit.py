@@ -217,8 +217,7 @@ def _param_signature(prim_func) -> list[dict]:
 
 def compile_to_dir(spec: KernelSpec, variant: Variant, out_dir: Path) -> dict:
     """Run TileLang + nvcc for one variant; write kernel.so, device source and meta into out_dir."""
-    profile = get_profile(variant.arch)
-    schedule = get_profile(variant.schedule)
+    profile = variant.profile   # the target ISA, with the schedule's budget and family
     need = spec.check_fits(variant)  # before nvcc: a clear error, never a launch failure
     os.environ.setdefault("TILELANG_DISABLE_CACHE", "1")  # we are the cache; no second copy
     import tilelang
@@ -231,15 +230,15 @@ def compile_to_dir(spec: KernelSpec, variant: Variant, out_dir: Path) -> dict:
                               pass_configs=spec.pass_configs(variant))
     seconds = time.perf_counter() - t0
     src = kernel.get_kernel_source()
-    if schedule.family == "blackwell_consumer":
+    if profile.family == "blackwell_consumer":
         bad = [w for w in SM12X_FORBIDDEN if w in src]
         if bad:
             raise RuntimeError(f"{variant.name}: SM12x schedule emitted {', '.join(bad)}")
     smem = _shared_memory_bytes(kernel)
-    if smem > schedule.max_smem_per_block:
+    if smem > profile.max_smem_per_block:
         from .errors import SharedMemoryBudgetError
         raise SharedMemoryBudgetError(
-            f"{variant.name}: lowered kernel uses {smem:,} B shared memory > {schedule.max_smem_per_block:,} B "
+            f"{variant.name}: lowered kernel uses {smem:,} B shared memory > {profile.max_smem_per_block:,} B "
             f"({variant.schedule}); estimate was {need:,} B")
     out_dir.mkdir(parents=True, exist_ok=True)
     kernel.export_library(str(out_dir / LIB_NAME))

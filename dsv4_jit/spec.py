@@ -13,7 +13,7 @@ import ast
 import hashlib
 import inspect
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Callable, Mapping
 
@@ -35,17 +35,36 @@ def _freeze(params: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
     return tuple(out)
 
 
+def _schedule_profile(profile: ArchProfile | None, arch: str, schedule: str) -> ArchProfile:
+    """The profile a variant compiles with: `schedule`'s family, budget and pass configs, targeting `arch`."""
+    if profile is not None and profile.name == arch and (schedule == profile.schedule
+                                                         or get_profile(schedule).family == profile.family):
+        return profile
+    sched = get_profile(schedule)
+    return sched if sched.name == arch else sched.emulated(get_profile(arch))
+
+
 @dataclass(frozen=True)
 class Variant:
-    """One compiled kernel: family + compile-time parameters + schedule arch + target arch."""
+    """One compiled kernel: family + compile-time parameters + schedule arch + target arch.
+
+    `profile` is the ArchProfile the variant was selected with (its schedule's shared-memory budget and pass
+    configs, targeting `arch`), carried so compiling and loading never look the arch up again by name. It is
+    not part of the variant's identity: equality, hash and the artifact key see the four named fields only."""
     kernel: str
     params: tuple[tuple[str, Any], ...]
     arch: str            # target ISA the binary is for (e.g. sm_90a)
     schedule: str        # profile whose schedule it uses (e.g. sm_120a; equals arch unless emulating)
+    profile: ArchProfile | None = field(default=None, compare=False, hash=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.profile is None:   # built from names (a test, a benchmark): resolve the profile once, here
+            object.__setattr__(self, "profile", _schedule_profile(None, self.arch, self.schedule))
 
     @classmethod
     def make(cls, kernel: str, params: Mapping[str, Any], profile: ArchProfile, schedule: str | None = None) -> "Variant":
-        return cls(kernel, _freeze(params), profile.name, schedule or profile.schedule)
+        schedule = schedule or profile.schedule
+        return cls(kernel, _freeze(params), profile.name, schedule, _schedule_profile(profile, profile.name, schedule))
 
     @property
     def p(self) -> dict[str, Any]:
@@ -83,7 +102,7 @@ class KernelSpec:
         raise NotImplementedError
 
     def pass_configs(self, variant: Variant) -> dict[str, Any]:
-        return dict(get_profile(variant.schedule).pass_configs)
+        return dict(variant.profile.pass_configs)
 
     # ---- shared helpers -------------------------------------------------------------------
     @cached_property
@@ -120,7 +139,7 @@ class KernelSpec:
 
     def check_fits(self, variant: Variant) -> int:
         need = self.smem_bytes(variant)
-        budget = get_profile(variant.schedule).max_smem_per_block
+        budget = variant.profile.max_smem_per_block
         if need > budget:
             raise SharedMemoryBudgetError(
                 f"{variant.name}: needs {need:,} B of shared memory per block but {variant.schedule} "
@@ -147,17 +166,6 @@ def code_digest(source: str) -> str:
     what changes it is what can change the compiled kernel."""
     tree = _drop_docstrings(ast.parse(source))
     return hashlib.sha256(ast.dump(tree, annotate_fields=True, include_attributes=False).encode()).hexdigest()
-
-
-def multiple_param(kernel: str, static: Mapping[str, Any], key: str, multiple: int) -> int:
-    """static[key] as a positive int multiple of `multiple`, else a ValueError naming kernel and key (for select;
-    validation only, so it lives outside the kernel modules the artifact key hashes)."""
-    if not isinstance(static, Mapping) or key not in static:
-        raise ValueError(f"{kernel}: static params lack {key!r}")
-    v = static[key]
-    if isinstance(v, bool) or not isinstance(v, int) or v < multiple or v % multiple:
-        raise ValueError(f"{kernel}: {key} must be a positive multiple of {multiple}, got {v!r}")
-    return v
 
 
 def stable_json(obj: Any) -> str:

@@ -1,14 +1,54 @@
-"""Input checks for the public ops: a clear ValueError, never an illegal memory access."""
+"""Argument checks: a clear ValueError naming the argument, never an illegal memory access.
+
+The tensor checks serve the public ops; `int_param` / `int_arg` serve a spec's `select` (its static params)
+and the ops' plain int arguments. Validation only, so it lives outside the kernel modules the artifact key
+hashes; torch is imported where a tensor is checked, so `select` runs without it.
+"""
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Any, Collection, Mapping, Sequence
 
-import torch
+if TYPE_CHECKING:
+    import torch
+
+
+def _int_wanted(lo: int, hi: int | None, multiple: int) -> str:
+    if hi is not None:
+        return f"an int in [{lo}, {hi}]" + (f" and a multiple of {multiple}" if multiple > 1 else "")
+    if multiple > 1:
+        return f"a positive multiple of {multiple}" if lo <= multiple else f"a multiple of {multiple} >= {lo}"
+    return f"an int >= {lo}"
+
+
+def _checked_int(prefix: str, key: str, v: Any, lo: int, hi: int | None, multiple: int,
+                 allowed: Collection[int] | None) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo or (hi is not None and v > hi) or v % multiple:
+        raise ValueError(f"{prefix}{key} must be {_int_wanted(lo, hi, multiple)}, got {v!r}")
+    if allowed is not None and v not in allowed:
+        raise ValueError(f"{prefix}{key}={v} is not supported (supported: {sorted(allowed)})")
+    return v
+
+
+def int_param(kernel: str, static: Mapping[str, Any], key: str, *, lo: int = 1, hi: int | None = None,
+              multiple: int = 1, allowed: Collection[int] | None = None) -> int:
+    """static[key] as an int in [lo, hi], a multiple of `multiple` and one of `allowed` (each optional), else a
+    ValueError naming the kernel and the key. For a spec's `select`."""
+    if not isinstance(static, Mapping) or key not in static:
+        raise ValueError(f"{kernel}: static params lack {key!r}")
+    return _checked_int(f"{kernel}: ", key, static[key], lo, hi, multiple, allowed)
+
+
+def int_arg(name: str, v: Any, *, op: str = "", lo: int = 1, hi: int | None = None, multiple: int = 1,
+            allowed: Collection[int] | None = None) -> int:
+    """A host op's int argument, checked as `int_param` checks a static; the ValueError names the argument
+    (after the op, when given)."""
+    return _checked_int(f"{op}: " if op else "", name, v, lo, hi, multiple, allowed)
 
 
 def check_tensor(t, name: str, shape: Sequence[int | None], dtype: torch.dtype,
                  device: torch.device | None = None, *, contiguous: bool = True) -> None:
     """`shape` entries of None accept any size. Raises ValueError naming the argument."""
+    import torch
     if not isinstance(t, torch.Tensor):
         raise ValueError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     if t.dtype != dtype:

@@ -39,6 +39,22 @@ def cpu_tensors_ok(monkeypatch):
     monkeypatch.setattr(val, "check_tensor", check)
 
 
+# ---- GPU tests ---------------------------------------------------------------------------------------
+def gpu_profile_params(placeholder: bool = False) -> list:
+    """pytest params of the profiles this machine's GPU proves (dsv4_jit.testing.gpu_profiles), with readable ids;
+    without a GPU, none (or one `None` param when `placeholder`, for a test that skips itself)."""
+    from dsv4_jit.testing import gpu_profiles, profile_id
+    params = [pytest.param(p, id=profile_id(p)) for p in gpu_profiles()]
+    return params or ([pytest.param(None, id="no-gpu")] if placeholder else [])
+
+
+@pytest.fixture(scope="module")
+def gpu_store(tmp_path_factory):
+    """The store a test module's GPU kernels load through: $DSV4_JIT_CACHE_DIR when set, else a fresh one."""
+    from dsv4_jit.testing import store_for_gpu_tests
+    return store_for_gpu_tests(tmp_path_factory.mktemp("gpu_store"))
+
+
 # ---- compile tiers ---------------------------------------------------------------------------------
 # CI (2 cores, no GPU) cross-compiles one representative variant per kernel and arch, and runs the cheap
 # pre-nvcc shared-memory check on every variant; `full` compiles every variant `select` can return for

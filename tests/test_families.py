@@ -22,11 +22,12 @@ import sys
 import pytest
 import torch
 
-from conftest import compile_tier
-from dsv4_jit.arch import PROFILES, detect_arch, get_profile
+from conftest import compile_tier, gpu_profile_params
+from dsv4_jit.arch import PROFILES, get_profile
 from dsv4_jit.family import KernelFamily, all_families
 from dsv4_jit.model_config import EMBEDDED, ParallelConfig, load_model_config
 from dsv4_jit.spec import all_specs
+from dsv4_jit.testing import check_case_outputs, poison, serving_getter
 from toy_family.family import FAMILY as TOY
 
 FAMILIES: list[KernelFamily] = [*all_families().values(), TOY]
@@ -207,16 +208,6 @@ def test_cross_compile(compile_case, tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------- gpu
-def _schedules() -> list:
-    native = detect_arch()
-    if native is None:
-        return [pytest.param(None, id="no-gpu")]
-    out = [pytest.param(native, id=f"{native.name}-schedule")]
-    if native.family != "blackwell_consumer":
-        out.append(pytest.param(get_profile("sm_120a").emulated(native), id=f"sm_120a-schedule-on-{native.name}"))
-    return out
-
-
 def _gpu_cases() -> list:
     out = []
     for fam in FAMILIES:
@@ -224,13 +215,6 @@ def _gpu_cases() -> list:
             for i, case in enumerate(fam.gpu_cases(load_model_config(model))):
                 out.append(pytest.param(fam, model, i, id=f"{fam.name}-{model}-{case.name}"))
     return out
-
-
-@pytest.fixture(scope="module")
-def gpu_store(tmp_path_factory):
-    from dsv4_jit.cache_tools.store import Store
-    # DSV4_JIT_CACHE_DIR set (e.g. a bundle compiled on a machine with no GPU, imported): load from it
-    return Store() if os.environ.get("DSV4_JIT_CACHE_DIR") else Store(tmp_path_factory.mktemp("family_store"))
 
 
 @functools.lru_cache(maxsize=None)
@@ -246,33 +230,18 @@ def _planned(family_name: str, model: str, schedule: str, max_tokens: int, tp_si
     return frozenset((v.variant.kernel, v.variant.params, v.variant.schedule) for v in plan.variants)
 
 
-def per_token_rel_err(got: torch.Tensor, want: torch.Tensor, token_dim: int = 0) -> tuple[float, int]:
-    """max over tokens of ||got_t - want_t|| / ||want_t|| (a whole-tensor norm would hide a few bad tokens),
-    and the worst token's index."""
-    g = got.double().movedim(token_dim, 0).reshape(got.shape[token_dim], -1)
-    w = want.double().movedim(token_dim, 0).reshape(want.shape[token_dim], -1)
-    err = (g - w).norm(dim=1) / w.norm(dim=1).clamp_min(1e-30)
-    i = int(err.argmax())
-    return float(err[i]), i
-
-
 @pytest.mark.gpu
-@pytest.mark.parametrize("schedule", _schedules())
+@pytest.mark.parametrize("schedule", gpu_profile_params(placeholder=True))
 @pytest.mark.parametrize("family,model,case_index", _gpu_cases())
 def test_gpu_case(family, model, case_index, schedule, gpu_store, gpu_turn):
     if schedule is None:
         pytest.skip("needs a CUDA GPU")
-    from dsv4_jit import jit
     case = family.gpu_cases(load_model_config(model))[case_index]
     asked: set = set()
     # CPU work outside the GPU turn (conftest.gpu_turn): the plan, and each token count's inputs
     planned = _planned(family.name, model, schedule.schedule, max(case.tokens), case.tp_size) if case.planned else None
 
-    def get_kernel(spec, static, num_tokens):
-        # the serving path: select with this profile, then load (compiling only on a miss)
-        v = spec.select(schedule, static, num_tokens)
-        asked.add((v.kernel, v.params, v.schedule))
-        return jit.load(spec, v, gpu_store)
+    get_kernel = serving_getter(schedule, gpu_store, asked)
 
     dev = torch.device("cuda")
     worst: dict[str, tuple[float, int]] = {}
@@ -283,21 +252,16 @@ def test_gpu_case(family, model, case_index, schedule, gpu_store, gpu_turn):
         with gpu_turn:
             try:
                 outputs = case.make_outputs(inputs, schedule)
-                for o in outputs.values():
-                    o.fill_(float("nan"))
+                poison(outputs)
                 case.launch(inputs, outputs, schedule, get_kernel)
                 torch.cuda.synchronize()
                 want = case.reference(inputs, outputs)
-                assert set(want) == set(outputs) == set(case.tolerance), (set(want), set(outputs))
-                for name, got in outputs.items():
-                    assert not got.isnan().any(), f"T={t}: {name} not fully written (NaN left from the poison)"
-                    err, tok = per_token_rel_err(got, want[name], case.token_dims.get(name, 0))
+                for name, (err, _) in check_case_outputs(case, outputs, want, t).items():
                     if err > worst.get(name, (-1.0, 0))[0]:
                         worst[name] = (err, t)
-                    assert err <= case.tolerance[name], f"T={t}: {name} token {tok} relative error {err:.3e}"
             finally:
                 # a failing case's traceback keeps this frame: drop its tensors before the turn passes on
-                inputs = outputs = want = got = None
+                inputs = outputs = want = None
     if case.planned:
         missing = asked - planned
         assert not missing, f"variants the op launched that the plan does not hold: {sorted(missing)}"

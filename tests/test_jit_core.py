@@ -195,3 +195,46 @@ def test_code_fingerprint_ignores_comments_and_docstrings(tmp_path):
         assert _spec_over(tmp_path, "k0", code_edit).code_fingerprint != base, code_edit
     # the module name is part of it: the same code in another module is another kernel
     assert _spec_over(tmp_path, "k1", _KERNEL_SRC).code_fingerprint != base
+
+
+# ------------------------------------------------------------------------------- the variant's profile
+def test_variant_carries_its_profile_outside_its_identity():
+    """select hands the variant the profile it was given (retargeted where the schedule is emulated); equality,
+    hash, name and the artifact key's fields see the four named fields only."""
+    import dataclasses
+    import pickle
+    from dsv4_jit.spec import Variant
+    spec = ToySpec()
+    sm120, hopper = get_profile("sm_120a"), get_profile("sm_90a")
+    v = _variant(spec, "sm_120a")
+    assert v.profile is sm120
+    assert [f.name for f in dataclasses.fields(Variant) if f.compare] == ["kernel", "params", "arch", "schedule"]
+    assert v.key_fields() == {"kernel": v.kernel, "params": [[k, val] for k, val in v.params], "arch": "sm_120a",
+                              "schedule": "sm_120a"}
+    by_name = Variant(v.kernel, v.params, v.arch, v.schedule)   # from names: the profile is resolved once
+    assert by_name.profile == sm120 and by_name == v and hash(by_name) == hash(v) and repr(by_name) == repr(v)
+    emu = sm120.emulated(hopper)
+    v_emu = spec.select(emu, {"hidden": 4096}, 8)
+    assert v_emu.profile is emu and (v_emu.profile.name, v_emu.profile.family) == ("sm_90a", "blackwell_consumer")
+    # the emulated schedule rebuilt from names, or from the target profile plus the schedule's name, is the same
+    # profile in every field the compile reads
+    for rebuilt in (Variant(v_emu.kernel, v_emu.params, "sm_90a", "sm_120a"),
+                    Variant.make(v_emu.kernel, v_emu.p, hopper, schedule="sm_120a")):
+        assert rebuilt == v_emu and rebuilt.profile == emu
+        assert spec.pass_configs(rebuilt) == spec.pass_configs(v_emu) == dict(sm120.pass_configs)
+    assert pickle.loads(pickle.dumps(v_emu)).profile == emu
+    assert jit.key_fields(spec, by_name) == jit.key_fields(spec, v)
+    assert jit.key_fields(spec, v)["pass_configs"] == dict(sorted(get_profile(v.schedule).pass_configs.items()))
+
+
+def test_get_kernel_selects_once_per_signature(monkeypatch):
+    """The serving path: the first call of a (kernel, static, tokens, arch) selects and loads; later calls are a
+    memo hit with no select at all."""
+    spec = ToySpec()
+    calls = []
+    real = spec.select
+    monkeypatch.setattr(spec, "select", lambda *a: calls.append(a) or real(*a))
+    monkeypatch.setattr(jit, "load", lambda s, v, *a, **k: ("loaded", v))
+    monkeypatch.setattr(jit, "_SELECT_MEMO", {})
+    got = [jit.get_kernel(spec, {"hidden": 4096}, 8, get_profile("sm_120a")) for _ in range(3)]
+    assert len(calls) == 1 and got[0] is got[1] is got[2] and got[0][1].profile is get_profile("sm_120a")

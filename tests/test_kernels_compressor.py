@@ -10,6 +10,7 @@ from dsv4_jit.arch import get_profile
 from dsv4_jit.kernels.compressor import family, ops, reference
 from dsv4_jit.model_config import ParallelConfig, load_model_config
 from dsv4_jit.spec import get_spec
+from dsv4_jit.testing import check_case_outputs, poison
 
 SM120 = get_profile("sm_120a")
 
@@ -83,19 +84,15 @@ def test_gpu_cases_dry_run_on_the_cpu(model, cpu_tensors_ok):
         for t in (7, 64):
             inp = case.make_inputs(t, "cpu", g)
             out = case.make_outputs(inp, SM120)
-            for v in out.values():
-                v.fill_(float("nan"))
+            poison(out)
             case.launch(inp, out, SM120, _fake_get_kernel)
             want = case.reference(inp, out)
-            for name, tol in case.tolerance.items():
-                got, w = out[name].double(), want[name].double()
-                assert not got.isnan().any(), (case.name, name)
-                err = ((got - w).norm(dim=1) / w.norm(dim=1).clamp_min(1e-30))
-                assert float(err.max()) <= tol, (case.name, t, float(err.max()))
-                if name == "entry":
-                    emitting = ((inp["pos"] + 1) % case_ratio(case) == 0) & (inp["slots"] >= 0)
-                    assert emitting.any() and (~emitting).any()
-                    assert (w[~emitting] == 0).all() and (w[emitting].norm(dim=1) > 0).all()
+            check_case_outputs(case, out, want, t)
+            if "entry" in want:
+                w = want["entry"].double()
+                emitting = ((inp["pos"] + 1) % case_ratio(case) == 0) & (inp["slots"] >= 0)
+                assert emitting.any() and (~emitting).any()
+                assert (w[~emitting] == 0).all() and (w[emitting].norm(dim=1) > 0).all()
 
 
 def case_ratio(case) -> int:
@@ -180,7 +177,7 @@ def test_state_write_op_names_the_bad_argument(cpu_tensors_ok):
         ops.compressor_state_write(kv, torch.zeros(128, 1024), torch.zeros(3, dtype=torch.int32),
                                    torch.zeros(3, dtype=torch.int32), torch.zeros(8, 2048), ratio=4, arch=SM120,
                                    get_kernel=None)
-    with pytest.raises(ValueError, match="ratio must be one of"):
+    with pytest.raises(ValueError, match="ratio=16 is not supported"):
         ops.compressor_state_write(kv, torch.zeros(4, 1024), torch.zeros(3, dtype=torch.int32),
                                    torch.zeros(3, dtype=torch.int32), torch.zeros(8, 2048), ratio=16, arch=SM120,
                                    get_kernel=None)

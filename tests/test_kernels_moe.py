@@ -15,6 +15,7 @@ from dsv4_jit.kernels.moe.family import moe_shapes
 from dsv4_jit.kernels.quant.reference import E2M1_VALUES
 from dsv4_jit.model_config import EMBEDDED, load_model_config
 from dsv4_jit.spec import get_spec
+from dsv4_jit.testing import select_only_getter
 
 SM120 = get_profile("sm_120a")
 
@@ -164,17 +165,16 @@ def _op_args(m=32, e=2, n=128, k=256):
     (dict(w_scales=torch.zeros(2, 128, 4)), "w_scales: expected dtype"),
     (dict(w_scales=torch.zeros(2, 128, 9, dtype=torch.uint8)), "w_scales: expected shape"),
     (dict(a=torch.zeros(32, 256)), "a: expected dtype"),
-    (dict(a=torch.zeros(33, 256, dtype=torch.float8_e4m3fn)), "a: 33 rows is not a multiple of block_m = 8"),
+    (dict(a=torch.zeros(33, 256, dtype=torch.float8_e4m3fn), a_scales=torch.ones(33, 2)),
+     "a: 33 rows is not a multiple of block_m = 8"),
     (dict(a_scales=torch.ones(32, 3)), "a_scales: expected shape"),
     (dict(block_expert=torch.zeros(3, dtype=torch.int32)), "block_expert: expected shape"),
 ])
-def test_op_validates_before_selecting(bad, match, cpu_tensors_ok):
+def test_op_validates_before_launching(bad, match, cpu_tensors_ok):
+    """block_m comes from the selected variant: the getter selects (as serving does) and must not launch."""
     args = {**_op_args(), **bad}
-
-    def never(*a, **k):
-        raise AssertionError("a kernel was requested for invalid input")
     with pytest.raises(ValueError, match=match):
-        ops.fp4_moe_gemm(**args, num_tokens=1, arch=SM120, get_kernel=never)
+        ops.fp4_moe_gemm(**args, num_tokens=1, arch=SM120, get_kernel=select_only_getter(SM120))
 
 
 def test_op_refuses_cpu_tensors_and_bad_token_counts():
@@ -304,7 +304,7 @@ def test_route_validates_before_selecting(kw, match, cpu_tensors_ok):
     args = dict(topk=6, routed_scaling=1.5)
     args.update(kw)
     with pytest.raises(ValueError, match=match):
-        ops.moe_route(torch.zeros(3, 256), **args, arch=SM120, get_kernel=None)
+        ops.moe_route(torch.zeros(3, 256), **args, arch=SM120, get_kernel=select_only_getter(SM120))
 
 
 def test_route_select_rejects_unsupported_statics():
@@ -351,4 +351,4 @@ def test_combine_validates_before_selecting(kw, match, cpu_tensors_ok):
                 weights=torch.zeros(3, 6))
     args.update(kw)
     with pytest.raises(ValueError, match=match):
-        ops.moe_combine(**args, arch=SM120, get_kernel=None)
+        ops.moe_combine(**args, arch=SM120, get_kernel=select_only_getter(SM120))

@@ -1,18 +1,19 @@
 """mHC post / fused post+next-pre / hc_head: select contract, references, cross-compiles, GPU checks."""
 import math
-import os
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from dsv4_jit.arch import PROFILES, detect_arch, get_profile
+from dsv4_jit.arch import PROFILES, get_profile
 from dsv4_jit.kernels.mhc import ops as OPS
 from dsv4_jit.kernels.mhc import post as MP
 from dsv4_jit.kernels.mhc import reference as REF
 from dsv4_jit.model_config import ParallelConfig, load_model_config
 from dsv4_jit.spec import get_spec
+from conftest import gpu_profile_params
+from dsv4_jit.testing import nan_filled, select_only_getter, serving_getter
 
 NAMES = ("mhc_post", "mhc_post_pre_fused", "mhc_head")
 MODELS = ("deepseek-v4-flash", "deepseek-v4-pro")
@@ -152,9 +153,9 @@ def test_wrappers_validate_gpu():
         OPS.mhc_post(x, r, p, c, out=torch.empty(2, 4, 255, dtype=torch.bfloat16, device="cuda"), **kw)
     with pytest.raises(ValueError, match="fn_next"):
         OPS.mhc_post_pre_fused(x, r, p, c, torch.zeros(24, 10, device="cuda"), **kw)
-    with pytest.raises(ValueError, match="mix_part"):
-        OPS.mhc_post_pre_fused(x, r, p, c, torch.zeros(24, 1024, device="cuda"),
-                              mix_part=torch.empty(1, 2, 32, device="cuda"), **kw)
+    with pytest.raises(ValueError, match="mix_part"):   # its shape follows the selected variant
+        OPS.mhc_post_pre_fused(x, r, p, c, torch.zeros(24, 1024, device="cuda"), mix_part=torch.empty(1, 2, 32, device="cuda"),
+                              arch=get_profile("sm_90a"), get_kernel=select_only_getter(get_profile("sm_90a")))
     with pytest.raises(ValueError, match="fn"):
         OPS.hc_head(r, torch.zeros(4, 1000, device="cuda"), torch.ones(1, device="cuda"),
                    torch.zeros(4, device="cuda"), rms_eps=1e-6, hc_eps=1e-6, **kw)
@@ -177,9 +178,9 @@ def test_post_tile_by_token_count():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_gpu_post_hot_path_still_validates(kernel_dir):
+def test_gpu_post_hot_path_still_validates(gpu_store):
     prof = get_profile("sm_90a")
-    get = _getter(prof, kernel_dir)
+    get = serving_getter(prof, gpu_store)
     x, r, p, c = _inputs(3, 4, 4096, device="cuda")
     o1 = OPS.mhc_post(x, r, p, c, arch=prof, get_kernel=get)
     o2 = OPS.mhc_post(x, r, p, c, arch=prof, get_kernel=get)  # plan hit
@@ -269,56 +270,23 @@ def test_ref_head_naive():
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
-def _gpu_profiles():
-    native = detect_arch()
-    if native is None:
-        return []
-    profs = [pytest.param(native, id=native.name)]
-    if native.family != "blackwell_consumer":
-        profs.append(pytest.param(get_profile("sm_120a").emulated(native), id=f"sm_120a-schedule-on-{native.name}"))
-    return profs
-
-
-@pytest.fixture(scope="module")
-def kernel_dir(tmp_path_factory):
-    """The store the GPU tests load through: $DSV4_JIT_CACHE_DIR when set (e.g. an imported bundle
-    compiled on a machine with no GPU), else a fresh one."""
-    from dsv4_jit.cache_tools.store import Store
-    if os.environ.get("DSV4_JIT_CACHE_DIR"):
-        return Store()
-    return Store(tmp_path_factory.mktemp("post_head_store"))
-
-
-def _getter(profile, store):
-    from dsv4_jit import jit
-
-    def get(spec, static, num_tokens):
-        # The serving path: select, then load from the store (compiling only on a miss).
-        return jit.load(spec, spec.select(profile, static, num_tokens), store)
-    return get
-
-
-def _poison(*shape, dtype):
-    return torch.full(shape, float("nan"), dtype=dtype, device="cuda")
-
-
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("model", MODELS)
-@pytest.mark.parametrize("profile", _gpu_profiles())
-def test_gpu_post_pre_fused(profile, model, kernel_dir):
+@pytest.mark.parametrize("profile", gpu_profile_params())
+def test_gpu_post_pre_fused(profile, model, gpu_store):
     """Accuracy is a family GPU case (tests/test_families.py); here: the padded mix columns are zero and
     a default-allocating call agrees bit for bit with the preallocated (graph-capture) one."""
     cfg = load_model_config(model)
     hidden, hc, mix = cfg.hidden_size, cfg.hc_mult, cfg.mix_width
-    get = _getter(profile, kernel_dir)
+    get = serving_getter(profile, gpu_store)
     spec = get_spec("mhc_post_pre_fused")
     for t in (1, 33):
         v = spec.select(profile, {"hidden_size": hidden, "hc_mult": hc, "mix_width": mix}, t)
         splits, pad = MP.fused_num_splits(v), v.p["mix_pad"]
         x, res, post, comb, fn = _inputs(t, hc, hidden, mix, seed=t, device="cuda")
-        out = _poison(t, hc, hidden, dtype=torch.bfloat16)
-        mp, sq = _poison(splits, t, pad, dtype=torch.float32), _poison(splits, t, dtype=torch.float32)
+        out = nan_filled(t, hc, hidden, dtype=torch.bfloat16, device="cuda")
+        mp, sq = nan_filled(splits, t, pad, dtype=torch.float32, device="cuda"), nan_filled(splits, t, dtype=torch.float32, device="cuda")
         OPS.mhc_post_pre_fused(x, res, post, comb, fn, arch=profile, get_kernel=get, out=out, mix_part=mp, sq_part=sq)
         o2, m2, s2 = OPS.mhc_post_pre_fused(x, res, post, comb, fn, arch=profile, get_kernel=get)
         torch.cuda.synchronize()

@@ -6,7 +6,6 @@ Cross-compiles and the op-level GPU correctness of every model and flag come fro
 (tests/test_families.py, cases in kernels/mhc/family.py).
 """
 import math
-import os
 
 import pytest
 import torch
@@ -14,7 +13,8 @@ import torch
 from dsv4_jit.arch import get_profile
 from dsv4_jit.family import DEFAULT_GPU_TOKENS
 from dsv4_jit.model_config import load_model_config
-from dsv4_jit.spec import Variant
+from conftest import gpu_profile_params
+from dsv4_jit.testing import profile_id, rel_err, serving_getter
 from dsv4_jit.kernels.mhc import ops
 from dsv4_jit.kernels.mhc import pre as mp
 from dsv4_jit.kernels.mhc import reference as ref
@@ -248,42 +248,6 @@ GPU_TOKENS = DEFAULT_GPU_TOKENS  # the family cases' token counts (tile, split a
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
-def _schedules():
-    return [pytest.param("sm_90a", id="sm90-schedule"), pytest.param("sm_120a", id="sm120-schedule-on-sm90")]
-
-
-class _Getter:
-    """get_kernel for the op wrappers: select with the schedule profile, compile/load for sm_90a."""
-
-    def __init__(self, schedule, store):
-        self.schedule, self.store, self.used = schedule, store, set()
-
-    def profile(self):
-        return get_profile(self.schedule)
-
-    def __call__(self, spec, static, num_tokens):
-        from dsv4_jit import jit
-        v = spec.select(self.profile(), static, num_tokens)
-        if v.arch != "sm_90a":
-            v = Variant.make(v.kernel, v.p, get_profile("sm_90a"), schedule=v.schedule)
-        self.used.add(v.name)
-        return jit.load(spec, v, self.store)
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    from dsv4_jit.cache_tools.store import Store
-    # DSV4_JIT_CACHE_DIR set: reuse that store (e.g. variants precompiled in parallel); else a fresh one
-    if os.environ.get("DSV4_JIT_CACHE_DIR"):
-        return Store()
-    return Store(tmp_path_factory.mktemp("pre_store"))
-
-
-def _rel(a, b):
-    a, b = a.double(), b.double()
-    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
-
-
 def _pre_inputs(T_, hc, H, broadcast, dev, seed):
     g = torch.Generator(device="cpu").manual_seed(seed)
     M = (2 + hc) * hc
@@ -298,19 +262,20 @@ def _pre_inputs(T_, hc, H, broadcast, dev, seed):
 
 @gpu
 @pytest.mark.gpu
-@pytest.mark.parametrize("schedule", _schedules())
+@pytest.mark.parametrize("schedule", gpu_profile_params())
 @pytest.mark.parametrize("model", MODELS)
-def test_gpu_norm_fn(schedule, model, store):
+def test_gpu_norm_fn(schedule, model, gpu_store):
     """The GEMM partials alone (all split counts select returns), against float64."""
     m = load_model_config(model)
     H, hc = m.hidden_size, m.hc_mult
-    get = _Getter(schedule, store)
+    used: set = set()
+    get = serving_getter(schedule, gpu_store, used)
     dev = torch.device("cuda")
     worst = 0.0
     for i, T_ in enumerate(GPU_TOKENS):
         X, fn, *_ = _pre_inputs(T_, hc, H, False, dev, seed=2000 + i)
         st = NF.statics_for(m)
-        s = NF.select(get.profile(), st, T_).p["n_splits"]
+        s = NF.select(schedule, st, T_).p["n_splits"]
         mix_part = torch.full((s, T_, mp.mix_pad(hc)), float("nan"), device=dev)
         sq_part = torch.full((s, T_), float("nan"), device=dev)
         get(NF, st, T_)(X.view(T_, -1), fn, mix_part, sq_part)
@@ -318,20 +283,21 @@ def test_gpu_norm_fn(schedule, model, store):
         _, raw, sq = ref.ref_mhc_pre_mixes(X, fn, m.rms_norm_eps)
         assert torch.isfinite(mix_part).all() and torch.isfinite(sq_part).all()
         assert (mix_part[..., mp.mix_width(hc):] == 0).all()
-        e = _rel(mix_part.sum(0)[:, :mp.mix_width(hc)], raw)
+        e = rel_err(mix_part.sum(0)[:, :mp.mix_width(hc)], raw)
         worst = max(worst, e)
         assert e < 2e-3, (T_, e)
-        assert _rel(sq_part.sum(0), sq) < 1e-5
-    print(f"\n[{schedule} {model}] norm_fn worst rel err {worst:.2e}; variants {sorted(get.used)}")
+        assert rel_err(sq_part.sum(0), sq) < 1e-5
+    print(f"\n[{profile_id(schedule)} {model}] norm_fn worst rel err {worst:.2e}; {len(used)} variants")
 
 
 @gpu
 @pytest.mark.gpu
-def test_gpu_op_validation(store):
-    get = _Getter("sm_90a", store)
+def test_gpu_op_validation(gpu_store):
+    hopper = get_profile("sm_90a")
+    get = serving_getter(hopper, gpu_store)
     dev = torch.device("cuda")
     X, fn, scale, base, w = _pre_inputs(4, 4, 4096, False, dev, seed=7)
-    kw = dict(rms_eps=1e-6, hc_eps=1e-6, sinkhorn_iters=20, post_mult=2.0, arch=get.profile(), get_kernel=get)
+    kw = dict(rms_eps=1e-6, hc_eps=1e-6, sinkhorn_iters=20, post_mult=2.0, arch=hopper, get_kernel=get)
     with pytest.raises(ValueError):
         ops.mhc_pre(X.float(), fn, scale, base, **kw)
     with pytest.raises(ValueError):
@@ -344,13 +310,14 @@ def test_gpu_op_validation(store):
 
 @gpu
 @pytest.mark.gpu
-def test_gpu_hot_path_still_validates(store):
+def test_gpu_hot_path_still_validates(gpu_store):
     """After a good call has cached the launch plan for this signature, every argument is still
     checked on each call (the plan is keyed on shapes; dtype, device, contiguity are re-checked)."""
-    get = _Getter("sm_90a", store)
+    hopper = get_profile("sm_90a")
+    get = serving_getter(hopper, gpu_store)
     dev = torch.device("cuda")
     X, fn, scale, base, w = _pre_inputs(4, 4, 4096, False, dev, seed=8)
-    kw = dict(rms_eps=1e-6, hc_eps=1e-6, sinkhorn_iters=20, post_mult=2.0, arch=get.profile(), get_kernel=get)
+    kw = dict(rms_eps=1e-6, hc_eps=1e-6, sinkhorn_iters=20, post_mult=2.0, arch=hopper, get_kernel=get)
     y, post, comb = ops.mhc_pre(X, fn, scale, base, norm_weight=w, **kw)
     y2, _, _ = ops.mhc_pre(X, fn, scale, base, norm_weight=w, **kw)  # plan hit
     torch.cuda.synchronize()

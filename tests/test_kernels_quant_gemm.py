@@ -20,6 +20,7 @@ from dsv4_jit.kernels.quant import reference as qref
 from dsv4_jit.kernels.quant.family import quant_statics
 from dsv4_jit.model_config import EMBEDDED, ParallelConfig, load_model_config
 from dsv4_jit.spec import get_spec
+from dsv4_jit.testing import select_only_getter
 
 SM120 = get_profile("sm_120a")
 
@@ -351,7 +352,7 @@ def test_fp8_gemm_validation_names_the_argument(cpu_tensors_ok, bad, name):
 def test_fp8_gemm_validation_groups_workspace_arch(cpu_tensors_ok):
     args = _gemm_args(m=1, n=1536, k=4096)
     with pytest.raises(ValueError, match="^workspace"):    # decode M=1 splits K: needs the partials
-        gops.fp8_gemm(*args.values(), arch=SM120, get_kernel=_no_kernel, workspace=torch.empty(10))
+        gops.fp8_gemm(*args.values(), arch=SM120, get_kernel=select_only_getter(SM120), workspace=torch.empty(10))
     with pytest.raises(ValueError, match="^workspace"):
         gops.fp8_gemm(*args.values(), arch=SM120, get_kernel=_no_kernel, workspace=torch.empty(10, dtype=torch.float64))
     with pytest.raises(ValueError, match="^groups"):

@@ -1,7 +1,7 @@
 """Sparse MLA host ops: what the engine calls. Every argument is validated (ValueError naming it) before
-any kernel is selected or launched; `out=` and `workspace=` let CUDA-graph capture run with nothing
-allocated; the variant (head block, KV tile, split count) comes from `select`, the function the planner
-enumerates.
+any kernel is selected, except the workspace's size, which the selected variant's split count fixes (checked
+before the launch); `out=` and `workspace=` let CUDA-graph capture run with nothing allocated; the variant
+(head block, KV tile, split count) comes from `select`, the function the planner enumerates, once per call.
 
   sparse_mla_decode   q against the fp8_ds_mla paged cache (decode, MTP, and prefill over the paged cache)
   sparse_mla_prefill  q against gathered bf16 KV rows (ragged prefill)
@@ -14,8 +14,9 @@ from typing import Any
 
 import torch
 
-from dsv4_jit.arch import ArchProfile
+from dsv4_jit.arch import ArchProfile, check_arch
 from dsv4_jit.spec import get_spec
+from dsv4_jit.validate import int_arg
 
 from .sparse_mla import D, ROPE, SCALE_BYTES, TOKEN_BYTES, SparseMlaCombineSpec, SparseMlaSpec
 
@@ -71,8 +72,7 @@ def _page_geometry(cache, name: str, block_size, dev) -> tuple[int, int]:
     if cache.dtype != torch.uint8:
         raise ValueError(f"{name}: expected dtype torch.uint8 (fp8_ds_mla bytes), got {cache.dtype}")
     _check(cache, name, [None] * cache.dim(), torch.uint8, dev)
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-        raise ValueError(f"{name}: block_size must be a positive int, got {block_size!r}")
+    int_arg("block_size", block_size, op=name)
     pages = cache.shape[0]
     pb = cache.numel() // max(pages, 1)
     need = block_size * (TOKEN_BYTES + SCALE_BYTES)
@@ -124,27 +124,33 @@ def _fp8_views(cache, pages: int, pb: int):
             flat.view(torch.bfloat16).view(pages, rows, 8))
 
 
-def _outputs(q, t: int, h: int, splits: int, out, workspace):
+def _out(q, t: int, h: int, out, workspace):
+    """out, allocated or checked; the workspace's dtype and device (its size depends on the variant: _partials)."""
     dev = q.device
     if out is None:
         out = torch.empty(t, h, D, dtype=torch.bfloat16, device=dev)
     else:
         _check(out, "out", [t, h, D], torch.bfloat16, dev)
+    if workspace is not None:
+        from dsv4_jit.validate import require_1d
+        require_1d(workspace, "workspace", torch.float32, dev)
+    return out
+
+
+def _partials(q, t: int, h: int, splits: int, workspace):
+    """The split kernel's partial O and log-sum-exp, carved from the workspace (allocated when not given)."""
+    dev = q.device
     if splits == 1:
-        part = _dummy_parts(dev, h)
-        return out, part[0], part[1]
+        return _dummy_parts(dev, h)
     need = splits * t * h * (D + 1)
     if workspace is None:
         workspace = torch.empty(need, dtype=torch.float32, device=dev)
-    else:
-        from dsv4_jit.validate import require_1d
-        require_1d(workspace, "workspace", torch.float32, dev)
-        if workspace.numel() < need:
-            raise ValueError(f"workspace: needs >= {need} fp32 elements at T={t}, H={h} "
-                             f"({splits} splits; see sparse_mla_workspace_max_numel), got {workspace.numel()}")
+    elif workspace.numel() < need:
+        raise ValueError(f"workspace: needs >= {need} fp32 elements at T={t}, H={h} "
+                         f"({splits} splits; see sparse_mla_workspace_max_numel), got {workspace.numel()}")
     o_part = workspace[: splits * t * h * D].view(splits, t, h, D)
     lse = workspace[splits * t * h * D: need].view(splits, t, h)
-    return out, o_part, lse
+    return o_part, lse
 
 
 _DUMMY: dict[tuple, tuple] = {}
@@ -160,18 +166,16 @@ def _dummy_parts(dev, h: int):
     return d
 
 
-def _launch(static, t, out, o_part, lse, attn_sink, args, get_kernel) -> None:
+def _launch(q, static, t: int, h: int, out, workspace, attn_sink, args, get_kernel) -> None:
+    """Select + load once (get_kernel), size the partials from the variant it returned, launch."""
     fwd = get_kernel(_FWD, static, t)
     s = fwd.variant.p["n_splits"]
+    o_part, lse = _partials(q, t, h, s, workspace)
     if s == 1:
         fwd(*args, attn_sink, out, o_part, lse)
     else:
         fwd(*args, attn_sink, out[:1], o_part, lse)
         get_kernel(_COMBINE, static, t)(o_part, lse, attn_sink, out)
-
-
-def _splits(arch, static, t) -> int:
-    return _FWD.select(arch, static, t).p["n_splits"]
 
 
 def sparse_mla_decode(q, kv_cache, indices, lengths, attn_sink, *, block_size: int, extra_kv_cache=None,
@@ -187,6 +191,7 @@ def sparse_mla_decode(q, kv_cache, indices, lengths, attn_sink, *, block_size: i
     query tokens of a request are rows of q with their own lists. softmax_scale defaults to 512^-0.5.
     workspace: fp32, >= sparse_mla_workspace_numel() elements (used when the kernel splits a token's
     candidates across CTAs). check_indices: None = check ranges (one host sync) unless capturing."""
+    check_arch("sparse_mla_decode", arch)
     t, h = _check_q(q)
     dev = q.device
     _check_list("indices", indices, lengths, t, dev)
@@ -201,8 +206,7 @@ def sparse_mla_decode(q, kv_cache, indices, lengths, attn_sink, *, block_size: i
         pages2, pb2 = _page_geometry(extra_kv_cache, "extra_kv_cache", bs2, dev)
     scale = D ** -0.5 if softmax_scale is None else softmax_scale
     static = _static(h, scale, "fp8_ds_mla")
-    splits = _splits(arch, static, t)  # also validates scale / heads with a ValueError
-    out, o_part, lse = _outputs(q, t, h, splits, out, workspace)
+    out = _out(q, t, h, out, workspace)
     if _want_check(check_indices):
         _check_ranges("indices", indices, lengths, pages1 * block_size)
         if extra_kv_cache is not None:
@@ -213,7 +217,7 @@ def sparse_mla_decode(q, kv_cache, indices, lengths, attn_sink, *, block_size: i
     else:
         v2, idx2, lens2 = _fp8_views(extra_kv_cache, pages2, pb2), extra_indices, extra_lengths
     args = (q, *v1, indices, lengths, *v2, idx2, lens2, int(block_size), int(bs2))
-    _launch(static, t, out, o_part, lse, attn_sink, args, get_kernel)
+    _launch(q, static, t, h, out, workspace, attn_sink, args, get_kernel)
     return out
 
 
@@ -223,6 +227,7 @@ def sparse_mla_prefill(q, kv, indices, lengths, attn_sink, *, extra_kv=None, ext
     """Sparse MLA with the sink over gathered bf16 KV rows kv [N, 512] (ragged prefill: each query token
     carries its own candidate rows). indices [T, N_idx] int32 rows of kv (-1 = hole), lengths [T]; the
     optional extra_* list reads a second row set. Returns out [T, H, 512] bf16."""
+    check_arch("sparse_mla_prefill", arch)
     t, h = _check_q(q)
     dev = q.device
     _check_list("indices", indices, lengths, t, dev)
@@ -242,8 +247,7 @@ def sparse_mla_prefill(q, kv, indices, lengths, attn_sink, *, extra_kv=None, ext
         raise ValueError("kv: needs at least one row")
     scale = D ** -0.5 if softmax_scale is None else softmax_scale
     static = _static(h, scale, "bf16")
-    splits = _splits(arch, static, t)
-    out, o_part, lse = _outputs(q, t, h, splits, out, workspace)
+    out = _out(q, t, h, out, workspace)
     if _want_check(check_indices):
         _check_ranges("indices", indices, lengths, kv.shape[0])
         if extra_kv is not None:
@@ -252,5 +256,5 @@ def sparse_mla_prefill(q, kv, indices, lengths, attn_sink, *, extra_kv=None, ext
         kv2, (idx2, lens2) = kv, _no_list(indices, t)
     else:
         kv2, idx2, lens2 = extra_kv, extra_indices, extra_lengths
-    _launch(static, t, out, o_part, lse, attn_sink, (q, kv, indices, lengths, kv2, idx2, lens2), get_kernel)
+    _launch(q, static, t, h, out, workspace, attn_sink, (q, kv, indices, lengths, kv2, idx2, lens2), get_kernel)
     return out

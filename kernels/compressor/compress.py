@@ -31,8 +31,7 @@ STATE_THREADS = 256
 # block-table + state load per row (128 round trips per ratio-128 token, 8 per ratio-4 token).
 GATHER_ROWS = 8
 # Row groups of a ratio-128 window: each group of D/4 threads pools 32 of the 128 rows, then the groups' partial
-# softmax states merge through shared memory. One group left a 512 KB window's gather to 128 threads (73 us per
-# emitting token on the H100, 2026-11-24).
+# softmax states merge through shared memory (one group would leave a 512 KB window's gather to 128 threads).
 ROW_GROUPS = {4: 1, 128: 4}
 
 

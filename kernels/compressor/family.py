@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dsv4_jit.family import GpuCase, KernelFamily, KernelUse, register_family
 from dsv4_jit.spec import get_spec
+from dsv4_jit.testing import cuda_generator
 
 from . import compress  # noqa: F401  (registers the specs)
 
@@ -48,14 +49,13 @@ def _uses(model, parallel) -> list[KernelUse]:
 
 def _compress_case(m, ratio: int, d: int) -> GpuCase:
     import torch
-    from dsv4_jit.kernels.gemm.family import _cuda_gen
     from . import ops, reference
     eps = float(m.rms_norm_eps)
     coff = reference.coff_of(ratio)
     c = coff * d
 
     def make_inputs(t, device, g):
-        cg = _cuda_gen(g, device)
+        cg = cuda_generator(g, device)
         max_pos = 8 * ratio * 4
         pages_per = max_pos // STATE_PAGE
         total = BATCH * pages_per + 3
@@ -142,12 +142,11 @@ def _compress_case(m, ratio: int, d: int) -> GpuCase:
 
 def _state_case(m, ratio: int, d: int) -> GpuCase:
     import torch
-    from dsv4_jit.kernels.gemm.family import _cuda_gen
     from . import ops, reference
     c = reference.coff_of(ratio) * d
 
     def make_inputs(t, device, g):
-        cg = _cuda_gen(g, device)
+        cg = cuda_generator(g, device)
         return {"kv_score": torch.randn(t, 2 * c, generator=cg, device=device),
                 "ape": torch.randn(ratio, c, generator=cg, device=device),
                 "pos": torch.randint(0, 1 << 20, (t,), generator=cg, device=device).int(),

@@ -13,23 +13,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from dsv4_jit.arch import check_arch
 from dsv4_jit.spec import get_spec
+from dsv4_jit.validate import int_arg
 
 from .compress import FORMATS, ROPE, SCALE_BYTES, TOKEN_BYTES
-
-
-def _arch_of(op: str, arch):
-    from dsv4_jit.arch import ArchProfile
-    if not isinstance(arch, ArchProfile):
-        raise ValueError(f"{op}: arch must be an ArchProfile (dsv4_jit.arch.get_profile), got {arch!r}")
-    return arch
-
-
-def _int(op: str, name: str, v, choices=None) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1 or (choices and v not in choices):
-        want = f"one of {sorted(choices)}" if choices else "a positive int"
-        raise ValueError(f"{op}: {name} must be {want}, got {v!r}")
-    return v
 
 
 def state_static(ratio: int, head_dim: int) -> dict[str, Any]:
@@ -57,8 +45,8 @@ def compressor_state_write(kv_score, ape, positions, state_slots, state, *, rati
     import torch
     from dsv4_jit.validate import check_tensor
     op = "compressor_state_write"
-    arch = _arch_of(op, arch)
-    ratio = _int(op, "ratio", ratio, (4, 128))
+    arch = check_arch(op, arch)
+    ratio = int_arg("ratio", ratio, op=op, allowed=(4, 128))
     if not isinstance(kv_score, torch.Tensor) or kv_score.dim() != 2:
         raise ValueError("kv_score: expected an fp32 [T, 2C] tensor (the fused wkv/wgate GEMM output)")
     t, two_c = kv_score.shape
@@ -117,10 +105,10 @@ def compressor_compress(state, state_block_table, positions, req_idx, out_slots,
     import torch
     from dsv4_jit.validate import check_tensor
     op = "compressor_compress"
-    arch = _arch_of(op, arch)
-    ratio = _int(op, "ratio", ratio, (4, 128))
-    state_page = _int(op, "state_page", state_page)
-    block_size = _int(op, "block_size", block_size)
+    arch = check_arch(op, arch)
+    ratio = int_arg("ratio", ratio, op=op, allowed=(4, 128))
+    state_page = int_arg("state_page", state_page, op=op)
+    block_size = int_arg("block_size", block_size, op=op)
     if not isinstance(norm_weight, torch.Tensor) or norm_weight.dim() != 1 or norm_weight.shape[0] not in FORMATS:
         raise ValueError("norm_weight: expected a bf16 [head_dim] tensor with head_dim 512 (attention) or 128 (indexer)")
     d = norm_weight.shape[0]

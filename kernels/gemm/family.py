@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dsv4_jit.family import GpuCase, KernelFamily, KernelUse, register_family
 from dsv4_jit.spec import get_spec
+from dsv4_jit.testing import cuda_generator
 
 from . import fp8_gemm  # noqa: F401  (registers the specs)
 
@@ -76,12 +77,6 @@ def _uses(model, parallel) -> list[KernelUse]:
 # ---------------------------------------------------------------------------------------------
 # GPU cases
 # ---------------------------------------------------------------------------------------------
-def _cuda_gen(g, device):
-    import torch
-    seed = int(torch.randint(0, 2**62, (1,), generator=g))
-    return torch.Generator(device=device).manual_seed(seed)
-
-
 def make_activations(t: int, width: int, cg, device):
     """bf16 activations as a layer's would be: per-token magnitudes over e^-2..e^3 and a few outlier channels
     (x8), quantized 1x128 with UE8M0 scales by the torch reference."""
@@ -115,7 +110,7 @@ def _case(m, shape: dict, tp: int) -> GpuCase:
     n, k, groups = shape["n"], shape["k"], shape["groups"]
 
     def make_inputs(t, device, g):
-        cg = _cuda_gen(g, device)
+        cg = cuda_generator(g, device)
         a, sa = make_activations(t, groups * k, cg, device)
         b, sb = make_weights(groups, n, k, cg, device)
         return {"a": a, "sa": sa, "b": b, "sb": sb}

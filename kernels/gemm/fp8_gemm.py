@@ -21,9 +21,8 @@ Schedules (`select` picks one of four by the token count; the same on every arch
     (`ring`, k_stage K blocks per stage: 256 B runs of each weight row) that requests its first weight stages
     before the grid dependency sync, so under programmatic dependent launch (PDL; the ring GEMM and the reduce
     trigger their dependents at start) a GEMM may begin streaming its weight while the previous one drains. All
-    the CTA's scale products load once, not per K block. Measured as a whole (benchmarks/sweep_gemm_decode.py):
-    the share of the gain due to PDL rather than the ring was not isolated, and a PDL trigger in act_quant_fp8
-    (the GEMM's usual predecessor) gave no measurable overlap, so it is not there.
+    the CTA's scale products load once, not per K block. act_quant_fp8 (the GEMM's usual predecessor) has no
+    PDL trigger: it gave no measurable overlap.
   * batched decode, 64 < M <= 256: the same 64-row tiles (2..4 M tiles), split-K counted for 2 M tiles and
     capped so the partials (split x 256 x N fp32) never outweigh the weight (N x K fp8): a 128 x 128 tile
     would give e.g. the fused wq_a+wkv (N = 1,536) only 12..24 CTAs. On Hopper the WGMMA form below runs it
@@ -31,7 +30,7 @@ Schedules (`select` picks one of four by the token count; the same on every arch
   * large M (> 256): 64 x 128 tiles (K block 128) over 4 warps, no split, 4 cp.async stages (99,328 B of SM12x's
     101,376). On a GPU with WGMMA (Hopper) instead: 128 x 128 tiles, TMA loads into 4 stages, one producer and two
     consumer warp groups (warp specialization, setmaxnreg), wgmma m64n128k32, 1 / 2 / 4 N tiles a CTA in one
-    pipelined loop, C stored by TMA (163,904 B); 2.4-3.9x the mma.sync form's throughput on an H100 (see
+    pipelined loop, C stored by TMA (163,904 B), several times the mma.sync form's throughput (see
     mainloop_wgmma, tiles_per_cta). SM120 has no WGMMA and keeps the form above.
 The mma.sync forms take SM12x's stage budget on every family (see _STAGE_BUDGET).
 
@@ -45,6 +44,7 @@ from typing import Any, Mapping
 from dsv4_jit.arch import (DISABLE_TMA_LOWER, DISABLE_WARP_SPECIALIZED, DISABLE_WGMMA, ArchProfile, check_arch,
                            get_profile, schedule_name)
 from dsv4_jit.spec import KernelSpec, Variant, register
+from dsv4_jit.validate import int_param
 
 FP8 = "float8_e4m3"
 QBLOCK = 128          # quantization block (activations 1x128, weights 128x128)
@@ -54,14 +54,11 @@ SPLIT_MAX_M = 256
 
 
 # Pipeline-stage budget (bytes of shared memory the stages may take) and the most stages, on every family: the
-# SM12x figures. On the H100 the Hopper budget's deeper pipelines (200 KB, 6 stages; fewer CTAs resident) were
-# slower wherever measured: the decode ring (wq_b at M = 64: 34.2 against 19.3 us per layer) and M = 128-4,096
-# (6 stages against 3-4: 7-15% slower at M = 4,096, 2-6% at 128 / 256, in a same-session A/B of a variant of this
-# kernel with its scales staged by the pipeline; bench_gemm.py, H100, 2026-11-24).
+# SM12x figures. Hopper's deeper pipelines (200 KB, 6 stages) leave fewer CTAs resident and were slower on every
+# shape measured (benchmarks/RESULTS.md).
 _STAGE_BUDGET = (100_000, 4)
-# Large-M tile: (block_m, block_n, threads). 64 x 128 over 4 warps ran 13-15% faster than 128 x 128 over 8 (255
-# registers with 560 B of spills, one CTA an SM) at two of three V4-Flash shapes and 1.5% slower at the third
-# (benchmarks/profile_gemm.py --large-tile, SM120 schedule on the H100, 2026-11-24).
+# Large-M tile: (block_m, block_n, threads). 64 x 128 over 4 warps beats 128 x 128 over 8, which spills registers
+# and holds one CTA an SM.
 _LARGE_TILE = (64, 128, 128)
 # Hopper's large-M form (GPUs with WGMMA only): (block_m, block_n, threads, stages). TMA loads, one producer warp
 # group and threads / 128 consumer warp groups (TileLang's warp specialization, setmaxnreg 24 / 240), each consumer
@@ -150,10 +147,8 @@ def wgmma_params(n: int, k: int, kb: int, groups: int, num_tokens: int, decode_b
                  num_sms: int) -> dict:
     """Hopper past the decode ring (M > 64). Up to 128 rows where the mma.sync rule picked 64-column tiles: those
     tiles and split on WGMMA, 64 x 64 over one consumer warp group, two CTAs an SM (registers capped). Otherwise
-    the 128 x 128 tile over two consumer warp groups, split-K (M <= 256) as the batched decode counts it. H100,
-    V4-Flash, us at M = 96 / 128 / 192 / 256 (2026-11-24): wq_b (128-column tiles) 32.4 -> 26.6 / 32.3 -> 26.8 with
-    128 rows; 128 rows from M = 129 on: wq_b 40.0 -> 35.9 / 47.1 -> 36.1, wo_b 42.1 -> 37.7 / 43.1 -> 40.0, wo_a
-    36.2 -> 39.5 / 37.7 -> 42.5 (the one shape it costs)."""
+    the 128 x 128 tile over two consumer warp groups, split-K (M <= 256) as the batched decode counts it: faster
+    than the mma.sync form at every V4-Flash shape but wo_a (benchmarks/RESULTS.md)."""
     extra = {}
     if num_tokens <= 2 * DECODE_MAX_M and decode_block_n == 64:
         block_m, block_n, threads, split = DECODE_MAX_M, 64, 128, decode_split_k
@@ -175,17 +170,11 @@ def tiles_per_cta(n_tiles: int, tiles: int, num_sms: int, k_blocks: int) -> int:
     """N tiles one CTA of Hopper's large-M form walks (1, 2 or 4, dividing the row's n_tiles).
 
     From 4 waves of single tiles up: 4 where the row has 16 or more and 4 still leave a CTA for every SM, else 2,
-    else 1. H100, TFLOP/s at 1 / 2 / 4 (2026-11-24, one pipelined loop over the tiles): 4096^3 844 / 1,015 / 1,046;
-    8192 x 4096 x 8192 909 / 1,025 / 1,038; 2048 x 32768 x 1024 686 / 803 / 884; 8192 x 8192 x 1024 705 / 821 / 901.
+    else 1: one pipeline fill then serves several tiles.
 
     Below 4 waves the last wave's idle SMs weigh more than a pipeline fill: the count with the fewest waves x
     (its K blocks + _TILE_FILL_BLOCKS) a CTA, fewer tiles a CTA on a tie. That may leave SMs without a CTA when it
-    saves a wave. H100 sweep (2026-11-26, every V4-Flash TP 1 and V4-Pro TP 8 shape at M 2,048 / 8,192, us, the
-    old rule -> this one): V4-Flash wq_a + wkv at M 2,048 (192 tiles) 42.5 -> 34.9, wo_b / shared w1+w3 / shared w2
-    at 2,048 (512 tiles) 153.8 -> 140.6, 75.7 -> 69.9, 38.6 -> 36.2; V4-Pro shared w1+w3 at 8,192 (384 tiles, 2 a
-    CTA gave 1.45 waves) 140.1 -> 111.7, wo_a at 2,048 38.8 -> 37.0, wq_a + wkv at 2,048 71.4 -> 72.4. Over the 26
-    points the mean loss against each point's best count fell 3.4% -> 0.55% (worst 7.2%, unchanged: V4-Pro
-    wq_a + wkv at 8,192, where single tiles win at 8 waves)."""
+    saves a wave (the V4 shapes' sweep: benchmarks/RESULTS.md)."""
     if tiles >= 4 * num_sms:
         for t in (4, 2):
             if n_tiles % t == 0 and (t == 2 or n_tiles >= 16) and tiles // t >= num_sms:
@@ -211,9 +200,8 @@ def fitting_stages(p: Mapping[str, Any], budget: int, most: int) -> int:
 
 def ring_stages(p: Mapping[str, Any]) -> dict:
     """The decode ring's depth: two K blocks per stage (256 B runs of each weight row per request) where K
-    per split is even and two such stages fit _STAGE_BUDGET, else one; then as many stages as fit. Picked from
-    the SM12x-schedule sweep (benchmarks/sweep_gemm_decode.py), where it is within 5% of the best candidate at
-    every V4-Flash shape, M 1 and 64."""
+    per split is even and two such stages fit _STAGE_BUDGET, else one; then as many stages as fit: close to the
+    best candidate of the SM12x-schedule sweep at every V4-Flash shape."""
     kps = p["k"] // BLOCK_K // p["split"]
     two = {**p, "ring": True, "k_stage": 2}
     ks = 2 if kps % 2 == 0 and fitting_stages(two, *_STAGE_BUDGET) >= 2 else 1
@@ -296,8 +284,7 @@ def build_fp8_gemm(*, n: int, k: int, block_m: int, block_n: int, split: int, st
         # T.copy -> TMA into the pipeline's stages (rows past M zero-filled), T.gemm -> wgmma (each consumer warp
         # group a 64 x BN slice: FullRow), the scaled add in registers. The scales go from global memory straight
         # into a fragment (each thread's rows), loaded before the wgmma so their latency hides behind it; a shared
-        # store would land in the producer, which then keeps its registers (no setmaxnreg split). In that order
-        # with the TMA store of C: 4096^3 765 -> 841 TFLOP/s, wq_b (K 1,024) 534 -> 673 (H100, 2026-11-24).
+        # store would land in the producer, which then keeps its registers (no setmaxnreg split).
         # Without split the CTA walks TPC N tiles in one pipelined loop and stores each tile's C (by TMA, from a
         # shared tile) at its last K block, so the next tile's first stages load during that epilogue: one pipeline
         # fill per TPC tiles (see tiles_per_cta).
@@ -307,7 +294,7 @@ def build_fp8_gemm(*, n: int, k: int, block_m: int, block_n: int, split: int, st
         sc = T.alloc_fragment((BM,), f32)
         if BM == 64 and BN == 64:
             # 32 + 32 accumulators a thread: no setmaxnreg split (it would take 240 registers a thread and one
-            # CTA an SM) but two CTAs an SM (90 registers): 14-27% faster at M = 96-128 (H100, 2026-11-24)
+            # CTA an SM) but two CTAs an SM (90 registers)
             T.no_set_max_nreg()
             T.annotate_min_blocks_per_sm(2)
         T.use_swizzle(panel_size=10)
@@ -455,15 +442,6 @@ def build_gemm_reduce(*, cols: int = REDUCE_COLS, threads: int = REDUCE_THREADS)
     return fp8_gemm_reduce
 
 
-def _int(name: str, static: Mapping[str, Any], key: str, multiple: int) -> int:
-    if not isinstance(static, Mapping) or key not in static:
-        raise ValueError(f"{name}: static params lack {key!r}")
-    v = static[key]
-    if isinstance(v, bool) or not isinstance(v, int) or v < multiple or v % multiple:
-        raise ValueError(f"{name}: {key} must be a positive multiple of {multiple}, got {v!r}")
-    return v
-
-
 class _GemmSpecBase(KernelSpec):
     def pass_configs(self, variant: Variant) -> dict[str, Any]:
         cfg = dict(get_profile(variant.schedule).pass_configs)
@@ -492,9 +470,9 @@ class Fp8GemmSpec(_GemmSpecBase):
     def select(self, arch: ArchProfile, static: Mapping[str, Any], num_tokens: int) -> Variant:
         check_arch(self.name, arch)
         self.check_tokens(num_tokens)
-        n = _int(self.name, static, "n", 64)
-        k = _int(self.name, static, "k", BLOCK_K)
-        groups = _int(self.name, static, "groups", 1) if "groups" in static else 1
+        n = int_param(self.name, static, "n", multiple=64)
+        k = int_param(self.name, static, "k", multiple=BLOCK_K)
+        groups = int_param(self.name, static, "groups") if "groups" in static else 1
         return Variant.make(self.name, gemm_params(arch, n, k, num_tokens, groups), arch, schedule_name(arch))
 
     def smem_bytes(self, variant: Variant) -> int:

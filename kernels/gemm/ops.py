@@ -1,6 +1,7 @@
 """FP8 block-scaled GEMM host op: validate every argument (ValueError naming it) before anything is selected,
-loaded or compiled; allocate only what the caller did not pass (`out=`, `workspace=` for CUDA-graph capture);
-launch the variant `select` picked, then (split-K variants) the reduction.
+loaded or compiled (the workspace's size, which the variant's split count fixes, before the launch); allocate
+only what the caller did not pass (`out=`, `workspace=` for CUDA-graph capture); launch the variant `select`
+picked, then (split-K variants) the reduction.
 
   a         torch.float8_e4m3fn [M, G*K]      activations (act_quant_fp8 output)
   a_scales  fp32 [M, G*K/128]                 per-token 1x128 scales (powers of two)
@@ -13,16 +14,11 @@ launch the variant `select` picked, then (split-K variants) the reduction.
 """
 from __future__ import annotations
 
+from dsv4_jit.arch import check_arch
 from dsv4_jit.spec import get_spec
+from dsv4_jit.validate import int_arg
 
 QBLOCK = 128
-
-
-def _arch_of(op: str, arch):
-    from dsv4_jit.arch import ArchProfile
-    if not isinstance(arch, ArchProfile):
-        raise ValueError(f"{op}: arch must be an ArchProfile (dsv4_jit.arch.get_profile), got {arch!r}")
-    return arch
 
 
 def gemm_static(n: int, k: int, groups: int = 1) -> dict:
@@ -34,7 +30,7 @@ def fp8_gemm_workspace_numel(n: int, k: int, num_tokens: int, *, arch, groups: i
     """fp32 elements of the split-K workspace at this token count (0 when the variant does not split)."""
     if num_tokens < 1:
         return 0
-    p = get_spec("fp8_gemm").select(_arch_of("fp8_gemm", arch), gemm_static(n, k, groups), num_tokens).p
+    p = get_spec("fp8_gemm").select(check_arch("fp8_gemm", arch), gemm_static(n, k, groups), num_tokens).p
     return 0 if p["split"] == 1 else p["split"] * num_tokens * groups * n
 
 
@@ -43,9 +39,8 @@ def fp8_gemm(a, a_scales, b, b_scales, *, arch, get_kernel, groups: int = 1, out
     import torch
     from dsv4_jit.validate import check_tensor, require_1d
     op = "fp8_gemm"
-    arch = _arch_of(op, arch)
-    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
-        raise ValueError(f"groups: must be an int >= 1, got {groups!r}")
+    arch = check_arch(op, arch)
+    int_arg("groups", groups)
     if not isinstance(a, torch.Tensor) or a.dim() != 2:
         raise ValueError("a: expected a 2-D torch.float8_e4m3fn tensor [tokens, K]")
     check_tensor(a, "a", [None, None], torch.float8_e4m3fn)
@@ -68,22 +63,23 @@ def fp8_gemm(a, a_scales, b, b_scales, *, arch, get_kernel, groups: int = 1, out
         out = torch.empty(m, gn, dtype=torch.bfloat16, device=dev)
     else:
         check_tensor(out, "out", [m, gn], torch.bfloat16, dev)
+    if workspace is not None:
+        require_1d(workspace, "workspace", torch.float32, dev)
     if m == 0:
         return out
-    static = gemm_static(n, k, groups)
-    split = get_spec(op).select(arch, static, m).p["split"]   # pure: validates before anything loads
+    # select + load once; the variant it returns fixes the split count, hence the workspace's size
+    kernel = get_kernel(get_spec(op), gemm_static(n, k, groups), m)
+    split = kernel.variant.p["split"]
     if split == 1:
-        get_kernel(get_spec(op), static, m)(a, a_scales, b, b_scales, out)
+        kernel(a, a_scales, b, b_scales, out)
         return out
     need = split * m * gn
     if workspace is None:
         workspace = torch.empty(need, dtype=torch.float32, device=dev)
-    else:
-        require_1d(workspace, "workspace", torch.float32, dev)
-        if workspace.numel() < need:
-            raise ValueError(f"workspace: needs >= {need} fp32 elements at {m} tokens ({split} K splits; see "
-                             f"fp8_gemm_workspace_numel), got {workspace.numel()}")
+    elif workspace.numel() < need:
+        raise ValueError(f"workspace: needs >= {need} fp32 elements at {m} tokens ({split} K splits; see "
+                         f"fp8_gemm_workspace_numel), got {workspace.numel()}")
     partial = workspace[:need].view(split, m, gn)
-    get_kernel(get_spec(op), static, m)(a, a_scales, b, b_scales, partial)
+    kernel(a, a_scales, b, b_scales, partial)
     get_kernel(get_spec("fp8_gemm_reduce"), {}, m)(partial, out)
     return out

@@ -17,6 +17,7 @@ import math
 
 from dsv4_jit.family import GpuCase, KernelFamily, KernelUse, register_family
 from dsv4_jit.spec import get_spec
+from dsv4_jit.testing import cuda_generator
 
 from . import logits, topk  # noqa: F401  (registers the specs)
 
@@ -58,12 +59,6 @@ def _uses(model, parallel) -> list[KernelUse]:
 # ---------------------------------------------------------------------------------------------
 # GPU cases
 # ---------------------------------------------------------------------------------------------
-def _cuda_gen(g, device):
-    import torch
-    seed = int(torch.randint(0, 2**62, (1,), generator=g))
-    return torch.Generator(device=device).manual_seed(seed)
-
-
 def _contexts(b: int, max_ctx: int, min_ctx: int, g) -> list[int]:
     """Request lengths in tokens: the first is max_ctx, a quarter are short (top-k rows with < 512 positions),
     the rest log-uniform in [min_ctx, max_ctx]."""
@@ -113,7 +108,7 @@ def _decode_inputs(m, next_n: int, t: int, device, g, max_ctx: int = MAX_CONTEXT
     import torch
     from .reference import pack_paged_cache
     b = max(1, t // next_n)
-    cg = _cuda_gen(g, device)
+    cg = cuda_generator(g, device)
     ctx = _contexts(b, max_ctx, next_n, g)
     comp = [c // RATIO for c in ctx]
     width = max_ctx // RATIO + 37                       # not a multiple of any tile: partial last chunk
@@ -237,7 +232,7 @@ def _decode_topk_case(m, next_n: int) -> GpuCase:
 
 def _prefill_inputs(m, t: int, device, g) -> dict:
     import torch
-    cg = _cuda_gen(g, device)
+    cg = cuda_generator(g, device)
     r = min(t, 4)
     max_ctx = 65_536 if t <= 100 else 16_384
     ctx = _contexts(r, max_ctx, 1, g)
@@ -291,7 +286,7 @@ def _topk_inputs(m, t: int, device, g) -> dict:
     import torch
     k = m.index_topk
     width = (65_536 if t <= 100 else 4_096) + 77
-    cg = _cuda_gen(g, device)
+    cg = cuda_generator(g, device)
     lens, starts = [], []
     for i in range(t):
         kind = i % 6

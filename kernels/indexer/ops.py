@@ -20,27 +20,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from dsv4_jit.arch import check_arch
 from dsv4_jit.spec import get_spec
+from dsv4_jit.validate import int_arg
 
 from .logits import SCALE_BYTES
 from .topk import ROW_WS, topk_splits
 
 DEFAULT_RATIO = 4
-
-
-def _arch_of(op: str, arch):
-    from dsv4_jit.arch import ArchProfile
-    if not isinstance(arch, ArchProfile):
-        raise ValueError(f"{op}: arch must be an ArchProfile (dsv4_jit.arch.get_profile), got {arch!r}")
-    return arch
-
-
-def _int_arg(op: str, name: str, v, allowed=None, lo: int = 1) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-        raise ValueError(f"{op}: {name} must be an int >= {lo}, got {v!r}")
-    if allowed is not None and v not in allowed:
-        raise ValueError(f"{op}: {name}={v} is not supported (supported: {sorted(allowed)})")
-    return v
 
 
 def _q_args(q, q_scale, weights):
@@ -135,9 +122,9 @@ def indexer_decode_logits(q, q_scale, weights, kv_cache, seq_lens, block_table, 
     from dsv4_jit.validate import check_tensor
 
     op = "indexer_decode_logits"
-    arch = _arch_of(op, arch)
-    next_n = _int_arg(op, "next_n", next_n, (1, 2, 3, 4))
-    ratio = _int_arg(op, "ratio", ratio)
+    arch = check_arch(op, arch)
+    next_n = int_arg("next_n", next_n, op=op, allowed=(1, 2, 3, 4))
+    ratio = int_arg("ratio", ratio, op=op)
     if not isinstance(clean, bool):
         raise ValueError(f"clean: expected a bool, got {clean!r}")
     tokens, heads, dim, dev = _q_args(q, q_scale, weights)
@@ -155,7 +142,7 @@ def indexer_decode_logits(q, q_scale, weights, kv_cache, seq_lens, block_table, 
         check_tensor(out, "out", [tokens, None], torch.float32, dev)
         w = out.shape[1]
     else:
-        w = block_table.shape[1] * page_size if width is None else _int_arg(op, "width", width)
+        w = block_table.shape[1] * page_size if width is None else int_arg("width", width, op=op)
     out = _out_2d(out, "out", (tokens, w), torch.float32, dev)
     row_info = _out_2d(row_info, "row_info", (tokens, 3), torch.int32, dev)
     if tokens == 0 or w == 0:
@@ -174,7 +161,7 @@ def indexer_prefill_logits(q, q_scale, weights, k, k_scale, ks, ke, req_idx, *, 
     from dsv4_jit.validate import check_tensor
 
     op = "indexer_prefill_logits"
-    arch = _arch_of(op, arch)
+    arch = check_arch(op, arch)
     tokens, heads, dim, dev = _q_args(q, q_scale, weights)
     if not isinstance(k, torch.Tensor) or k.dim() != 2:
         raise ValueError(f"k: expected a [num_k, {dim}] torch.float8_e4m3fn tensor")
@@ -187,7 +174,7 @@ def indexer_prefill_logits(q, q_scale, weights, k, k_scale, ks, ke, req_idx, *, 
         check_tensor(out, "out", [tokens, None], torch.float32, dev)
         w = out.shape[1]
     else:
-        w = num_k if width is None else _int_arg(op, "width", width)
+        w = num_k if width is None else int_arg("width", width, op=op)
     out = _out_2d(out, "out", (tokens, w), torch.float32, dev)
     row_info = _out_2d(row_info, "row_info", (tokens, 3), torch.int32, dev)
     if tokens == 0 or w == 0 or num_k == 0:
@@ -211,9 +198,9 @@ def indexer_topk(logits, row_info, block_table, *, topk: int, page_size: int, ar
     from dsv4_jit.validate import check_tensor
 
     op = "indexer_topk"
-    arch = _arch_of(op, arch)
-    topk = _int_arg(op, "topk", topk)
-    page_size = _int_arg(op, "page_size", page_size)
+    arch = check_arch(op, arch)
+    topk = int_arg("topk", topk, op=op)
+    page_size = int_arg("page_size", page_size, op=op)
     if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
         raise ValueError("logits: expected a [T, W] fp32 tensor")
     check_tensor(logits, "logits", [None, None], torch.float32)
@@ -294,9 +281,9 @@ def indexer_swa_indices(positions, req_idx, block_table, *, window: int, page_si
     from dsv4_jit.validate import check_tensor
 
     op = "indexer_swa_indices"
-    arch = _arch_of(op, arch)
-    window = _int_arg(op, "window", window)
-    page_size = _int_arg(op, "page_size", page_size)
+    arch = check_arch(op, arch)
+    window = int_arg("window", window, op=op)
+    page_size = int_arg("page_size", page_size, op=op)
     if not isinstance(positions, torch.Tensor) or positions.dim() != 1:
         raise ValueError("positions: expected an int32 [T] tensor")
     check_tensor(positions, "positions", [None], torch.int32)

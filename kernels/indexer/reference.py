@@ -105,6 +105,15 @@ def torch_where(cond, a, b):
     return torch.where(cond, torch.as_tensor(a, device=cond.device), b)
 
 
+def _row_range(info, width: int, topk: int) -> tuple[int, int, int, int]:
+    """A row_info row (first column, end column, request) clamped to the logits' width, and how many of its
+    candidates a top-k keeps."""
+    lo, hi, r = (int(v) for v in info)
+    lo = min(max(lo, 0), width)
+    hi = max(min(hi, width), lo)
+    return lo, hi, r, min(hi - lo, topk)
+
+
 def ref_topk(logits, row_info, block_table, topk: int, page_size: int):
     """torch.topk answer: (indices int64 [T, topk] slots, sorted by value, -1 padded; lengths [T])."""
     import torch
@@ -113,11 +122,7 @@ def ref_topk(logits, row_info, block_table, topk: int, page_size: int):
     idx = torch.full((tokens, topk), -1, dtype=torch.int64, device=dev)
     lens = torch.zeros(tokens, dtype=torch.int64, device=dev)
     for t in range(tokens):
-        lo, hi, r = (int(v) for v in row_info[t])
-        lo = min(max(lo, 0), width)
-        hi = max(min(hi, width), lo)
-        n = hi - lo
-        m = min(n, topk)
+        lo, hi, r, m = _row_range(row_info[t], width, topk)
         lens[t] = m
         if m == 0:
             continue
@@ -140,11 +145,8 @@ def check_topk_sets(got, logits, row_info, block_table, topk: int, page_size: in
     want = torch.empty_like(ref)
     got = got.long()
     for t in range(tokens):
-        lo, hi, r = (int(v) for v in row_info[t])
-        lo = min(max(lo, 0), width)
-        hi = max(min(hi, width), lo)
+        lo, hi, r, m = _row_range(row_info[t], width, topk)
         n = hi - lo
-        m = min(n, topk)
         g = got[t]
         sel = g[g >= 0]
         ok = sel.numel() == m and bool((g[:m] >= 0).all()) and bool((g[m:] == -1).all())

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from dsv4_jit.arch import ArchProfile, get_profile
+from dsv4_jit.arch import ArchProfile, check_arch, get_profile
 from dsv4_jit.spec import get_spec
 
 from .post import fused_num_splits
-from .pre import MhcPreFuseSpec, MhcPreNormFnSpec, MhcSinkhornSpec, _arch_of, mix_pad, mix_width
+from .pre import MhcPreFuseSpec, MhcPreNormFnSpec, MhcSinkhornSpec, mix_pad, mix_width
 
 
 # =============================================================================================
@@ -55,7 +55,7 @@ class _PrePlan(NamedTuple):
 
 
 # Hot path: one dict lookup per call instead of re-deriving shapes, statics and variants (the eager
-# op at T=1 is bound by host time; see benchmarks/bench_host_overhead.py).
+# op at T=1 is bound by host time).
 _PRE_PLANS: dict[tuple, _PrePlan] = {}
 
 
@@ -106,7 +106,7 @@ def mhc_pre(residual, fn, hc_scale, hc_base, *, norm_weight=None, rms_eps, hc_ep
     import torch
     from dsv4_jit.validate import require, require_1d
 
-    arch = _arch_of("mhc_pre", arch)
+    arch = check_arch("mhc_pre", arch)
     with_norm = norm_weight is not None
     try:
         # get_kernel is part of the key: a plan holds the kernels that getter returned
@@ -171,7 +171,7 @@ def mhc_sinkhorn(mixes, hc_scale, hc_base, *, hc_eps, sinkhorn_iters, post_mult,
     import torch
     from dsv4_jit.validate import check_tensor
 
-    arch = _arch_of("mhc_sinkhorn", arch)
+    arch = check_arch("mhc_sinkhorn", arch)
     if not isinstance(mixes, torch.Tensor) or mixes.dim() != 2:
         raise ValueError("mixes: expected a [T, (2+hc)*hc] fp32 tensor")
     dev = mixes.device
@@ -220,7 +220,7 @@ def _check_post_inputs(x, residual, post, comb):
 
 
 # Hot path: (getter, arch, x shape, residual shape) -> the loaded kernel, so a call is one dict lookup
-# plus cheap layout checks (see benchmarks/bench_host_overhead.py).
+# plus cheap layout checks.
 _POST_PLANS: dict[tuple, Any] = {}
 
 
@@ -253,11 +253,8 @@ def mhc_post(x, residual, post, comb, *, arch, get_kernel, out=None):
     if num_tokens == 0:
         return out
     if kernel is None:
-        # everything is validated before anything is selected, loaded or compiled
-        spec = get_spec("mhc_post")
-        static = {"hidden_size": hidden, "hc_mult": hc}
-        spec.select(get_profile(arch), static, num_tokens)  # validates shapes (hidden_size, hc)
-        kernel = _POST_PLANS[key] = get_kernel(spec, static, num_tokens)
+        # every tensor is validated before anything is selected, loaded or compiled; select validates the statics
+        kernel = _POST_PLANS[key] = get_kernel(get_spec("mhc_post"), {"hidden_size": hidden, "hc_mult": hc}, num_tokens)
     kernel(x, residual, post, comb, out)
     return out
 
@@ -273,14 +270,16 @@ def mhc_post_pre_fused(x, residual, post, comb, fn_next, *, arch, get_kernel, ou
         raise ValueError("fn_next: expected a 2-D fp32 tensor [mix_width, hc*hidden]")
     mix = fn_next.shape[0]
     check_tensor(fn_next, "fn_next", [mix, hc * hidden], torch.float32, dev)
-    spec = get_spec("mhc_post_pre_fused")
-    static = {"hidden_size": hidden, "hc_mult": hc, "mix_width": mix}
-    variant = spec.select(get_profile(arch), static, max(num_tokens, 1))
-    splits, mix_pad = fused_num_splits(variant), variant.p["mix_pad"]
     if out is None:
         out = torch.empty((num_tokens, hc, hidden), dtype=torch.bfloat16, device=dev)
     else:
         check_tensor(out, "out", [num_tokens, hc, hidden], torch.bfloat16, dev)
+    spec = get_spec("mhc_post_pre_fused")
+    static = {"hidden_size": hidden, "hc_mult": hc, "mix_width": mix}
+    # select once: the variant (loaded, unless there is no token to launch for) fixes the partials' shapes
+    kernel = get_kernel(spec, static, num_tokens) if num_tokens > 0 else None
+    variant = kernel.variant if kernel is not None else spec.select(get_profile(arch), static, 1)
+    splits, mix_pad = fused_num_splits(variant), variant.p["mix_pad"]
     if mix_part is None:
         mix_part = torch.empty((splits, num_tokens, mix_pad), dtype=torch.float32, device=dev)
     else:
@@ -289,8 +288,8 @@ def mhc_post_pre_fused(x, residual, post, comb, fn_next, *, arch, get_kernel, ou
         sq_part = torch.empty((splits, num_tokens), dtype=torch.float32, device=dev)
     else:
         check_tensor(sq_part, "sq_part", [splits, num_tokens], torch.float32, dev)
-    if num_tokens > 0:
-        get_kernel(spec, static, num_tokens)(x, residual, post, comb, fn_next, out, mix_part, sq_part)
+    if kernel is not None:
+        kernel(x, residual, post, comb, fn_next, out, mix_part, sq_part)
     return out, mix_part, sq_part
 
 # =============================================================================================
@@ -314,8 +313,6 @@ def hc_head(residual, fn, hc_scale, hc_base, *, rms_eps, hc_eps, arch, get_kerne
         check_tensor(out, "out", [num_tokens, hidden], torch.bfloat16, dev)
     if num_tokens == 0:
         return out
-    spec = get_spec("mhc_head")
     static = {"hidden_size": hidden, "hc_mult": hc, "rms_eps": float(rms_eps), "hc_eps": float(hc_eps)}
-    spec.select(get_profile(arch), static, num_tokens)  # validates before any launch
-    get_kernel(spec, static, num_tokens)(residual, fn, hc_scale, hc_base, out)
+    get_kernel(get_spec("mhc_head"), static, num_tokens)(residual, fn, hc_scale, hc_base, out)
     return out

@@ -19,8 +19,9 @@ Fused output layout (what the pre big-fuse consumes):
 # under PEP 563 names used only in annotations (not captured by the closure) are not found.
 from typing import Any, Mapping
 
-from dsv4_jit.arch import PROFILES, ArchProfile, get_profile
+from dsv4_jit.arch import ArchProfile, check_arch, get_profile, schedule_name
 from dsv4_jit.spec import KernelSpec, Variant, register
+from dsv4_jit.validate import int_param
 
 from .pre import mix_pad as pre_mix_pad
 
@@ -30,10 +31,9 @@ FUSED_WARPS = 4
 
 
 def fused_tokens_per_cta(num_tokens: int) -> int:
-    """4 warps per CTA. Up to 16 tokens: one token per warp (TB=4), the shortest dot phase (H200
-    Flash: 2.3 us at T=1, 2.8 us at T=8). Beyond: 16 tokens share one staged fn slice, 4 per warp,
-    each fn_s read feeding 4 tokens (5.2 us at T=32 vs 6.3 us with TB=4, where the fn re-reads and
-    the per-token smem traffic dominate)."""
+    """4 warps per CTA. Up to 16 tokens: one token per warp (TB=4), the shortest dot phase. Beyond:
+    16 tokens share one staged fn slice, 4 per warp, each fn_s read feeding 4 tokens (with TB=4 the fn
+    re-reads and the per-token smem traffic dominate)."""
     return 4 if num_tokens <= 16 else 16
 
 
@@ -41,51 +41,24 @@ def fused_tokens_per_cta(num_tokens: int) -> int:
 # (SGLang switches at 32 too); the runtime should route larger T to mhc_post + the pre kernels.
 FUSED_POST_PRE_MAX_TOKENS = 32
 
-_FAMILY_SCHEDULE = {"hopper": "sm_90a", "blackwell_dc": "sm_100a", "blackwell_consumer": "sm_120a"}
-
-
-def schedule_name(arch: ArchProfile) -> str:
-    """Schedule an (possibly emulated) profile stands for: an SM120 profile retargeted to sm_90a
-    keeps its family, so the variant records schedule=sm_120a and gets SM12x pass configs."""
-    canon = PROFILES.get(arch.name)
-    if canon is not None and canon.family == arch.family:
-        return arch.name
-    return _FAMILY_SCHEDULE[arch.family]
-
 
 def pass_configs_for(variant: Variant) -> dict[str, Any]:
     """Profile pass configs plus 128-bit vectors only: TileLang 0.1.15 emits 256-bit global loads
-    for sm_100+/sm_120 (tl::load_global_256), which an SM120 schedule proven on H200 (compiled for
+    for sm_100+/sm_120 (tl::load_global_256), which an SM120 schedule proven on Hopper (compiled for
     sm_90a) would never exercise; 2 x 16 B costs nothing here."""
     cfg = dict(get_profile(variant.schedule).pass_configs)
     cfg["tl.disable_vectorize_256"] = True
     return cfg
 
 
-def _int_param(name: str, static: Mapping[str, Any], key: str, lo: int = 1) -> int:
-    if key not in static:
-        raise ValueError(f"{name}: static params lack {key!r} (got {sorted(static)})")
-    v = static[key]
-    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-        raise ValueError(f"{name}: {key} must be an int >= {lo}, got {v!r}")
-    return v
-
-
 def check_hidden_hc(name: str, static: Mapping[str, Any]) -> tuple[int, int]:
-    hidden = _int_param(name, static, "hidden_size")
-    hc = _int_param(name, static, "hc_mult")
+    hidden = int_param(name, static, "hidden_size")
+    hc = int_param(name, static, "hc_mult")
     if hidden % 256:
         raise ValueError(f"{name}: hidden_size must be a multiple of 256 (16-byte vectors per thread), got {hidden}")
     if hc > 16:
         raise ValueError(f"{name}: hc_mult={hc} is out of range (1..16)")
     return hidden, hc
-
-
-def check_arch(name: str, arch: ArchProfile) -> None:
-    if not isinstance(arch, ArchProfile):
-        raise ValueError(f"{name}: arch must be an ArchProfile, got {type(arch).__name__}")
-    if arch.family not in _FAMILY_SCHEDULE:
-        raise ValueError(f"{name}: unknown arch family {arch.family!r}")
 
 
 # =============================================================================================
@@ -114,8 +87,7 @@ def post_tile(hidden: int, num_tokens: int, num_sms: int) -> tuple[int, int]:
     * few tokens: 32 threads x 256 columns, so the grid still covers the SMs;
     * once T x hidden/1024 fills the SMs: 128 threads x 1024 columns;
     * once the wide tile gives >= 2 CTAs per SM: 2 x 16 B per thread, up to 256 threads (twice the
-      bytes in flight per thread). H200, V4-Flash, graph us: T=4096 73.5 vs 76.4 (t128v1); T=512 7.6
-      vs 7.8; at T=64 the 1024-column tile stays best (2.4 vs 2.7) - sweep_mhc_schedules.py."""
+      bytes in flight per thread); at small T the 1024-column tile stays best."""
     wide = _wide_threads(hidden)
     if wide is not None and num_tokens * (hidden // (wide * VEC * 2)) >= 2 * num_sms:
         return wide, 2
@@ -342,7 +314,7 @@ class MhcPostPreFusedSpec(KernelSpec):
         check_arch(self.name, arch)
         self.check_tokens(num_tokens)
         hidden, hc = check_hidden_hc(self.name, static)
-        mix = _int_param(self.name, static, "mix_width")
+        mix = int_param(self.name, static, "mix_width")
         mp = pre_mix_pad(hc)  # the consumer's (mhc_pre_fuse) compile-time column count
         if not mix <= mp <= MAX_MIX_PAD:
             raise ValueError(f"{self.name}: mix_width={mix} with hc_mult={hc} needs mix_pad={mp}; this kernel "

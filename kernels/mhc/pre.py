@@ -20,8 +20,9 @@ TileLang is imported only inside the builders: importing this module must stay c
 # builder-local shapes (PEP 563 strings cannot see closure variables).
 from typing import Any, Mapping
 
-from dsv4_jit.arch import ArchProfile
+from dsv4_jit.arch import ArchProfile, check_arch
 from dsv4_jit.spec import KernelSpec, Variant, register
+from dsv4_jit.validate import int_param
 
 # ---------------------------------------------------------------------------------------------
 # shared constants / helpers
@@ -31,15 +32,14 @@ from dsv4_jit.spec import KernelSpec, Variant, register
 _MIX_ALIGN = 16
 # Largest split count norm_fn may use (see split_ladder: a small enumerable set per K).
 _MAX_SPLITS = 64
-# Fuse kernel: one warp for the Sinkhorn, _FUSE_APPLY_THREADS threads for the pre-apply (16 B each).
-# 256: H200, T=4096 fuse 44.3 us vs 47.7 with 128 (57.7 with 512); T=64 4.8 vs 5.7 (sweep_mhc_schedules.py).
+# Fuse kernel: one warp for the Sinkhorn, _FUSE_APPLY_THREADS threads for the pre-apply (16 B each); 256 beats
+# 128 and 512 at small and large T alike.
 _FUSE_APPLY_THREADS = 256
 _VEC = 8  # bf16 elements per 16-byte access
 _SINKHORN_TOKENS_PER_CTA = 128  # standalone Sinkhorn: one thread per token
 _HOPPER_LARGE_FROM = 128  # norm_fn: Hopper switches to the 64-token tile from this many tokens
 # Programmatic dependent launch: the fuse kernel always waits in pdl_sync; norm_fn lets it launch early
-# (pdl_trigger) below this many tokens. H200, V4-Flash, norm_fn + fuse under do_bench: T=1 12.4 -> 10.7 us,
-# T=64 14.2 -> 12.6, T=512 23.0 -> 21.5; at T=4096 the early fuse CTAs cost 91.7 -> 93.1, so no trigger there.
+# (pdl_trigger) below this many tokens; at large T the early fuse CTAs cost more than the overlap gains.
 _PDL_TRIGGER_BELOW = 1024
 
 
@@ -78,8 +78,7 @@ def _check_static(kernel: str, static: Mapping[str, Any], required: dict[str, ty
             if not isinstance(v, bool):
                 raise ValueError(f"{kernel}: {k} must be a bool, got {v!r}")
         elif typ is int:
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{kernel}: {k} must be a positive int, got {v!r}")
+            v = int_param(kernel, static, k)
         out[k] = v
     return out
 
@@ -90,12 +89,6 @@ def _check_hc_hidden(kernel: str, hc: int, hidden: int) -> None:
         raise ValueError(f"{kernel}: hc_mult={hc} unsupported (1..4; DeepSeek V4 uses 4)")
     if hidden % 256:
         raise ValueError(f"{kernel}: hidden_size={hidden} must be a multiple of 256")
-
-
-def _arch_of(kernel: str, arch) -> ArchProfile:
-    if not isinstance(arch, ArchProfile):
-        raise ValueError(f"{kernel}: arch must be an ArchProfile (dsv4_jit.arch.get_profile), got {arch!r}")
-    return arch
 
 
 # ---------------------------------------------------------------------------------------------
@@ -119,13 +112,10 @@ _NORM_FN_CTAS_PER_SM = 2
 # Large-T tile per family: (from num_tokens, tile, CTAs per SM for the split pick).
 #  * Hopper: 64x128, 2 stages (65,536 B; 3 CTAs per SM fit), one 16-row mma tile per warp (FullRow).
 #    fn is re-read from L2 once per token block: at T=4096 token_block 64 halves that traffic
-#    (96 MiB instead of 192 MiB, against 128 MiB of x). Measured on H200 (V4-Flash, CUDA graphs):
-#    T=4096 45.3 us vs 58.7 (32x128x4); T=2048 25.9 vs 33.4; T=512 7.8-8.2 vs 10.2. Squares taken
-#    from the x_f registers instead of a second x_s read: T=4096 43.9 us vs 48.1
-#    (sweep_mhc_schedules.py). One CTA per SM is enough here: at T=4096 4 splits (256 CTAs) beat 16 (1024 CTAs, 48.3 us); at T=2048 16 splits
-#    (512 CTAs) beat 4 (128 CTAs, 27.3 us). 3 stages was within 1%; 64x128 with 256 threads (2x4 warps)
-#    and 128x64 / 128x128 tiles were slower (1.1-2x).
-#  * SM12x / SM100: unmeasured, so unchanged (one tile for every T).
+#    (96 MiB instead of 192 MiB, against 128 MiB of x), and the squares come from the x_f registers
+#    instead of a second x_s read. One CTA per SM is enough here; deeper pipelines, 256 threads and
+#    larger tiles were no faster.
+#  * SM12x / SM100: one tile for every T (the large-T tile is not proven there).
 _NORM_FN_LARGE_T = {
     "hopper": (_HOPPER_LARGE_FROM, dict(token_block=64, hidden_block=128, stages=2, threads=128), 1),
 }
@@ -173,7 +163,7 @@ class MhcPreNormFnSpec(KernelSpec):
         return self.statics_for(model)
 
     def select(self, arch: ArchProfile, static: Mapping[str, Any], num_tokens: int) -> Variant:
-        arch = _arch_of(self.name, arch)
+        arch = check_arch(self.name, arch)
         self.check_tokens(num_tokens)
         st = _check_static(self.name, static, self._STATIC)
         _check_hc_hidden(self.name, st["hc"], st["hidden"])
@@ -234,8 +224,8 @@ def _build_norm_fn(*, hidden, hc, broadcast, mix, mix_pad, n_splits, token_block
             # x^2: full_row tiles accumulate it elementwise from the x_f registers over the K loop and
             # row-reduce once at the end, through a fragment copy (sq_red): TileLang's ReduceOp rejects
             # the TF32 A-operand layout of sq_acc itself at token_block 64 ("thread-owned reduce
-            # segment"). Re-reading x_s for the squares instead cost 4.2 us at T=4096 on H200 (48.1 vs
-            # 43.9 us, shared-memory traffic). The 2x2-warp token_block-32 tiles reduce x_f^2 per step.
+            # segment"). Re-reading x_s for the squares instead costs shared-memory traffic. The 2x2-warp
+            # token_block-32 tiles reduce x_f^2 per step.
             sq_acc = T.alloc_fragment((BT, BK), T.float32)
             sq_f = T.alloc_fragment((BT,), T.float32)
             sq_red = T.alloc_fragment((BT, BK), T.float32)
@@ -299,8 +289,8 @@ def _make_sinkhorn_macro(T, hc, iters, eps):
             for j in T.unroll(1, hc):
                 rs[i] = rs[i] + c[i * hc + j]
         for i in T.unroll(hc):
-            # hc reciprocals + hc*hc multiplies; rcp.approx (~1 ulp): the IEEE divide path made the
-            # serial 20-iteration chain ~4x slower on H200
+            # hc reciprocals + hc*hc multiplies; rcp.approx (~1 ulp): the IEEE divide path makes the
+            # serial 20-iteration chain several times slower
             rs[i] = T.fast_rcp(rs[i] + eps)
         for e in T.unroll(n):
             c[e] = c[e] * rs[e // hc]
@@ -373,7 +363,7 @@ class MhcPreFuseSpec(KernelSpec):
         return self.statics_for(model)
 
     def select(self, arch: ArchProfile, static: Mapping[str, Any], num_tokens: int) -> Variant:
-        arch = _arch_of(self.name, arch)
+        arch = check_arch(self.name, arch)
         self.check_tokens(num_tokens)
         st = _check_static(self.name, static, _FUSE_STATIC)
         _check_hc_hidden(self.name, st["hc"], st["hidden"])
@@ -584,7 +574,7 @@ class MhcSinkhornSpec(KernelSpec):
         return self.statics_for(model)
 
     def select(self, arch: ArchProfile, static: Mapping[str, Any], num_tokens: int) -> Variant:
-        arch = _arch_of(self.name, arch)
+        arch = check_arch(self.name, arch)
         self.check_tokens(num_tokens)
         st = _check_static(self.name, static, _SINKHORN_STATIC)
         if not 1 <= st["hc"] <= 8:

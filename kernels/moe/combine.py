@@ -12,7 +12,8 @@ and 1,024 columns, 8 bf16 per thread. Kernel-defining code only (no host code: t
 from typing import Any, Mapping
 
 from dsv4_jit.arch import ArchProfile, check_arch, schedule_name
-from dsv4_jit.spec import Variant, multiple_param, register
+from dsv4_jit.spec import Variant, register
+from dsv4_jit.validate import int_param
 
 from .spec_base import MoeKernelSpec
 
@@ -66,7 +67,7 @@ class MoeCombineSpec(MoeKernelSpec):
     def select(self, arch: ArchProfile, static: Mapping[str, Any], num_tokens: int) -> Variant:
         check_arch(self.name, arch)
         self.check_tokens(num_tokens)
-        k = multiple_param(self.name, static, "topk", 1)
+        k = int_param(self.name, static, "topk")
         if k > 16:
             raise ValueError(f"{self.name}: topk must be <= 16, got {k}")
         return Variant.make(self.name, {"topk": k, "cols": COLS, "threads": THREADS}, arch, schedule_name(arch))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dsv4_jit.family import GpuCase, KernelFamily, KernelUse, register_family
 from dsv4_jit.spec import get_spec
+from dsv4_jit.testing import cuda_generator
 
 from . import combine, fp4_moe_gemm, route  # noqa: F401  (registers the specs)
 
@@ -135,13 +136,13 @@ def _route_case(m, hashed: bool) -> GpuCase:
 
 def _case(m, shape: dict, tp: int) -> GpuCase:
     import torch
-    from dsv4_jit.kernels.gemm.family import _cuda_gen, make_activations
+    from dsv4_jit.kernels.gemm.family import make_activations
     from . import ops, reference
     n, k = shape["n"], shape["k"]
     topk = min(int(m.num_experts_per_tok), GPU_EXPERTS - 1)   # ids are drawn from the first GPU_EXPERTS - 1
 
     def make_inputs(t, device, g):
-        cg = _cuda_gen(g, device)
+        cg = cuda_generator(g, device)
         # distinct experts per token; the last expert gets no rows
         ids = torch.rand(t, GPU_EXPERTS - 1, generator=cg, device=device).argsort(dim=1)[:, :topk].int()
         x, sx = make_activations(t, k, cg, device)

@@ -18,10 +18,9 @@ to the slice's partial in fp32: the same math as the reference's fp4_gemm (block
 tensor cores' fp32 sums and the bf16 store. The native block-scaled FP4 MMA of sm_120a is not used (not provable
 on the GPUs this project can run).
 
-The weights are dequantized in registers, straight into the tensor cores' operands. Dequantizing each weight tile
-into shared memory for T.gemm to read back (this kernel until 2026-11-24) left it instruction-bound at ~40% of
-copy bandwidth at decode sizes, where an expert block holds 1-3 real rows; this form is 1.6-1.95x faster from 8
-to 8,192 tokens and 1.35-1.66x at one (bench_moe.py, V4-Flash, H100). How:
+The weights are dequantized in registers, straight into the tensor cores' operands: dequantizing each weight tile
+into shared memory for T.gemm to read back is instruction-bound at decode sizes, where an expert block holds 1-3
+real rows. How:
   * the weight is the mma's A operand (m16 tiles of weight rows) and the block_m routed rows are B (block_m / 8 n8
     halves), so one dequantized fragment serves every half; a C element's weight scale is its row's;
   * an e2m1 nibble (s, e1 e0, m) with s placed at bit 7 and e1 e0 m at bits 4-2 is an e4m3 byte equal to the
@@ -47,17 +46,15 @@ subnormal codes alike, so a shift and a mask of the word place two nibbles (i, i
 the 2^14 is applied once to each output. The activations' bytes are paired the same way, (i, i + 4), by one byte
 permute, then cvt e4m3x2 -> f16x2, once a K block for every weight tile. For the lane with g = lane % 4, step s
 (k 16s..16s+15) holds k 16s+2g, +1 <-> elements 8g+2s, 8g+2s+4 and k 16s+2g+8, +9 <-> 8g+2s+1, 8g+2s+5, for the
-weight rows (A) and the routed rows (B) alike. Products and fp32 sums are the e4m3 form's. (Before 2026-11-25 the
-nibbles went through the e4m3 form's byte permutes to f16 high bytes, 6 more instructions a word: V4-Flash w13 at
-one token spent most of its issue slots there.)
+weight rows (A) and the routed rows (B) alike. Products and fp32 sums are the e4m3 form's. (Going through the e4m3
+form's byte permutes to f16 high bytes costs 6 more instructions a word, most of the issue slots at one token.)
 
 Grid (N / block_n, M / block_m); N and K are compile-time, M and E dynamic. `select` depends on the token count
 only (never on routing): block_m 8 up to 256 tokens (an expert sees 1-6 rows on average at V4's 6-of-256
 routing), 16 up to 512, then 32, then 64, so the planner enumerates every variant an engine asks for. An 8-row
 block is one n8 half: at decode most of a 16-row block's second half is padding, and its MMAs, its activation bytes
-and its scale FMAs were spent on zeros (H100, bench_moe --tiles, V4-Flash per layer: w13 at 64 tokens 787 -> 707
-us, 77 -> 89% of copy; 16 rows win again from 384 tokens, where an expert's rows spill into a second 8-row block
-that reads its weights again).
+and its scale FMAs would be spent on zeros; 16 rows win again from 384 tokens, where an expert's rows spill into a
+second 8-row block that reads its weights again.
 
 Kernel-defining code only (no host code: the artifact key hashes this module).
 """
@@ -65,7 +62,8 @@ Kernel-defining code only (no host code: the artifact key hashes this module).
 from typing import Any, Mapping
 
 from dsv4_jit.arch import ArchProfile, check_arch, schedule_name
-from dsv4_jit.spec import Variant, multiple_param, register
+from dsv4_jit.spec import Variant, register
+from dsv4_jit.validate import int_param
 
 from .spec_base import MoeKernelSpec
 
@@ -81,7 +79,7 @@ MMA_F16 = ("tl::mma_sync<tl::DataType::kFloat16, tl::DataType::kFloat16, tl::Dat
            "16, 8, 16, false, true>")
 # SM12x's e4m3 form: the even nibbles of a word (0, 2, 4, 6) -> the four bytes of one register, the odd ones
 # (1, 3, 5, 7) -> another (bit placement, x 2^-6): the word's shifts for the magnitudes and for the signs (a negative
-# shift is a right shift). Before 2026-11-25: a byte-permute table and a sign fix-up, about 5 more instructions.
+# shift is a right shift): about 5 instructions fewer than a byte-permute table and a sign fix-up.
 E4M3_QUAD_SHIFTS = ((2, 4), (-2, 0))
 E4M3_MAG_MASK, E4M3_SIGN_MASK = 0x1C1C1C1C, 0x80808080
 E4M3_UNSCALE = 2.0 ** 6
@@ -102,8 +100,7 @@ __device__ __forceinline__ unsigned dsv4_e4m3x2_f16x2(unsigned v) {
 # Token-count thresholds of the row-block sizes (see the module doc).
 BLOCK_M_BY_TOKENS = ((256, 8), (512, 16), (2048, 32))
 BLOCK_M_LARGE = 64
-# cp.async stages a warp (bench_moe.py --stages 1 2 3, SM120 schedule on the H100, 1-512 tokens: 2 was best or
-# within 3% of it everywhere; 3 won only w13 at 64 tokens, 781.8 against 804.3 us)
+# cp.async stages a warp: 2 is best or close to it at every decode size
 STAGES = 2
 
 
@@ -115,9 +112,7 @@ def moe_block_m(num_tokens: int) -> int:
 
 
 # Warps a CTA splits K over, by routed rows (each warp its own ring). Eight warps a CTA (twice the bytes in flight,
-# half the chain) were no faster at decode: H100, V4-Flash per layer, 8-row blocks, 4 -> 8 warps: w13 at 1 token
-# 27.1 -> 29.5 us, at 8 161.2 -> 162.5, w2 at 64 343.0 -> 389.9 (Hopper holds two 92 KB CTAs an SM, four 51 KB
-# ones); V4-Pro TP 8 w13 at 1 token 17.1 -> 15.9 was the one gain (bench_moe --tiles 8x64 8x64x8, 2026-11-25).
+# half the chain) are no faster at decode: Hopper holds two 92 KB CTAs an SM against four 51 KB ones.
 WARPS_BY_ROWS = {8: 4, 16: 4, 32: 4, 64: 4}
 MAX_WARPS = 8
 
@@ -429,8 +424,8 @@ class Fp4MoeGemmSpec(MoeKernelSpec):
     def select(self, arch: ArchProfile, static: Mapping[str, Any], num_tokens: int) -> Variant:
         check_arch(self.name, arch)
         self.check_tokens(num_tokens)
-        n = multiple_param(self.name, static, "n", 128)
-        k = multiple_param(self.name, static, "k", ACT_BLOCK)
+        n = int_param(self.name, static, "n", multiple=128)
+        k = int_param(self.name, static, "k", multiple=ACT_BLOCK)
         return Variant.make(self.name, moe_params(arch, n, k, num_tokens), arch, schedule_name(arch))
 
     def smem_bytes(self, variant: Variant) -> int:

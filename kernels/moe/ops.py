@@ -1,6 +1,7 @@
 """Routed-expert host ops: the routing (`moe_route`), the routed-row layout (`moe_align`, `moe_capacity`) and
 the MXFP4 grouped GEMM (`fp4_moe_gemm`). Every argument is validated (ValueError naming it) before anything is selected, loaded or
-compiled; `out=` for CUDA-graph capture.
+compiled, except what the selected variant fixes (the GEMM's block_m: checked before the launch); `out=` for
+CUDA-graph capture.
 
 The layout: entry (t, j) of topk_ids [T, topk] is routed row t * topk + j. Rows are sorted by expert (token order
 inside an expert), each expert's rows padded up to a multiple of block_m, and the whole list padded with -1 to a
@@ -14,23 +15,12 @@ output is ignored) and scatters / combines C back by sorted_rows.
 """
 from __future__ import annotations
 
+from dsv4_jit.arch import check_arch
 from dsv4_jit.spec import get_spec
+from dsv4_jit.validate import int_arg
 
 ACT_BLOCK = 128
 WEIGHT_GROUP = 32
-
-
-def _arch_of(op: str, arch):
-    from dsv4_jit.arch import ArchProfile
-    if not isinstance(arch, ArchProfile):
-        raise ValueError(f"{op}: arch must be an ArchProfile (dsv4_jit.arch.get_profile), got {arch!r}")
-    return arch
-
-
-def _positive_int(name: str, v) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise ValueError(f"{name}: must be an int >= 1, got {v!r}")
-    return v
 
 
 def _check_leading(t, name: str, shape: list, dtype, layout: str, device=None) -> None:
@@ -50,14 +40,14 @@ def moe_static(n: int, k: int) -> dict:
 
 def fp4_moe_block_m(n: int, k: int, num_tokens: int, *, arch) -> int:
     """Rows per block the GEMM variant for `num_tokens` engine tokens expects (moe_align's block_m)."""
-    _positive_int("num_tokens", num_tokens)
-    return get_spec("fp4_moe_gemm").select(_arch_of("fp4_moe_gemm", arch), moe_static(n, k), num_tokens).p["block_m"]
+    int_arg("num_tokens", num_tokens)
+    return get_spec("fp4_moe_gemm").select(check_arch("fp4_moe_gemm", arch), moe_static(n, k), num_tokens).p["block_m"]
 
 
 def moe_capacity(num_tokens: int, topk: int, num_experts: int, block_m: int) -> int:
     """Rows of the padded layout: every routing of num_tokens x topk entries over num_experts fits."""
     for name, v in (("num_tokens", num_tokens), ("topk", topk), ("num_experts", num_experts), ("block_m", block_m)):
-        _positive_int(name, v)
+        int_arg(name, v)
     # at most min(E, T * topk) experts get rows, each padded by at most block_m - 1
     rows = num_tokens * topk + min(num_experts, num_tokens * topk) * (block_m - 1)
     return -(-rows // block_m) * block_m
@@ -72,8 +62,8 @@ def moe_align(topk_ids, num_experts: int, block_m: int):
     if not isinstance(topk_ids, torch.Tensor) or topk_ids.dim() != 2 or topk_ids.dtype not in (torch.int32, torch.int64):
         raise ValueError("topk_ids: expected an int32/int64 tensor [tokens, topk]")
     t, k = topk_ids.shape
-    _positive_int("num_experts", num_experts)
-    _positive_int("block_m", block_m)
+    int_arg("num_experts", num_experts)
+    int_arg("block_m", block_m)
     dev = topk_ids.device
     if t == 0 or k == 0:
         return torch.empty(0, dtype=torch.int32, device=dev), torch.empty(0, dtype=torch.int32, device=dev)
@@ -112,8 +102,8 @@ def fp4_moe_gemm(a, a_scales, w, w_scales, block_expert, *, num_tokens: int, arc
     import torch
     from dsv4_jit.validate import check_tensor
     op = "fp4_moe_gemm"
-    arch = _arch_of(op, arch)
-    _positive_int("num_tokens", num_tokens)
+    arch = check_arch(op, arch)
+    int_arg("num_tokens", num_tokens)
     _check_leading(w, "w", [None, None, None], torch.uint8, "uint8 tensor [experts, N, K / 2]")
     e, n, half_k = w.shape
     k = 2 * half_k
@@ -122,15 +112,10 @@ def fp4_moe_gemm(a, a_scales, w, w_scales, block_expert, *, num_tokens: int, arc
         raise ValueError(f"w: [experts, N, K / 2] = {list(w.shape)} needs experts >= 1, N a positive multiple of 128 "
                          f"and K a positive multiple of {ACT_BLOCK}")
     check_tensor(w_scales, "w_scales", [e, n, k // WEIGHT_GROUP], torch.uint8, dev)
-    static = moe_static(n, k)
-    bm = get_spec(op).select(arch, static, num_tokens).p["block_m"]   # pure: validates before anything loads
     _check_leading(a, "a", [None, k], torch.float8_e4m3fn, f"torch.float8_e4m3fn tensor [rows, {k}]", dev)
     m = a.shape[0]
-    if m % bm:
-        raise ValueError(f"a: {m} rows is not a multiple of block_m = {bm} (the variant for num_tokens="
-                         f"{num_tokens}; build the layout with moe_align(..., block_m=fp4_moe_block_m(...)))")
     check_tensor(a_scales, "a_scales", [m, k // ACT_BLOCK], torch.float32, dev)
-    check_tensor(block_expert, "block_expert", [m // bm], torch.int32, dev)
+    check_tensor(block_expert, "block_expert", [None], torch.int32, dev)   # its length: block_m, below
     if out is None:
         out = torch.empty(m, n, dtype=torch.bfloat16, device=dev)
     else:
@@ -140,12 +125,20 @@ def fp4_moe_gemm(a, a_scales, w, w_scales, block_expert, *, num_tokens: int, arc
                            (block_expert, "block_expert", 4)):
         if t.data_ptr() % align:
             raise ValueError(f"{name}: data pointer must be {align}-byte aligned (a view at an odd offset? .clone() it)")
-    if m == 0:
-        return out
     if not w.is_contiguous():
         raise ValueError("w: must be contiguous (the kernel reads it as int32 words [experts, N, K / 8])")
+    if m == 0:
+        check_tensor(block_expert, "block_expert", [0], torch.int32, dev)
+        return out
+    # select + load once: the variant for num_tokens fixes block_m, which the layout of `a` must follow
+    kernel = get_kernel(get_spec(op), moe_static(n, k), num_tokens)
+    bm = kernel.variant.p["block_m"]
+    if m % bm:
+        raise ValueError(f"a: {m} rows is not a multiple of block_m = {bm} (the variant for num_tokens="
+                         f"{num_tokens}; build the layout with moe_align(..., block_m=fp4_moe_block_m(...)))")
+    check_tensor(block_expert, "block_expert", [m // bm], torch.int32, dev)
     # the kernel reads 4 packed bytes (8 weights) per int32 word
-    get_kernel(get_spec(op), static, num_tokens)(a, a_scales, w.view(torch.int32), w_scales, block_expert, out)
+    kernel(a, a_scales, w.view(torch.int32), w_scales, block_expert, out)
     return out
 
 
@@ -167,7 +160,7 @@ def moe_route(logits, *, topk: int, routed_scaling: float = 1.0, bias=None, hash
     import torch
     from dsv4_jit.validate import check_tensor
     op = "moe_route"
-    arch = _arch_of(op, arch)
+    arch = check_arch(op, arch)
     _check_leading(logits, "logits", [None, None], torch.float32, "float32 tensor [tokens, experts]")
     t, e = logits.shape
     dev = logits.device
@@ -175,8 +168,6 @@ def moe_route(logits, *, topk: int, routed_scaling: float = 1.0, bias=None, hash
         raise ValueError("bias / hash_ids: pass exactly one (bias for a scored layer, hash_ids for a hash-routed one)")
     if isinstance(routed_scaling, bool) or not isinstance(routed_scaling, (int, float)) or not routed_scaling > 0:
         raise ValueError(f"routed_scaling: must be a positive number, got {routed_scaling!r}")
-    static = route_static(e, topk, hash_ids is not None)
-    get_spec(op).select(arch, static, max(t, 1))          # pure: validates experts / topk before anything loads
     if bias is not None:
         check_tensor(bias, "bias", [e], torch.float32, dev)
     else:
@@ -188,7 +179,9 @@ def moe_route(logits, *, topk: int, routed_scaling: float = 1.0, bias=None, hash
             raise ValueError("out: expected a pair (ids int32 [T, topk], weights fp32 [T, topk])")
         check_tensor(out[0], "out[0] (ids)", [t, topk], torch.int32, dev)
         check_tensor(out[1], "out[1] (weights)", [t, topk], torch.float32, dev)
+    static = route_static(e, topk, hash_ids is not None)
     if t == 0:
+        get_spec(op).select(arch, static, 1)   # no launch: select only validates experts / topk
         return tuple(out)
     get_kernel(get_spec(op), static, t)(logits, bias if bias is not None else hash_ids, out[0], out[1])
     if routed_scaling != 1.0:
@@ -202,7 +195,7 @@ def moe_entry_rows(sorted_rows, num_entries: int):
     import torch
     if not isinstance(sorted_rows, torch.Tensor) or sorted_rows.dim() != 1 or sorted_rows.dtype != torch.int32:
         raise ValueError("sorted_rows: expected moe_align's int32 [capacity] output")
-    _positive_int("num_entries", num_entries)
+    int_arg("num_entries", num_entries)
     dev = sorted_rows.device
     inv = torch.full((num_entries + 1,), -1, dtype=torch.int32, device=dev)
     slot = torch.where(sorted_rows >= 0, sorted_rows, torch.full_like(sorted_rows, num_entries)).long()
@@ -220,7 +213,7 @@ def moe_combine(c, entry_rows, weights, *, arch, get_kernel, out=None):
     import torch
     from dsv4_jit.validate import check_tensor
     op = "moe_combine"
-    arch = _arch_of(op, arch)
+    arch = check_arch(op, arch)
     _check_leading(weights, "weights", [None, None], torch.float32, "float32 tensor [tokens, topk]")
     t, k = weights.shape
     dev = weights.device
@@ -228,12 +221,12 @@ def moe_combine(c, entry_rows, weights, *, arch, get_kernel, out=None):
     n = c.shape[1]
     check_tensor(entry_rows, "entry_rows", [t * k], torch.int32, dev)
     static = {"topk": k}
-    get_spec(op).select(arch, static, max(t, 1))          # pure: validates topk before anything loads
     if out is None:
         out = torch.empty(t, n, dtype=torch.bfloat16, device=dev)
     else:
         check_tensor(out, "out", [t, n], torch.bfloat16, dev)
     if t == 0 or n == 0:
+        get_spec(op).select(arch, static, max(t, 1))   # no launch: select only validates topk
         return out
     get_kernel(get_spec(op), static, t)(c, entry_rows, weights, out)
     return out

@@ -33,6 +33,7 @@ from typing import Any, Mapping
 
 from dsv4_jit.arch import ArchProfile, check_arch, get_profile, schedule_name
 from dsv4_jit.spec import KernelSpec, Variant, register
+from dsv4_jit.validate import int_param
 
 FP8 = "float8_e4m3"
 FP8_MAX = 448.0
@@ -45,17 +46,6 @@ THREADS = 128
 
 # mode -> (group, input width given n and stride)
 MODES = ("fp8", "fp8_inplace", "fp4", "swiglu")
-
-
-def int_param(name: str, static: Mapping[str, Any], key: str, lo: int = 1, multiple: int = 1) -> int:
-    if not isinstance(static, Mapping) or key not in static:
-        raise ValueError(f"{name}: static params lack {key!r}")
-    v = static[key]
-    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-        raise ValueError(f"{name}: {key} must be an int >= {lo}, got {v!r}")
-    if v % multiple:
-        raise ValueError(f"{name}: {key}={v} must be a multiple of {multiple}")
-    return v
 
 
 def quant_smem_bytes(p: Mapping[str, Any]) -> int:
@@ -195,9 +185,17 @@ class _QuantSpec(KernelSpec):
     group = 128
 
     def _params(self, arch, static, num_tokens) -> dict:
+        """What every quant variant holds: the mode, its group, the tile, and n (a multiple of the group)."""
         check_arch(self.name, arch)
         self.check_tokens(num_tokens)
-        return {"mode": self.mode, "group": self.group, "blk_m": BLK_M, "threads": THREADS}
+        return {"mode": self.mode, "group": self.group, "blk_m": BLK_M, "threads": THREADS,
+                "n": int_param(self.name, static, "n", multiple=self.group)}
+
+    def select(self, arch: ArchProfile, static: Mapping[str, Any], num_tokens: int) -> Variant:
+        return self._variant(arch, self._params(arch, static, num_tokens))
+
+    def _variant(self, arch: ArchProfile, p: dict) -> Variant:
+        return Variant.make(self.name, p, arch, schedule_name(arch))
 
     def smem_bytes(self, variant: Variant) -> int:
         return quant_smem_bytes(variant.p)
@@ -222,11 +220,6 @@ class ActQuantFp8Spec(_QuantSpec):
     def static_params(self, model, parallel) -> dict[str, Any]:
         return {"n": int(model.hidden_size)}
 
-    def select(self, arch: ArchProfile, static: Mapping[str, Any], num_tokens: int) -> Variant:
-        p = self._params(arch, static, num_tokens)
-        p["n"] = int_param(self.name, static, "n", multiple=self.group)
-        return Variant.make(self.name, p, arch, schedule_name(arch))
-
 
 @register
 class ActQuantFp8InplaceSpec(_QuantSpec):
@@ -242,11 +235,10 @@ class ActQuantFp8InplaceSpec(_QuantSpec):
 
     def select(self, arch: ArchProfile, static: Mapping[str, Any], num_tokens: int) -> Variant:
         p = self._params(arch, static, num_tokens)
-        p["n"] = int_param(self.name, static, "n", multiple=self.group)
         p["stride"] = int_param(self.name, static, "stride")
         if p["stride"] < p["n"]:
             raise ValueError(f"{self.name}: stride={p['stride']} is smaller than n={p['n']}")
-        return Variant.make(self.name, p, arch, schedule_name(arch))
+        return self._variant(arch, p)
 
 
 @register
@@ -259,11 +251,6 @@ class ActQuantFp4Spec(_QuantSpec):
 
     def static_params(self, model, parallel) -> dict[str, Any]:
         return {"n": int(model.index_head_dim)}
-
-    def select(self, arch: ArchProfile, static: Mapping[str, Any], num_tokens: int) -> Variant:
-        p = self._params(arch, static, num_tokens)
-        p["n"] = int_param(self.name, static, "n", multiple=self.group)
-        return Variant.make(self.name, p, arch, schedule_name(arch))
 
 
 @register
@@ -279,9 +266,8 @@ class SwigluQuantFp8Spec(_QuantSpec):
 
     def select(self, arch: ArchProfile, static: Mapping[str, Any], num_tokens: int) -> Variant:
         p = self._params(arch, static, num_tokens)
-        p["n"] = int_param(self.name, static, "n", multiple=self.group)
         limit = static.get("limit") if isinstance(static, Mapping) else None
         if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not limit >= 0 or limit == float("inf"):
             raise ValueError(f"{self.name}: limit must be a finite float >= 0 (0 = no clamp), got {limit!r}")
         p["limit"] = float(limit)
-        return Variant.make(self.name, p, arch, schedule_name(arch))
+        return self._variant(arch, p)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dsv4_jit.family import GpuCase, KernelFamily, KernelUse, register_family
 from dsv4_jit.spec import get_spec
+from dsv4_jit.testing import cuda_generator
 
 from . import act_quant  # noqa: F401  (registers the specs)
 
@@ -70,17 +71,11 @@ def _uses(model, parallel) -> list[KernelUse]:
 # ---------------------------------------------------------------------------------------------
 # GPU cases
 # ---------------------------------------------------------------------------------------------
-def _cuda_gen(g, device):
-    import torch
-    seed = int(torch.randint(0, 2**62, (1,), generator=g))
-    return torch.Generator(device=device).manual_seed(seed)
-
-
 def _x(t: int, width: int, g, device, spread=(-2.0, 3.0)):
     """bf16 rows with per-token magnitudes over e^spread, outlier channels (x8) and one all-zero row (the amax
     floor)."""
     import torch
-    cg = _cuda_gen(g, device)
+    cg = cuda_generator(g, device)
     lo, hi = spread
     mag = torch.exp(torch.rand(t, 1, generator=cg, device=device) * (hi - lo) + lo)
     x = torch.randn(t, width, generator=cg, device=device) * mag

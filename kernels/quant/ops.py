@@ -13,16 +13,11 @@ Formats (kernels/quant/act_quant.py):
 """
 from __future__ import annotations
 
+from dsv4_jit.arch import check_arch
 from dsv4_jit.spec import get_spec
+from dsv4_jit.validate import int_arg
 
 FP8_GROUP, KV_GROUP, FP4_GROUP = 128, 64, 32
-
-
-def _arch_of(op: str, arch):
-    from dsv4_jit.arch import ArchProfile
-    if not isinstance(arch, ArchProfile):
-        raise ValueError(f"{op}: arch must be an ArchProfile (dsv4_jit.arch.get_profile), got {arch!r}")
-    return arch
 
 
 def _x2d(x, name: str, group: int, width_mult: int = 1):
@@ -50,7 +45,7 @@ def act_quant_fp8(x, *, arch, get_kernel, out=None, scales=None):
     """Per-token 1x128 e4m3 quantization with UE8M0 (power-of-two) fp32 scales. Returns (y, scales)."""
     import torch
     op = "act_quant_fp8"
-    _arch_of(op, arch)
+    check_arch(op, arch)
     m, n = _x2d(x, "x", FP8_GROUP)
     out = _out(out, "out", (m, n), torch.float8_e4m3fn, x.device)
     scales = _out(scales, "scales", (m, n // FP8_GROUP), torch.float32, x.device)
@@ -65,12 +60,11 @@ def act_quant_fp8_inplace(x, *, arch, get_kernel, n: int = 448):
     import torch
     from dsv4_jit.validate import check_tensor
     op = "act_quant_fp8_inplace"
-    _arch_of(op, arch)
+    check_arch(op, arch)
     if not isinstance(x, torch.Tensor) or x.dim() < 2:
         raise ValueError("x: expected a torch.bfloat16 tensor [..., row width] with at least 2 dims")
     check_tensor(x, "x", [None] * x.dim(), torch.bfloat16)
-    if isinstance(n, bool) or not isinstance(n, int) or n < KV_GROUP or n % KV_GROUP:
-        raise ValueError(f"n: must be a positive multiple of {KV_GROUP}, got {n!r}")
+    int_arg("n", n, multiple=KV_GROUP)
     stride = x.shape[-1]
     if n > stride:
         raise ValueError(f"n: {n} exceeds the row width {stride} of x")
@@ -85,7 +79,7 @@ def act_quant_fp4(x, *, arch, get_kernel, out=None, scales=None):
     [M, N/32])."""
     import torch
     op = "act_quant_fp4"
-    _arch_of(op, arch)
+    check_arch(op, arch)
     m, n = _x2d(x, "x", FP4_GROUP)
     out = _out(out, "out", (m, n // 2), torch.uint8, x.device)
     scales = _out(scales, "scales", (m, n // FP4_GROUP), torch.uint8, x.device)
@@ -99,7 +93,7 @@ def swiglu_quant_fp8(gate_up, *, limit: float, arch, get_kernel, out=None, scale
     quantization. gate_up bf16 [M, 2I] = [gate | up]. Returns (y fp8 [M, I], scales fp32 [M, I/128])."""
     import torch
     op = "swiglu_quant_fp8"
-    _arch_of(op, arch)
+    check_arch(op, arch)
     m, w = _x2d(gate_up, "gate_up", FP8_GROUP, 2)
     if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not 0 <= limit < float("inf"):
         raise ValueError(f"limit: must be a finite number >= 0 (0 = no clamp), got {limit!r}")

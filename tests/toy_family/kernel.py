@@ -7,8 +7,9 @@ Kernel-defining code only (spec + builder): the artifact key hashes this module'
 # builder-local shapes.
 from typing import Any, Mapping
 
-from dsv4_jit.arch import ArchProfile
+from dsv4_jit.arch import ArchProfile, check_arch
 from dsv4_jit.spec import KernelSpec, Variant
+from dsv4_jit.validate import int_param
 
 
 def build_rowscale(*, hidden: int, threads: int):
@@ -41,12 +42,9 @@ class ToyRowScaleSpec(KernelSpec):
     def select(self, arch: ArchProfile, static: Mapping[str, Any], num_tokens: int) -> Variant:
         # Validate with ValueError (never assert), and read everything from the arch profile passed in
         # (never from the GPU): select must run on a build machine with no GPU.
-        if not isinstance(arch, ArchProfile):
-            raise ValueError(f"{self.name}: arch must be an ArchProfile, got {arch!r}")
+        check_arch(self.name, arch)
         self.check_tokens(num_tokens)
-        hidden = static.get("hidden") if isinstance(static, Mapping) else None
-        if isinstance(hidden, bool) or not isinstance(hidden, int) or hidden < 256 or hidden % 256:
-            raise ValueError(f"{self.name}: hidden must be a positive multiple of 256, got {hidden!r}")
+        hidden = int_param(self.name, static, "hidden", multiple=256)
         # Few variants, chosen from few inputs, so the planner can enumerate them: one CTA per token,
         # wider CTAs once every SM already has a token.
         threads = 128 if num_tokens <= arch.num_sms_hint else 256

@@ -1,0 +1,130 @@
+"""What a family's GPU cases and the tests that run them share: seeded generators on the device, NaN-poisoned
+outputs, the per-token relative error, the profiles a GPU proves, and the serving path's kernel getter.
+
+Host code for tests (the families' `gpu_cases` and tests/); torch is imported where a tensor is made.
+"""
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+from .arch import ArchProfile, detect_arch, get_profile
+
+if TYPE_CHECKING:
+    import torch
+
+    from .family import GpuCase
+    from .spec import KernelSpec
+
+
+def cuda_generator(g: "torch.Generator", device) -> "torch.Generator":
+    """A generator on `device` seeded from the CPU generator `g`: inputs made on the GPU stay reproducible."""
+    import torch
+    seed = int(torch.randint(0, 2**62, (1,), generator=g))
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+def nan_filled(*shape: int, dtype, device) -> "torch.Tensor":
+    """An output buffer poisoned with NaN, so an element the kernel never wrote fails the check."""
+    import torch
+    return torch.full(shape, float("nan"), dtype=dtype, device=device)
+
+
+def poison(outputs: Mapping[str, "torch.Tensor"]) -> None:
+    """Fill every output with NaN before the launch (see check_case_outputs)."""
+    for t in outputs.values():
+        t.fill_(float("nan"))
+
+
+def rel_err(got: "torch.Tensor", want: "torch.Tensor") -> float:
+    """||got - want|| / ||want|| in float64 over the whole tensor."""
+    g, w = got.double(), want.double()
+    return float((g - w).norm() / w.norm().clamp_min(1e-30))
+
+
+def per_token_rel_err(got: "torch.Tensor", want: "torch.Tensor", token_dim: int = 0) -> tuple[float, int]:
+    """max over tokens of ||got_t - want_t|| / ||want_t|| (a whole-tensor norm would hide a few bad tokens),
+    and the worst token's index."""
+    g = got.double().movedim(token_dim, 0).reshape(got.shape[token_dim], -1)
+    w = want.double().movedim(token_dim, 0).reshape(want.shape[token_dim], -1)
+    err = (g - w).norm(dim=1) / w.norm(dim=1).clamp_min(1e-30)
+    i = int(err.argmax())
+    return float(err[i]), i
+
+
+def check_case_outputs(case: "GpuCase", outputs: Mapping[str, "torch.Tensor"], want: Mapping[str, "torch.Tensor"],
+                       num_tokens: int) -> dict[str, tuple[float, int]]:
+    """A GpuCase's launched outputs against its reference: every element written (no NaN left from `poison`) and
+    each output's per-token relative error within the case's tolerance. Returns name -> (error, worst token);
+    raises AssertionError naming the output and the token count otherwise."""
+    if not set(want) == set(outputs) == set(case.tolerance):
+        raise AssertionError(f"{case.name}: reference {sorted(want)}, outputs {sorted(outputs)} and tolerances "
+                             f"{sorted(case.tolerance)} differ")
+    errs = {}
+    for name, got in outputs.items():
+        if got.isnan().any():
+            raise AssertionError(f"{case.name} T={num_tokens}: {name} not fully written (NaN left from the poison)")
+        err, tok = per_token_rel_err(got, want[name], case.token_dims.get(name, 0))
+        if not err <= case.tolerance[name]:
+            raise AssertionError(f"{case.name} T={num_tokens}: {name} token {tok} relative error {err:.3e} "
+                                 f"> {case.tolerance[name]:.1e}")
+        errs[name] = (err, tok)
+    return errs
+
+
+def gpu_profiles() -> list[ArchProfile]:
+    """The profiles this machine's GPU proves: its own schedule and, on a GPU outside the SM12x family, the SM120
+    schedule compiled for it. Empty without a GPU."""
+    native = detect_arch()
+    if native is None:
+        return []
+    if native.family == "blackwell_consumer":
+        return [native]
+    return [native, get_profile("sm_120a").emulated(native)]
+
+
+def profile_id(profile: ArchProfile) -> str:
+    """A test id for a profile from gpu_profiles: "sm_90a-schedule" or "sm_120a-schedule-on-sm_90a"."""
+    if profile.schedule == profile.name:
+        return f"{profile.name}-schedule"
+    return f"{profile.schedule}-schedule-on-{profile.name}"
+
+
+def store_for_gpu_tests(tmp_dir):
+    """The store GPU tests load through: $DSV4_JIT_CACHE_DIR when set (e.g. an imported bundle compiled on a
+    machine with no GPU), else a fresh one in tmp_dir."""
+    from .cache_tools.store import Store
+    return Store() if os.environ.get("DSV4_JIT_CACHE_DIR") else Store(tmp_dir)
+
+
+
+
+def serving_getter(profile: ArchProfile, store, asked: set | None = None) -> Callable[["KernelSpec", Mapping[str, Any], int], Any]:
+    """get_kernel(spec, static, num_tokens) as the ops take it, on the serving path: select with `profile`, then
+    load from `store` (compiling only on a miss). `asked` collects (kernel, params, schedule) of each variant."""
+    from . import jit
+
+    def get_kernel(spec, static, num_tokens):
+        v = spec.select(profile, static, num_tokens)
+        if asked is not None:
+            asked.add((v.kernel, v.params, v.schedule))
+        return jit.load(spec, v, store)
+    return get_kernel
+
+
+class UnlaunchedKernel:
+    """What select_only_getter returns: the selected variant, and an AssertionError if launched."""
+
+    def __init__(self, variant):
+        self.variant = variant
+
+    def __call__(self, *args):
+        raise AssertionError(f"{self.variant.name} was launched")
+
+
+def select_only_getter(profile: ArchProfile) -> Callable[["KernelSpec", Mapping[str, Any], int], UnlaunchedKernel]:
+    """get_kernel that selects as serving does but loads nothing: an op's checks of what the variant fixes (a
+    workspace's size, a layout's block) run on the CPU, and a launch fails the test."""
+    def get_kernel(spec, static, num_tokens):
+        return UnlaunchedKernel(spec.select(profile, static, num_tokens))
+    return get_kernel
