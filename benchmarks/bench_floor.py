@@ -42,11 +42,11 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from mhc_bench_common import copy_bandwidth_gbs, graph_us_or_reason, write_rows  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.* imports
+from benchmarks.harness import copy_bandwidth_gbs, graph_us_or_reason, write_rows  # noqa: E402
 
-from bench_attention import BYTES_PER_TOKEN as KV_BYTES_PER_TOKEN, D as HEAD_DIM  # noqa: E402
-from bench_indexer import DIM as INDEX_DIM, RATIO as INDEX_RATIO  # noqa: E402
+from benchmarks.attention.bench_attention import BYTES_PER_TOKEN as KV_BYTES_PER_TOKEN, D as HEAD_DIM  # noqa: E402
+from benchmarks.indexer.bench_indexer import DIM as INDEX_DIM, RATIO as INDEX_RATIO  # noqa: E402
 
 from dsv4_jit.model_config import load_model_config  # noqa: E402
 

@@ -1,8 +1,10 @@
-"""What the GPU benchmarks share: the mHC benchmarks' V4 shapes and inputs, and for every family's benchmark
-the copy bandwidth, the two timers, the error metric and the JSON writer.
+"""What every family's benchmark shares: the copy bandwidth the %copy columns are measured against, the timers
+(do_bench with L2 flushed, CUDA-graph replay, CUDA events), the error metrics, the JSON writer and the parallel
+compile job the sweeps use.
 
-Imported by the scripts beside it (run as `python benchmarks/<script>.py`, so this directory is on
-sys.path). torch and triton are imported by the callers' GPU paths only.
+Scripts import it as `benchmarks.harness` (each puts the repo root on sys.path, so `python
+benchmarks/<family>/<script>.py` runs from the repo root). torch and triton are imported by the callers' GPU paths
+only.
 """
 from __future__ import annotations
 
@@ -10,11 +12,6 @@ import json
 from pathlib import Path
 
 import torch
-
-H, HC, M, MP = 4096, 4, 24, 32  # V4-Flash hidden, hc_mult, mix width, mix width padded to 16
-EPS, ITERS, POST_MULT = 1e-6, 20, 2.0
-MODELS = {"flash": 4096, "pro": 7168}  # hidden size per V4 model; hc, mix width and eps are shared
-
 
 def bench_us(fn) -> float:
     """Median of triton's do_bench (warmup 25 ms, rep 200 ms; L2 flushed before each call), in us."""
@@ -73,6 +70,44 @@ def graph_us_or_reason(fn, reps: int = 20) -> tuple[float | None, str | None]:
     return None, reason
 
 
+def cold_us(fn) -> tuple[float, str | None]:
+    """One call per graph replay, L2 flushed before it (kernel time without host overhead and without L2 reuse
+    across calls), or eager do_bench with the reason where capture fails."""
+    us, why = graph_us_or_reason(fn, reps=1)
+    return (us, None) if us is not None else (bench_us(fn), f"eager ({why})")
+
+
+def profiler_kernel_us(fn, name: str, launches: int = 20) -> float | None:
+    """Mean device time of the kernels whose name starts with `name` over `launches` eager calls, from the torch
+    profiler: a kernel's own time, next to a graph time that includes its neighbours."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(launches):
+            fn()
+        torch.cuda.synchronize()
+    times = [e.device_time_total for e in prof.key_averages() if e.key.startswith(name)]
+    return sum(times) / launches if times else None
+
+
+def host_us(fn, n: int = 3000) -> float:
+    """Host (wall) time per eager call, best of 3 runs of n calls after 50 warm-up calls: the Python + launch cost
+    an eager op pays when the GPU keeps up."""
+    import time
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - t0) / n * 1e6)
+    return best
+
+
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     """max |a - b| / max |b| in fp64: the worst element, relative to the reference's scale (an
     elementwise ratio would blow up on values near zero)."""
@@ -85,31 +120,6 @@ def row_rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
     the GPU cases and the container cases report."""
     g, r = got.double().flatten(1), ref.double().flatten(1)
     return ((g - r).norm(dim=1) / r.norm(dim=1).clamp_min(1e-30)).max().item()
-
-
-def pre_weights(g: torch.Generator | None = None, dev: str = "cuda", hidden: int = H):
-    """(fn [M, HC*hidden], hc_scale [3], hc_base [M]) fp32, random."""
-    fn = torch.randn(M, HC * hidden, device=dev, generator=g) * 1e-2
-    scale = torch.rand(3, device=dev, generator=g) + 0.5
-    base = torch.randn(M, device=dev, generator=g) * 0.1
-    return fn, scale, base
-
-
-def head_weights(g: torch.Generator | None = None, dev: str = "cuda", hidden: int = H):
-    """(hc_head_fn [HC, HC*hidden], hc_head_scale [1], hc_head_base [HC]) fp32, random."""
-    fn = torch.randn(HC, HC * hidden, device=dev, generator=g) * 1e-2
-    scale = torch.rand(1, device=dev, generator=g) + 0.5
-    base = torch.randn(HC, device=dev, generator=g) * 0.1
-    return fn, scale, base
-
-
-def activations(t: int, g: torch.Generator | None = None, dev: str = "cuda", hidden: int = H):
-    """(residual [t, HC, hidden] bf16, x [t, hidden] bf16, post [t, HC], comb [t, HC, HC]) for t tokens, random."""
-    residual = torch.randn(t, HC, hidden, device=dev, generator=g).to(torch.bfloat16)
-    x = torch.randn(t, hidden, device=dev, generator=g).to(torch.bfloat16)
-    post = torch.rand(t, HC, device=dev, generator=g) * 2
-    comb = torch.rand(t, HC, HC, device=dev, generator=g)
-    return residual, x, post, comb
 
 
 def write_rows(path: str, rows: list, **extra) -> Path:

@@ -16,8 +16,8 @@ case $part in
     W=$!
     timeout 200 python3 benchmarks/bench_floor.py --issues 9 10 --out "$O/bench_floor_9_10.json" > "$O/bench_floor_9_10.log" 2>&1
     echo "floor rc $?"; wait $W
-    timeout 150 python3 benchmarks/bench_indexer.py --no-torch --out "$O/indexer.json" > "$O/indexer.log" 2>&1; echo "indexer rc $?"
-    timeout 220 python3 benchmarks/bench_attention.py --heads 64 16 --batch 8 64 --out "$O/attention.json" \
+    timeout 150 python3 benchmarks/indexer/bench_indexer.py --no-torch --out "$O/indexer.json" > "$O/indexer.log" 2>&1; echo "indexer rc $?"
+    timeout 220 python3 benchmarks/attention/bench_attention.py --heads 64 16 --batch 8 64 --out "$O/attention.json" \
       > "$O/attention.log" 2>&1; echo "attention rc $?" ;;
   gemm_moe)
     ( dsv4-jit warmup --model deepseek-v4-flash --arch sm_90a --family gemm,moe -j 12 > "$O/warm_flash.log" 2>&1
@@ -28,12 +28,12 @@ case $part in
     echo "floor rc $?"
     timeout 40 python3 benchmarks/bench_mma_peak.py --out "$O/mma_peak.json" > "$O/mma_peak.log" 2>&1; echo "peak rc $?"
     wait $W
-    timeout 100 python3 benchmarks/bench_gemm.py --out "$O/gemm_flash.json" > "$O/gemm_flash.log" 2>&1; echo "gemm rc $?"
-    timeout 80 python3 benchmarks/bench_gemm.py --model deepseek-v4-pro --tp 8 --out "$O/gemm_pro8.json" \
+    timeout 100 python3 benchmarks/gemm/bench_gemm.py --out "$O/gemm_flash.json" > "$O/gemm_flash.log" 2>&1; echo "gemm rc $?"
+    timeout 80 python3 benchmarks/gemm/bench_gemm.py --model deepseek-v4-pro --tp 8 --out "$O/gemm_pro8.json" \
       > "$O/gemm_pro8.log" 2>&1; echo "gemm pro rc $?"
-    timeout 100 python3 benchmarks/bench_moe.py --tokens 1 8 64 --layers 8 --out "$O/moe_flash.json" \
+    timeout 100 python3 benchmarks/moe/bench_moe.py --tokens 1 8 64 --layers 8 --out "$O/moe_flash.json" \
       > "$O/moe_flash.log" 2>&1; echo "moe rc $?"
-    timeout 70 python3 benchmarks/bench_moe.py --model deepseek-v4-pro --tp 8 --tokens 1 8 64 --layers 8 \
+    timeout 70 python3 benchmarks/moe/bench_moe.py --model deepseek-v4-pro --tp 8 --tokens 1 8 64 --layers 8 \
       --out "$O/moe_pro8.json" > "$O/moe_pro8.log" 2>&1; echo "moe pro rc $?" ;;
 esac
 python3 benchmarks/goal_table.py "$O" 2>&1 | tee "$O/goal_table.log"

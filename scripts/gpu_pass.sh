@@ -37,20 +37,20 @@ if step tests; then
 fi
 # the read-only floors of the open goals' points (ordinary and PDL launches), to set each benchmark below against
 step bench_floor && run bench_floor python3 benchmarks/bench_floor.py --out "$OUT/bench_floor.json"
-step bench_mhc && run bench_mhc python3 benchmarks/bench_mhc.py --out "$OUT/bench_mhc.json"
-step bench_attention && run bench_attention python3 benchmarks/bench_attention.py --out "$OUT/bench_attention.json"
+step bench_mhc && run bench_mhc python3 benchmarks/mhc/bench_mhc.py --out "$OUT/bench_mhc.json"
+step bench_attention && run bench_attention python3 benchmarks/attention/bench_attention.py --out "$OUT/bench_attention.json"
 if step bench_indexer; then
-  run bench_indexer python3 benchmarks/bench_indexer.py --out "$OUT/bench_indexer.json"
-  run bench_indexer_sm120 python3 benchmarks/bench_indexer.py --arch sm_120a --out "$OUT/bench_indexer_sm120.json"
+  run bench_indexer python3 benchmarks/indexer/bench_indexer.py --out "$OUT/bench_indexer.json"
+  run bench_indexer_sm120 python3 benchmarks/indexer/bench_indexer.py --arch sm_120a --out "$OUT/bench_indexer_sm120.json"
 fi
 if step bench_gemm; then
-  run bench_gemm python3 benchmarks/bench_gemm.py --out "$OUT/bench_gemm.json"
-  run bench_gemm_sm120 python3 benchmarks/bench_gemm.py --arch sm_120a --out "$OUT/bench_gemm_sm120.json"
+  run bench_gemm python3 benchmarks/gemm/bench_gemm.py --out "$OUT/bench_gemm.json"
+  run bench_gemm_sm120 python3 benchmarks/gemm/bench_gemm.py --arch sm_120a --out "$OUT/bench_gemm_sm120.json"
 fi
 if step bench_moe; then
   # --layers 8: the per-layer figure the goal is judged on (goal_table reads it)
-  run bench_moe python3 benchmarks/bench_moe.py --layers 8 --out "$OUT/bench_moe.json"
-  run bench_moe_sm120 python3 benchmarks/bench_moe.py --arch sm_120a --out "$OUT/bench_moe_sm120.json"
+  run bench_moe python3 benchmarks/moe/bench_moe.py --layers 8 --out "$OUT/bench_moe.json"
+  run bench_moe_sm120 python3 benchmarks/moe/bench_moe.py --arch sm_120a --out "$OUT/bench_moe_sm120.json"
 fi
 if step plugin; then
   for model in deepseek-v4-flash deepseek-v4-pro; do
@@ -62,6 +62,6 @@ if step goals; then
   run mma_peak python3 benchmarks/bench_mma_peak.py --out "$OUT/mma_peak.json"
   run goal_table python3 benchmarks/goal_table.py "$OUT"
 fi
-step warm_load && run warm_load python3 benchmarks/bench_warm_load.py --repeat 5 --out "$OUT/warm_load.json"
-step host && run host_overhead python3 benchmarks/bench_host_overhead.py --out "$OUT/host_overhead.json"
+step warm_load && run warm_load python3 benchmarks/cache/bench_warm_load.py --repeat 5 --out "$OUT/warm_load.json"
+step host && run host_overhead python3 benchmarks/mhc/bench_host_overhead.py --out "$OUT/host_overhead.json"
 exit $status

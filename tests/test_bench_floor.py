@@ -1,6 +1,6 @@
 """benchmarks/bench_floor.py's goal points (CPU): each issue's bytes are the ones its family benchmark counts, so the
 floor it times on the GPU is the floor of the figure that goal is judged by."""
-import importlib.util
+import importlib
 import sys
 from pathlib import Path
 
@@ -10,11 +10,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _load(name: str):
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location(f"_bench_{name}", ROOT / "benchmarks" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    """A benchmark module by its dotted name under benchmarks/ (e.g. "gemm.sweep_gemm_large_m")."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    return importlib.import_module(f"benchmarks.{name}")
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +26,7 @@ def test_every_open_goal_has_points(points):
 
 
 def test_attention_bytes_are_bench_attentions(points):
-    att = _load("bench_attention")
+    att = _load("attention.bench_attention")
     p = points[(9, "H64 ratio 4 64K x 8")]
     # bench_attention: batch x (valid candidates x 584 B + q + out), 512 + 128 candidates at ratio 4
     assert p["bytes"] == 8 * (640 * att.BYTES_PER_TOKEN + 2 * 64 * att.D * 2)
@@ -132,7 +131,7 @@ def test_goal_table_joins_each_family_file_to_its_points_and_judges_them(points)
 def test_large_m_sweep_candidates_swap_only_the_tile_width_and_count():
     """sweep_gemm_large_m.py (CPU): every candidate is select's variant with block_n / tiles_per_cta swapped in,
     the count dividing the row's tiles, and select's own pick always among them."""
-    sweep = _load("sweep_gemm_large_m")
+    sweep = _load("gemm.sweep_gemm_large_m")
     from dsv4_jit.arch import get_profile
     base, cands = sweep.candidates(get_profile("sm_90a"), 1536, 4096, 1, 2048, [128, 64], [1, 2, 4])
     assert base in cands and base["tiles_per_cta"] == 2

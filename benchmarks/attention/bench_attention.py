@@ -4,7 +4,7 @@ step must read (valid candidates x 584 B + q + out), against measured copy bandw
 Columns: ours with the sm_90a schedule, ours with the SM120 schedule compiled for this sm_90a GPU (mma.sync
 path; the timing is an H100 timing, never an SM120 one), vLLM 0.33's Triton sparse MLA decode (its ROCm
 generic path: vLLM runs FlashInfer's compiled SM120 kernel on SM12x, which no Hopper can run; see
-benchmarks/peer_vllm_attention.py), and a torch gather baseline (index, dequantize, bmm, softmax with sink).
+benchmarks/peers/vllm_attention.py), and a torch gather baseline (index, dequantize, bmm, softmax with sink).
 Each implementation's output is checked against the float64 reference at every point.
 
 Time per call: one CUDA graph runs the op over --layers (default 8) distinct input sets, as a decode step's
@@ -12,7 +12,7 @@ successive layers do (each call reads its own bytes), replayed with L2 flushed b
 by the number of calls. "one_call_us" in the JSON is a single call per replay (the 2026-11-23 README figures
 were taken that way; every point had a ~24 us floor there, likely the replay's launch latency).
 
-  python benchmarks/bench_attention.py --out bench_out/attention.json
+  python benchmarks/attention/bench_attention.py --out bench_out/attention.json
 """
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from mhc_bench_common import copy_bandwidth_gbs, graph_us_or_reason, write_rows  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: benchmarks.* imports
+from benchmarks.harness import copy_bandwidth_gbs, graph_us_or_reason, write_rows  # noqa: E402
 
 from dsv4_jit.kernels.attention import ops, reference  # noqa: E402
 from dsv4_jit.kernels.attention.sparse_mla import D, NOPE  # noqa: E402
@@ -116,8 +116,7 @@ def main() -> int:
     hopper = get_profile("sm_90a")
     scheds = {"ours_sm90": hopper, "ours_sm120": get_profile("sm_120a").emulated(hopper)}
     try:
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from peer_vllm_attention import load_peer
+        from benchmarks.peers.vllm_attention import load_peer
         peer, peer_why = load_peer(args.peers_dir), None
     except Exception as e:  # missing .peers or triton: say why in the table
         peer, peer_why = None, f"{type(e).__name__}: {e}"[:160]

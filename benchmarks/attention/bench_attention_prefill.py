@@ -6,7 +6,7 @@ Inputs: --heads query heads, --candidates rows a token (DeepSeek V4's ratio-4 la
 512 dims each). Time: one CUDA-graph replay of the op, L2 flushed before it. --arch sm_120a runs the SM120
 schedule compiled for this sm_90a GPU (an H100 timing, never an SM120 one).
 
-  python benchmarks/bench_attention_prefill.py --tokens 512 2048 8192 --out bench_out/attention_prefill.json
+  python benchmarks/attention/bench_attention_prefill.py --tokens 512 2048 8192 --out bench_out/attention_prefill.json
 """
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from mhc_bench_common import graph_us_or_reason, write_rows  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: benchmarks.* imports
+from benchmarks.harness import graph_us_or_reason, write_rows  # noqa: E402
 
 from dsv4_jit.arch import get_profile  # noqa: E402
 from dsv4_jit.jit import kernel_getter  # noqa: E402

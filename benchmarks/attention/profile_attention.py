@@ -1,7 +1,7 @@
 """One sparse MLA decode point launched a few times, eagerly, for a profiler to attach to (ncu), e.g.
 
   ncu --clock-control none -k regex:sparse_mla_fwd --launch-skip 1 --launch-count 1 --section SpeedOfLight \
-      --section WarpStateStats python benchmarks/profile_attention.py --schedule sm_120a --heads 64 --batch 64
+      --section WarpStateStats python benchmarks/attention/profile_attention.py --schedule sm_120a --heads 64 --batch 64
 
 Same inputs as bench_attention.py (make_point); --schedule sm_120a runs the SM120 schedule compiled for
 this sm_90a GPU. Prints the op's time from CUDA events (L2 not flushed) so a run without a profiler says
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_attention import make_fns, make_point  # noqa: E402
-from mhc_bench_common import events_us  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: benchmarks.* imports
+from benchmarks.attention.bench_attention import make_fns, make_point  # noqa: E402
+from benchmarks.harness import events_us  # noqa: E402
 
 from dsv4_jit.arch import get_profile  # noqa: E402
 from dsv4_jit.kernels.attention.sparse_mla import D  # noqa: E402

@@ -6,7 +6,7 @@ family named by --schedule (sm_120a: the SM12x budget and pass configs, compiled
 sweep can try what `select` does not pick yet. Candidates over the schedule's shared-memory budget are
 listed as skipped. Time = one CUDA-graph replay of the op (fwd + combine when split), L2 flushed before it.
 
-    python benchmarks/sweep_attention_schedules.py --schedule sm_120a --heads 64 --batch 1 8 64 \
+    python benchmarks/attention/sweep_attention_schedules.py --schedule sm_120a --heads 64 --batch 1 8 64 \
         --out bench_out/sweep_attention.json
 """
 from __future__ import annotations
@@ -19,9 +19,9 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_attention import make_point  # noqa: E402
-from mhc_bench_common import compile_job, graph_us_or_reason, write_rows  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: benchmarks.* imports
+from benchmarks.attention.bench_attention import make_point  # noqa: E402
+from benchmarks.harness import compile_job, graph_us_or_reason, write_rows  # noqa: E402
 
 from dsv4_jit import jit  # noqa: E402
 from dsv4_jit.arch import get_profile  # noqa: E402

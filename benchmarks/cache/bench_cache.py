@@ -1,6 +1,6 @@
 """Cache benchmark: bundle import throughput and warm lookup latency.
 
-    python benchmarks/bench_cache.py [--entries 200] [--file-kb 300] [--lookups 1000] [--out bench_out/cache.json]
+    python benchmarks/cache/bench_cache.py [--entries 200] [--file-kb 300] [--lookups 1000] [--out bench_out/cache.json]
 
 Import: a bundle of N entries, each one ~file-kb .so-like file (half random bytes, half a
 repetitive table, so it compresses about as much as a real kernel library) plus a small source

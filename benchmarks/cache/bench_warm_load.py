@@ -8,7 +8,7 @@ of the op is callable (and, with a GPU, has been launched once and synchronised)
     Python DSL and hashes the TIR script before it finds the entry);
   * ours:     `dsv4_jit.jit.load(spec, variant)` (source-fingerprint key -> manifest -> dlopen).
 
-    python benchmarks/bench_warm_load.py --out bench_out/warm_load.json [--repeat 5]
+    python benchmarks/cache/bench_warm_load.py --out bench_out/warm_load.json [--repeat 5]
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Warmup figures for DeepSeek V4 serving configs.
 
-    python benchmarks/bench_warmup.py [--model deepseek-v4-flash] [--arch sm_120a] [--measure] [--out FILE]
+    python benchmarks/cache/bench_warmup.py [--model deepseek-v4-flash] [--arch sm_120a] [--measure] [--out FILE]
 
 Always (planner only, no compile): for each config, capture sizes, distinct compiles versus one compile
 per capture size (per kernel use), planning time. With `--measure`, for vLLM defaults with and without

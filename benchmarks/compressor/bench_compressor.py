@@ -4,11 +4,11 @@ indexer keys d 128, ratio 128 attention KV d 512), for T tokens of which E compl
 
 Inputs are the family's GPU-case inputs (kernels/compressor/family.py: a shuffled paged state cache, about two of
 three tokens emitting, every fifth without an output slot). Time = one CUDA-graph replay of the op, L2 flushed
-before it (mhc_bench_common.graph_us_or_reason). GB/s counts the state bytes the emitting tokens read (window rows
+before it (benchmarks/harness.py: graph_us_or_reason). GB/s counts the state bytes the emitting tokens read (window rows
 x their kv and score halves x 4 B) over that time: the ratio-4 sites read 8 rows per emitting token, ratio 128 reads
 128.
 
-    python benchmarks/bench_compressor.py --out bench_out/compressor.json [--tokens 1 8 64 512]
+    python benchmarks/compressor/bench_compressor.py --out bench_out/compressor.json [--tokens 1 8 64 512]
 """
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from mhc_bench_common import copy_bandwidth_gbs, graph_us_or_reason, write_rows  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: benchmarks.* imports
+from benchmarks.harness import copy_bandwidth_gbs, graph_us_or_reason, write_rows  # noqa: E402
 
 
 def main() -> int:

@@ -19,7 +19,7 @@ a weight is read from DRAM every call, as in a forward pass where 43+ layers' we
 What torch supports is probed once per run and printed (torch 2.x: per-tensor and rowwise fp32 scales on sm_89+;
 blockwise 1x128 x 128x128 only on newer torch builds for sm_90 / sm_100, not on SM12x).
 
-    python benchmarks/bench_gemm.py --out bench_out/gemm.json [--model deepseek-v4-flash] [--tp 1]
+    python benchmarks/gemm/bench_gemm.py --out bench_out/gemm.json [--model deepseek-v4-flash] [--tp 1]
         [--decode 1 8 32 64] [--prefill 2048 8192] [--arch sm_120a]  (an SM120 schedule emulated on this GPU)
 """
 from __future__ import annotations
@@ -31,8 +31,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from mhc_bench_common import copy_bandwidth_gbs, graph_us_or_reason  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: benchmarks.* imports
+from benchmarks.harness import copy_bandwidth_gbs, graph_us_or_reason  # noqa: E402
 
 
 

@@ -1,7 +1,7 @@
 """One FP8 block GEMM launched a few times, eagerly, for a profiler to attach to (ncu), e.g.
 
   ncu --set full -k regex:fp8_gemm --launch-skip 1 --launch-count 1 -o gemm \\
-      python benchmarks/profile_gemm.py --schedule sm_120a --m 4096 --n 4096 --k 4096
+      python benchmarks/gemm/profile_gemm.py --schedule sm_120a --m 4096 --n 4096 --k 4096
 
 Same inputs as bench_gemm.py (make_activations / make_weights); --schedule sm_120a runs the SM120 schedule
 compiled for this sm_90a GPU. Prints the op's time from CUDA events (L2 not flushed) and its TFLOP/s, so a run
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from mhc_bench_common import events_us  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: benchmarks.* imports
+from benchmarks.harness import events_us  # noqa: E402
 
 import dsv4_jit  # noqa: E402
 from dsv4_jit.arch import get_profile  # noqa: E402

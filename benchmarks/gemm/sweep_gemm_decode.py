@@ -7,7 +7,7 @@ named by --schedule (sm_120a: the SM12x budget and pass configs, compiled for sm
 replay of the op (GEMM + reduce when split), L2 flushed before it, as bench_gemm. The `floor` row is the same
 timer around a graph of one 1-element kernel: what any single-launch op costs here before it moves a byte.
 
-    python benchmarks/sweep_gemm_decode.py --schedule sm_120a --m 1 64 -j 16 --out bench_out/sweep_gemm.json
+    python benchmarks/gemm/sweep_gemm_decode.py --schedule sm_120a --m 1 64 -j 16 --out bench_out/sweep_gemm.json
 """
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from mhc_bench_common import compile_job, copy_bandwidth_gbs, graph_us_or_reason, write_rows  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: benchmarks.* imports
+from benchmarks.harness import compile_job, copy_bandwidth_gbs, graph_us_or_reason, write_rows  # noqa: E402
 
 from dsv4_jit import jit  # noqa: E402
 from dsv4_jit.arch import get_profile  # noqa: E402

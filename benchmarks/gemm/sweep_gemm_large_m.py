@@ -3,7 +3,7 @@ every FP8 weight shape of V4-Flash TP 1 and V4-Pro TP 8 (kernels/gemm/family.py:
 checked against the float64 reference (M <= 2,048) and timed as one CUDA-graph replay with L2 flushed.
 `<- select` marks what `gemm_params` picks. The 2026-11-26 run (H100) set `tiles_per_cta`'s wave rule (README).
 
-    python benchmarks/sweep_gemm_large_m.py --m 2048 8192 -j 16 --out bench_out/sweep_gemm_large_m.json
+    python benchmarks/gemm/sweep_gemm_large_m.py --m 2048 8192 -j 16 --out bench_out/sweep_gemm_large_m.json
 """
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from mhc_bench_common import compile_job, graph_us_or_reason  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: benchmarks.* imports
+from benchmarks.harness import compile_job, graph_us_or_reason  # noqa: E402
 
 from dsv4_jit import jit  # noqa: E402
 from dsv4_jit.arch import get_profile  # noqa: E402

@@ -15,7 +15,7 @@ small contexts are not served from L2 across repeated calls; a step that cannot 
   err ours / err vllm        max over rows of the relative error of the valid columns (|| got - ref || / || ref ||)
                              against the fp32 torch step (dequantised K, fp32 einsum): batch <= 8, else '-'
   vllm logits / vllm +topk   vLLM 0.33's Triton paged MQA logits (its ROCm path) + its torch top-k
-                             (benchmarks/peer_vllm_indexer.py; NOT what vLLM runs on SM12x: DeepGEMM SM120 +
+                             (benchmarks/peers/vllm_indexer.py; NOT what vLLM runs on SM12x: DeepGEMM SM120 +
                              persistent_topk). Missing peer: the reason is printed and the column is empty.
   Each top-k call is given its own persistent workspace (zeroed once, left zeroed by every launch), as an engine's
   CUDA graph holds it: no memset runs in the timed graphs (before 2026-11-25 the op zeroed it every call).
@@ -28,7 +28,7 @@ The logits width is sized for the largest context (65,536 + 64 columns) in every
 captured for max_model_len would be: rows at 8K context show the early exit past each request's length.
 --width sets it (262,208 columns: a 1M-token max_model_len).
 
-    python benchmarks/bench_indexer.py --out bench_out/indexer.json [--contexts 8192 65536 262144] [--batch 1 8 64]
+    python benchmarks/indexer/bench_indexer.py --out bench_out/indexer.json [--contexts 8192 65536 262144] [--batch 1 8 64]
     [--arch sm_120a]   (an SM120 schedule on this GPU: sm_120a emulated on the native arch)
 """
 from __future__ import annotations
@@ -40,15 +40,9 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from mhc_bench_common import bench_us, copy_bandwidth_gbs, graph_us_or_reason, row_rel_err  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: benchmarks.* imports
+from benchmarks.harness import cold_us, copy_bandwidth_gbs, graph_us_or_reason, row_rel_err  # noqa: E402
 
-
-def cold_us(fn):
-    """One call per graph replay, L2 flushed before it (kernel time without host overhead and without L2
-    reuse across calls); eager do_bench where capture fails."""
-    us, why = graph_us_or_reason(fn, reps=1)
-    return (us, None) if us is not None else (bench_us(fn), f"eager ({why})")
 
 HEADS, DIM, PAGE, TOPK, RATIO = 64, 128, 64, 512, 4
 
@@ -142,8 +136,7 @@ def main() -> None:
     arch = native if args.arch is None else (get_profile(args.arch) if get_profile(args.arch).family == native.family
                                              else get_profile(args.arch).emulated(native))
     try:
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from peer_vllm_indexer import load_peer
+        from benchmarks.peers.vllm_indexer import load_peer
         peer, peer_reason = load_peer(), None
     except Exception as e:  # missing .peers/ or an import problem: report it, keep the other columns
         peer, peer_reason = None, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]
@@ -250,7 +243,7 @@ def main() -> None:
         print(f"\nvLLM peer unavailable: {peer_reason}")
     print("\nGB/s, %copy: index-K bytes (batch x ctx/4 x 132 B) / ours logits time per layer (one call where "
           "--layers 1), vs the copy bandwidth above. "
-          "vLLM columns: its ROCm-path Triton logits + torch top-k, not its SM12x path (see peer_vllm_indexer.py).")
+          "vLLM columns: its ROCm-path Triton logits + torch top-k, not its SM12x path (see benchmarks/peers/vllm_indexer.py).")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "schedule": arch.schedule, "arch": arch.name,

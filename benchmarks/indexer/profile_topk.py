@@ -2,7 +2,7 @@
 attach to (ncu), e.g.
 
   ncu --clock-control none -k regex:indexer_topk --launch-skip 1 --launch-count 1 --section WarpStateStats \
-      --section SourceCounters python benchmarks/profile_topk.py --ctx 65536 --batch 1 \
+      --section SourceCounters python benchmarks/indexer/profile_topk.py --ctx 65536 --batch 1 \
       --kernel indexer_topk --params '{"threads": 1024, "resident": 27648}'
 
 --params overrides what select picks (sweep_topk.py's candidates). Prints the op's time from CUDA events so a run
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_indexer import PAGE, RATIO, TOPK, make_inputs  # noqa: E402
-from mhc_bench_common import events_us  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: benchmarks.* imports
+from benchmarks.indexer.bench_indexer import PAGE, RATIO, TOPK, make_inputs  # noqa: E402
+from benchmarks.harness import events_us  # noqa: E402
 
 
 def main() -> int:

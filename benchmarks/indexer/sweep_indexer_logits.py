@@ -3,7 +3,7 @@ grid holds at least that many CTAs an SM, in whole waves of what the SMs hold; M
 large batch) and its cp.async ring depth (--stages), timed at bench_indexer's points, each output checked against
 bench_indexer's torch logits. Each value is a separate variant (kernel parameters), compiled on first use.
 
-    python benchmarks/sweep_indexer_logits.py --ctas-per-sm 2 4 8 --stages 2 3 --out bench_out/sweep_indexer_logits.json
+    python benchmarks/indexer/sweep_indexer_logits.py --ctas-per-sm 2 4 8 --stages 2 3 --out bench_out/sweep_indexer_logits.json
 """
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_indexer import PAGE, RATIO, cold_us, make_inputs, torch_logits  # noqa: E402
-from mhc_bench_common import copy_bandwidth_gbs, write_rows  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: benchmarks.* imports
+from benchmarks.indexer.bench_indexer import PAGE, RATIO, cold_us, make_inputs, torch_logits  # noqa: E402
+from benchmarks.harness import copy_bandwidth_gbs, write_rows  # noqa: E402
 
 
 def logits_error(out: torch.Tensor, ref: torch.Tensor) -> float:

@@ -9,7 +9,7 @@ Columns per candidate (us):
 Every candidate's output is checked as a set against torch.topk (reference.check_topk_sets); a wrong one is
 marked WRONG and is never the best.
 
-    python benchmarks/sweep_topk.py --contexts 8192 65536 262144 --batch 1 8 64 [--schedule sm_120a]
+    python benchmarks/indexer/sweep_topk.py --contexts 8192 65536 262144 --batch 1 8 64 [--schedule sm_120a]
         --out bench_out/sweep_topk.json
 """
 from __future__ import annotations
@@ -20,9 +20,9 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_indexer import PAGE, RATIO, TOPK, make_inputs  # noqa: E402
-from mhc_bench_common import graph_us_or_reason, write_rows  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: benchmarks.* imports
+from benchmarks.indexer.bench_indexer import PAGE, RATIO, TOPK, make_inputs  # noqa: E402
+from benchmarks.harness import graph_us_or_reason, profiler_kernel_us, write_rows  # noqa: E402
 
 
 def candidates(arch, tokens: int, extra_resident: list[int], extra_solo: list[int]) -> list[tuple[str, dict]]:
@@ -49,19 +49,6 @@ def candidates(arch, tokens: int, extra_resident: list[int], extra_solo: list[in
     return out
 
 
-def kernel_us(fn, name: str, launches: int = 20) -> float | None:
-    """Mean device time of the kernels whose name starts with `name` over `launches` eager calls."""
-    from torch.profiler import ProfilerActivity, profile
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(launches):
-            fn()
-        torch.cuda.synchronize()
-    times = [e.device_time_total for e in prof.key_averages() if e.key.startswith(name)]
-    return sum(times) / launches if times else None
-
-
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--contexts", type=int, nargs="+", default=[8192, 65536, 262144])
@@ -85,7 +72,7 @@ def main() -> int:
     # every candidate compiled first, in parallel (the store's per-key locks make that safe)
     import os
     from concurrent.futures import ProcessPoolExecutor
-    from mhc_bench_common import compile_job
+    from benchmarks.harness import compile_job
     jobs = sorted({(k, tuple(sorted(p.items()))) for b in args.batch for k, p in candidates(arch, b, args.resident, args.solo)})
     with ProcessPoolExecutor(max_workers=os.cpu_count()) as ex:
         for msg in ex.map(compile_job, [(k, dict(p), arch.name, arch.schedule) for k, p in jobs]):
@@ -119,7 +106,7 @@ def main() -> int:
                 want = reference.check_topk_sets(idx, lg, info.long(), bt, TOPK, PAGE)
                 ok = bool(torch.equal(want, idx.long())) and bool((lens == min(TOPK, d["comp"])).all())
                 gus, why = graph_us_or_reason(fn, reps=20)
-                kus = kernel_us(fn, kname)
+                kus = profiler_kernel_us(fn, kname)
                 row = {"ctx": ctx, "batch": b, "kernel": kname, **p, "graph_us": gus, "kernel_us": kus, "ok": ok,
                        "why": why, "selected": False}
                 rows.append(row)

@@ -5,32 +5,20 @@ launch time, not the kernels. This prints microseconds per call for the op and f
 made of (validation, allocation, views, the kernel launches through tvm_ffi), so the wrapper can be
 kept near the floor of its launches. Timing: N back-to-back calls, then one synchronize; per call.
 
-    python benchmarks/bench_host_overhead.py --out bench_out/host_overhead.json
+    python benchmarks/mhc/bench_host_overhead.py --out bench_out/host_overhead.json
 """
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-import time
+from pathlib import Path
 
 import torch
 
-from mhc_bench_common import EPS, HC, ITERS, POST_MULT, H, activations, bench_us, pre_weights, write_rows
-
-
-def per_call_us(fn, n: int = 3000) -> float:
-    for _ in range(50):
-        fn()
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(3):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        torch.cuda.synchronize()
-        best = min(best, (time.perf_counter() - t0) / n * 1e6)
-    return best
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: benchmarks.* imports
+from benchmarks.harness import bench_us, host_us, write_rows  # noqa: E402
+from benchmarks.mhc.inputs import EPS, HC, ITERS, POST_MULT, H, activations, pre_weights  # noqa: E402
 
 
 def main() -> int:
@@ -86,7 +74,7 @@ def main() -> int:
             "current_arch + kernel_getter": lambda: dsv4_jit.kernel_getter(jit.current_arch()),
         }
         for name, f in items.items():
-            r = {"T": t, "item": name, "host_us": per_call_us(f)}
+            r = {"T": t, "item": name, "host_us": host_us(f)}
             if name.startswith("public"):
                 r["do_bench_us"] = bench_us(f)
             rows.append(r)

@@ -16,14 +16,14 @@ Peers (a peer that cannot be loaded prints why; its columns read n/a):
          DeepGEMM's heuristic asks (clamped to what the GEMV takes); 'tkfuse' times its big fuse alone.
          pre = GEMM + mhc_pre_big_fuse_fwd; post = mhc_post_fwd; head = GEMM (4 outputs) +
          mhc_reduce_partials_and_rmsnorm_fwd + mhc_head_compute_mix_fwd + mhc_pre_apply_mix_fwd.
-  vllm : vLLM 0.33's own mHC functions with DeepGEMM unavailable (peer_vllm_mhc.py; files from
+  vllm : vLLM 0.33's own mHC functions with DeepGEMM unavailable (benchmarks/peers/vllm_mhc.py; files from
          `bash scripts/fetch_peers.sh` into .peers/). The stock wheel vendors DeepGEMM with an SM120
-         prenorm GEMM, so this is vLLM on SM12x only with VLLM_USE_DEEP_GEMM=0 (peer_vllm_mhc.py says more).
+         prenorm GEMM, so this is vLLM on SM12x only with VLLM_USE_DEEP_GEMM=0 (benchmarks/peers/vllm_mhc.py says more).
 Bytes for %copy (ours, do_bench): pre = residual read + fn read + layer_input write; post = x read +
 residual read + out write, against a measured device-to-device copy (256 MiB, read + write).
 
-    python benchmarks/bench_mhc.py --out bench_out/mhc.json [--tokens 1 8 64 512 4096] [--models flash pro]
-    python benchmarks/bench_mhc.py --cross-compile sm_90a     # no GPU: build both peers' kernels only
+    python benchmarks/mhc/bench_mhc.py --out bench_out/mhc.json [--tokens 1 8 64 512 4096] [--models flash pro]
+    python benchmarks/mhc/bench_mhc.py --cross-compile sm_90a     # no GPU: build both peers' kernels only
 """
 from __future__ import annotations
 
@@ -31,12 +31,14 @@ import argparse
 import math
 import sys
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
-from mhc_bench_common import (EPS, HC, ITERS, MODELS, POST_MULT, activations, bench_us, copy_bandwidth_gbs,
-                              graph_us_or_reason, head_weights, pre_weights, rel_err, write_rows)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: benchmarks.* imports
+from benchmarks.harness import bench_us, copy_bandwidth_gbs, graph_us_or_reason, rel_err, write_rows  # noqa: E402
+from benchmarks.mhc.inputs import EPS, HC, ITERS, MODELS, POST_MULT, activations, head_weights, pre_weights  # noqa: E402
 
 TK_VERSION = "2.1.0"
 OPS = ("pre", "post", "head")
@@ -59,7 +61,7 @@ def import_reference() -> Any:
 
 def load_vllm(peers_dir: str | None) -> tuple[Any, str | None]:
     try:
-        import peer_vllm_mhc
+        from benchmarks.peers import vllm_mhc as peer_vllm_mhc
         peer_vllm_mhc.load(peers_dir)
         return peer_vllm_mhc, None
     except Exception as e:  # benchmark dependency only: say why, the columns read n/a
@@ -289,7 +291,7 @@ def cross_compile(arch: str, tokens: list[int], models: list[str], peers_dir: st
     """No GPU: compile every kernel the two peers launch in this benchmark for `arch` (no launch)."""
     status = 0
     try:
-        import peer_vllm_mhc
+        from benchmarks.peers import vllm_mhc as peer_vllm_mhc
         for m in models:
             k = HC * MODELS[m]
             splits = sorted({peer_vllm_mhc.max_gemm_splits(k, deepgemm_splits(t, k, XC_SMS)) for t in tokens} - {1})
@@ -322,7 +324,7 @@ def cross_compile_tk(arch: str, tokens: list[int], models: list[str]) -> int:
         hidden = MODELS[model]
         k = HC * hidden
         try:
-            import peer_vllm_mhc
+            from benchmarks.peers import vllm_mhc as peer_vllm_mhc
             splits = {peer_vllm_mhc.max_gemm_splits(k, deepgemm_splits(tt, k, XC_SMS)) for tt in tokens}
         except Exception:
             splits = {1}

@@ -7,7 +7,7 @@ dsv4-jit loads artifacts (tvm_ffi module of the exported library) and timed two 
   bench: do_bench of one launch (L2 flushed before each, as bench_mhc.py times the public ops).
 Every candidate's outputs are compared with the first candidate's (max abs difference).
 
-    python benchmarks/sweep_mhc_schedules.py --out bench_out/sweep.json [--tokens 64 512 4096]
+    python benchmarks/mhc/sweep_mhc_schedules.py --out bench_out/sweep.json [--tokens 64 512 4096]
         [--only fuse|post|norm_fn|pair]   (pair: the selected norm_fn + fuse, with and without PDL)
 """
 from __future__ import annotations
@@ -16,11 +16,13 @@ import argparse
 import json
 import sys
 import tempfile
+from pathlib import Path
 
 import torch
 
-from mhc_bench_common import (EPS, HC, ITERS, MP, POST_MULT, H, M, activations, bench_us, graph_us, pre_weights,
-                               write_rows)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: benchmarks.* imports
+from benchmarks.harness import bench_us, graph_us, write_rows  # noqa: E402
+from benchmarks.mhc.inputs import EPS, HC, ITERS, MP, POST_MULT, H, M, activations, pre_weights  # noqa: E402
 
 # (label, builder kwargs beyond the model statics)
 # Results on H200 (V4-Flash, T=4096, graph us), 2026-11-22, that set the schedules in kernels/:

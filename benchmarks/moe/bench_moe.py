@@ -13,7 +13,7 @@ Columns (us: one call per CUDA-graph replay, median of triton's do_bench, L2 flu
   err             max over rows of the per-row relative error of ours vs the float64 reference (routed rows;
                   T <= 512 only: the reference dequantizes every touched expert in float64)
 
-    python benchmarks/bench_moe.py --out bench_out/moe.json [--model deepseek-v4-flash] [--tp 1]
+    python benchmarks/moe/bench_moe.py --out bench_out/moe.json [--model deepseek-v4-flash] [--tp 1]
         [--tokens 1 8 64 512 4096] [--arch sm_120a]  (an SM120 schedule emulated on this GPU)
 """
 from __future__ import annotations
@@ -25,8 +25,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from mhc_bench_common import copy_bandwidth_gbs, graph_us_or_reason, row_rel_err  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: benchmarks.* imports
+from benchmarks.harness import copy_bandwidth_gbs, graph_us_or_reason, row_rel_err  # noqa: E402
 
 
 def random_experts(num_experts: int, n: int, k: int, g: torch.Generator):

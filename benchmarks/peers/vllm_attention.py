@@ -162,7 +162,7 @@ class _Placeholder:
 
 def _not_available(what: str):
     def fail(*_a: Any, **_k: Any) -> Any:
-        raise RuntimeError(f"{what} is not available in the vLLM peer (stubbed; see peer_vllm_attention.py)")
+        raise RuntimeError(f"{what} is not available in the vLLM peer (stubbed; see benchmarks/peers/vllm_attention.py)")
     return fail
 
 
@@ -181,7 +181,7 @@ def _install_stubs(peers: Path) -> None:
     for pkg in _PACKAGES:
         m = sys.modules.get(pkg)
         if m is not None and getattr(m, _STUB_MARK, False):
-            continue  # another peer loader (peer_vllm_mhc) made it already; same .peers path
+            continue  # another peer loader (vllm_mhc) made it already; same .peers path
         _stub(pkg, __path__=[str(peers.joinpath(*pkg.split(".")))])
     try:
         import triton

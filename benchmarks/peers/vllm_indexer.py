@@ -49,13 +49,14 @@ BLOCK_KV = 64  # rocm_fp8_paged_mqa_logits_triton
 
 
 def _attention_loader():
-    """peer_vllm_attention (the shared stubs and module loading), imported by path next to this file."""
-    mod = sys.modules.get("peer_vllm_attention")
+    """vllm_attention (the shared stubs and module loading), imported by path next to this file, under its package
+    name so that an import of benchmarks.peers.vllm_attention gets the same module."""
+    mod = sys.modules.get("benchmarks.peers.vllm_attention")
     if mod is None:
-        path = Path(__file__).resolve().with_name("peer_vllm_attention.py")
-        spec = importlib.util.spec_from_file_location("peer_vllm_attention", path)
+        path = Path(__file__).resolve().with_name("vllm_attention.py")
+        spec = importlib.util.spec_from_file_location("benchmarks.peers.vllm_attention", path)
         mod = importlib.util.module_from_spec(spec)
-        sys.modules["peer_vllm_attention"] = mod
+        sys.modules["benchmarks.peers.vllm_attention"] = mod
         spec.loader.exec_module(mod)
     return mod
 
