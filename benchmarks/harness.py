@@ -122,11 +122,24 @@ def row_rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
     return ((g - r).norm(dim=1) / r.norm(dim=1).clamp_min(1e-30)).max().item()
 
 
+def run_info() -> dict:
+    """What every benchmark's JSON says about its run: the script (relative to the repo root), the exact command
+    that ran it and the UTC date; benchmarks/results.py prints them beside the figures."""
+    import datetime
+    import shlex
+    import sys
+    root = Path(__file__).resolve().parents[1]
+    script = Path(sys.argv[0]).resolve()
+    rel = script.relative_to(root).as_posix() if script.is_relative_to(root) else sys.argv[0]
+    return {"benchmark": rel, "command": shlex.join(["python3", rel, *sys.argv[1:]]),
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+
+
 def write_rows(path: str, rows: list, **extra) -> Path:
-    """{"device", **extra, "rows"} as JSON at `path` (parents created)."""
+    """{"device", run_info(), **extra, "rows"} as JSON at `path` (parents created)."""
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"device": torch.cuda.get_device_name(), **extra, "rows": rows}, indent=1))
+    out.write_text(json.dumps({"device": torch.cuda.get_device_name(), **run_info(), **extra, "rows": rows}, indent=1))
     print(f"wrote {out}")
     return out
 

@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: benchmarks.* imports
-from benchmarks.harness import copy_bandwidth_gbs, graph_us_or_reason  # noqa: E402
+from benchmarks.harness import copy_bandwidth_gbs, graph_us_or_reason, run_info  # noqa: E402
 
 
 
@@ -229,7 +229,7 @@ def main() -> None:
         torch.cuda.empty_cache()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+    out.write_text(json.dumps({"device": torch.cuda.get_device_name(), **run_info(), "torch": torch.__version__,
                                "schedule": arch.schedule, "arch": arch.name, "model": args.model, "tp": args.tp,
                                "copy_gbs": bw, "torch_scaled_mm_support": support, "rows": rows}, indent=1))
     print(f"wrote {out}")

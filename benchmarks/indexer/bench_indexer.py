@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: benchmarks.* imports
-from benchmarks.harness import cold_us, copy_bandwidth_gbs, graph_us_or_reason, row_rel_err  # noqa: E402
+from benchmarks.harness import cold_us, copy_bandwidth_gbs, graph_us_or_reason, row_rel_err, run_info  # noqa: E402
 
 
 HEADS, DIM, PAGE, TOPK, RATIO = 64, 128, 64, 512, 4
@@ -246,7 +246,7 @@ def main() -> None:
           "vLLM columns: its ROCm-path Triton logits + torch top-k, not its SM12x path (see benchmarks/peers/vllm_indexer.py).")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "schedule": arch.schedule, "arch": arch.name,
+    out.write_text(json.dumps({"device": torch.cuda.get_device_name(), **run_info(), "schedule": arch.schedule, "arch": arch.name,
                                "copy_gbs": bw, "rows": rows, "prefill_rows": prefill_rows}, indent=1))
     print(f"wrote {out}")
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: benchmarks.* imports
-from benchmarks.harness import copy_bandwidth_gbs, graph_us_or_reason, row_rel_err  # noqa: E402
+from benchmarks.harness import copy_bandwidth_gbs, graph_us_or_reason, row_rel_err, run_info  # noqa: E402
 
 
 def random_experts(num_experts: int, n: int, k: int, g: torch.Generator):
@@ -91,7 +91,7 @@ def main() -> None:
             rows += run_shapes(args, m, arch, experts, topk, g, bw)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "schedule": arch.schedule, "arch": arch.name,
+    out.write_text(json.dumps({"device": torch.cuda.get_device_name(), **run_info(), "schedule": arch.schedule, "arch": arch.name,
                                "model": args.model, "tp": args.tp, "copy_gbs": bw, "rows": rows}, indent=1))
     print(f"wrote {out}")
 
