@@ -14,9 +14,12 @@ from pathlib import Path
 import torch
 
 def bench_us(fn) -> float:
-    """Median of triton's do_bench (warmup 25 ms, rep 200 ms; L2 flushed before each call), in us."""
+    """Median of triton's do_bench (warmup 25 ms, rep 200 ms or DSV4_JIT_BENCH_REP_MS; L2 flushed before each call),
+    in us. A shorter rep keeps a whole GPU pass inside one device call (the median of hundreds of replays)."""
+    import os
     from triton.testing import do_bench
-    return do_bench(fn, warmup=25, rep=200, return_mode="median") * 1e3
+    rep = int(os.environ.get("DSV4_JIT_BENCH_REP_MS", "200"))
+    return do_bench(fn, warmup=min(25, rep), rep=rep, return_mode="median") * 1e3
 
 
 def copy_bandwidth_gbs() -> float:
