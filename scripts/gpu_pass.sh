@@ -12,6 +12,9 @@
 #              gpu_cases.jsonl, and the log says how many variants were compiled during the tests (0 after compile)
 #   bench      each family's benchmark at the scoreboard's points, both schedules (DSV4_JIT_BENCH_REP_MS=50)
 #   scoreboard goal_table.py (goals.json) and results.py (RESULTS.md) from this pass's JSON
+# Extra steps, for a call of their own (STEPS="container plugin"): container (BUNDLE=path: a bundle built with no GPU,
+# imported and run with compiles forbidden, scripts/container_case.py; CONTAINER_ARGS adds families), plugin (the vLLM
+# plugin on both models), warm_load and host (warm-start and host-overhead benchmarks).
 # The GPU machine needs the toolchain (tilelang, nvcc) and, for the peer columns, .peers (scripts/fetch_peers.sh).
 # $OUT gets gpu_pass.tgz (everything), summary.log and RESULTS.md: the device returns at most 8 files.
 set -uo pipefail
@@ -30,6 +33,7 @@ J=${JOBS:-$(nproc)}
 CJ=$(( J > 4 ? J - 2 : J ))        # compile workers: two cores stay with the GPU's timing meanwhile
 # time budgets in seconds; the defaults sum to 585 (one device call runs at most 600)
 B_env=${B_env:-5} B_compile=${B_compile:-230} B_tests=${B_tests:-150} B_bench=${B_bench:-190} B_scoreboard=${B_scoreboard:-10}
+B_container=${B_container:-300} B_plugin=${B_plugin:-200} B_warm_load=${B_warm_load:-60} B_host=${B_host:-60}
 export PYTHONUNBUFFERED=1 DSV4_JIT_CACHE_DIR=${DSV4_JIT_CACHE_DIR:-/tmp/dsv4-jit-cache} DSV4_JIT_BENCH_REP_MS=${DSV4_JIT_BENCH_REP_MS:-50}
 status=0
 t_pass=$SECONDS
@@ -117,6 +121,33 @@ if step scoreboard; then
   run goal_table 5 python3 benchmarks/goal_table.py "$P"
   run results 5 python3 benchmarks/results.py "$P" --out "$P/RESULTS.md"
   end scoreboard
+fi
+
+if step container; then
+  begin container "$B_container"
+  # shellcheck disable=SC2086
+  run container_case "$B_container" python3 scripts/container_case.py "${BUNDLE:?container: set BUNDLE=path}" ${CONTAINER_ARGS:-}
+  end container
+fi
+
+if step plugin; then
+  begin plugin "$B_plugin"
+  for model in deepseek-v4-flash deepseek-v4-pro; do
+    run "plugin_check_$model" $((B_plugin / 2)) python3 scripts/gpu_engine_plugin_check.py --model "$model"
+  done
+  end plugin
+fi
+
+if step warm_load; then
+  begin warm_load "$B_warm_load"
+  run warm_load "$B_warm_load" python3 benchmarks/cache/bench_warm_load.py --repeat 5 --out "$P/warm_load.json"
+  end warm_load
+fi
+
+if step host; then
+  begin host "$B_host"
+  run host_overhead "$B_host" python3 benchmarks/mhc/bench_host_overhead.py --out "$P/host_overhead.json"
+  end host
 fi
 
 if [ "$mode" = list ]; then
