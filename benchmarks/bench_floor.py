@@ -1,16 +1,17 @@
-"""Streaming floors: how fast this GPU moves each open goal's bytes under the benchmarks' own timer, with no math.
+"""Streaming floors: how fast this GPU moves each scoreboard point's bytes under the benchmarks' own timer, with no
+math.
 
-The open goals (#9 attention, #10 indexer, #12 GEMM / MoE) are stated as a share of copy bandwidth over the bytes
-a step must read: at small sizes the time budget that gives is a few microseconds, where a kernel's launch and
-ramp weigh as much as its bytes. This script times kernels that only read those bytes, in the harness every
-family benchmark uses (`--layers` distinct buffers back to back in one CUDA graph, L2 flushed before the replay,
-time / layers), so each goal point gets a floor to set the goal and our kernel against:
+Each point (sparse MLA decode, the indexer step, decode GEMMs, the MXFP4 MoE) is judged against its floor (see
+goal_table.py): at small sizes that is a few microseconds, where a kernel's launch and ramp weigh as much as its
+bytes. This script times kernels that only read those bytes, in the harness every family benchmark uses
+(`--layers` distinct buffers back to back in one CUDA graph, L2 flushed before the replay, time / layers), and
+one-CTA kernels chained under PDL (the launch floor). Columns:
 
   read/L     one kernel that reads the bytes and does nothing else: 16-byte loads, XOR-folded into one int a CTA
              (Triton: a yardstick, not a product kernel), best of a few grid and block shapes; ordinary launches
   +dep/L     that read and one dependent 1-CTA kernel behind it (a step of two kernels: the indexer's logits then
              top-k, split attention then its combine, split-K then its reduce)
-  copy/L     torch's device copy of half the bytes (read + write = the bytes): the copy the goals' "% of copy
+  copy/L     torch's device copy of half the bytes (read + write = the bytes): the copy a "% of copy
              bandwidth" is measured with, at this size
   tl/L       a TileLang read-only kernel (build_stream_read), ordinary launches
   pref/L     the same under programmatic dependent launch (PDL), every load issued before the grid-dependency sync:
@@ -18,20 +19,16 @@ time / layers), so each goal point gets a floor to set the goal and our kernel a
              that do not depend on the previous kernel (weights, index-K, a list known before the step)
   dep/L      the same under PDL with the loads behind the sync: the launch is hidden, the bytes are not (the
              gather of lists the previous kernel writes: the indexer's top-k)
-  goal       the goal's time: bytes / (share x the 256 MiB copy bandwidth); #10: 1.5 x bytes / copy bandwidth
-  floor/goal the fastest form over the goal's time: above 1, even a kernel that only reads misses the goal
-  no PDL     the verdict for ordinarily launched kernels (read/L, tl/L): "fused only" where the read fits but a
-             dependent second kernel does not
-  any        the verdict over every form: "no" means no kernel of these launch forms reaches the goal there
+  read floor the fastest of these forms
 
-Why the PDL forms: the first run (Triton forms only, H100, 2026-11-25) had our PDL-launched decode GEMM (wq_b,
-33.6 MB, M = 1: 13.0 us a layer) under the ordinary read-only kernel of the same bytes (13.6): a chain of PDL
-kernels overlaps each launch and ramp with the kernel before, so the ordinary forms are no floor for it.
+Why the PDL forms: a PDL-launched decode GEMM (wq_b, 33.6 MB, M = 1) runs under the ordinary read-only kernel of
+the same bytes: a chain of PDL kernels overlaps each launch and ramp with the kernel before, so the ordinary forms
+are no floor for it.
 
 The floor is optimistic for the real steps: it reads contiguous memory (attention gathers 584 B rows from paged
 memory, the MoE reads only its routed experts' weights), and it does no arithmetic.
 
-    python benchmarks/bench_floor.py --out bench_out/floor.json [--layers 8] [--issues 9 10 12]
+    python benchmarks/bench_floor.py --out bench_out/bench_floor.json [--layers 8] [--families attention indexer gemm moe]
 """
 from __future__ import annotations
 
@@ -42,38 +39,44 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from mhc_bench_common import copy_bandwidth_gbs, graph_us_or_reason, write_rows  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.* imports
+from benchmarks.harness import copy_bandwidth_gbs, graph_us_or_reason, write_rows  # noqa: E402
 
-from bench_attention import BYTES_PER_TOKEN as KV_BYTES_PER_TOKEN, D as HEAD_DIM  # noqa: E402
-from bench_indexer import DIM as INDEX_DIM, RATIO as INDEX_RATIO  # noqa: E402
+from benchmarks.attention.bench_attention import BYTES_PER_TOKEN as KV_BYTES_PER_TOKEN, D as HEAD_DIM  # noqa: E402
+from benchmarks.indexer.bench_indexer import DIM as INDEX_DIM, HEADS as INDEX_HEADS, RATIO as INDEX_RATIO  # noqa: E402
 
 from dsv4_jit.model_config import load_model_config  # noqa: E402
 
 INDEX_K_BYTES = INDEX_DIM + 4    # an index-K row: DIM fp8 + a 4 B fp32 scale (bench_indexer's count)
+FAMILIES = ("attention", "indexer", "gemm", "moe")
 
 
 def goal_points() -> list[dict]:
-    """Each issue's goal points: bytes, the goal's time factor (seconds = bytes * factor / copy B/s) and the
-    kernels the step launches in sequence."""
+    """Each family's scoreboard points: the bytes a step must read, its math (flops, or flops a row for the decode
+    GEMMs whose M varies, and the MMA operand type whose measured peak prices them) and the kernels the step
+    launches in sequence. `key` joins a point to the family benchmark's row."""
     flash = load_model_config("deepseek-v4-flash")
     ratio_topk, window = int(flash.index_topk), int(flash.sliding_window)   # V4-Flash: 512, 128
     pts = []
-    # 9: >= 70% of copy over (valid candidates x 584 B + q + out) at batch >= 8, context >= 8K
+    # sparse MLA decode: valid candidates x 584 B + q + out; QK and PV over 512 dims in bf16 (4 x 512 flops a
+    # candidate and head); a split step (batch <= 8) is two kernels, the split and its combine
     for heads in (64, 16):
         for ratio, ctx in ((4, 65536), (128, 8192), (128, 65536), (128, 262144)):
             cand = (ratio_topk if ratio == 4 else ctx // 128) + window
-            for batch in (8, 64):
+            for batch in (1, 8, 64):
                 nbytes = batch * (cand * KV_BYTES_PER_TOKEN + 2 * heads * HEAD_DIM * 2)
-                pts.append({"issue": 9, "point": f"H{heads} ratio {ratio} {ctx // 1024}K x {batch}",
-                            "bytes": nbytes, "factor": 1 / 0.7, "kernels": 2 if batch <= 8 else 1,
+                pts.append({"family": "attention", "point": f"H{heads} ratio {ratio} {ctx // 1024}K x {batch}",
+                            "bytes": nbytes, "flops": batch * heads * cand * 4 * HEAD_DIM, "mma": "bf16",
+                            "kernels": 2 if batch <= 8 else 1,
                             "key": {"heads": heads, "ratio": ratio, "ctx": ctx, "batch": batch}})
-    # 10: the indexer step (logits + top-k) within 1.5x the index-K bytes floor at 64K (8K and 256K shown too)
+    # the indexer step (logits + top-k): the index-K bytes; fp8 logits, INDEX_HEADS x INDEX_DIM x 2 flops a key
     for ctx in (8192, 65536, 262144):
         for batch in (1, 8, 64):
-            pts.append({"issue": 10, "point": f"{ctx // 1024}K x {batch}", "bytes": batch * ctx // INDEX_RATIO * INDEX_K_BYTES,
-                        "factor": 1.5, "kernels": 2, "key": {"ctx": ctx, "batch": batch}})
-    # 12: decode GEMMs (M <= 64) at >= 80% of copy over the weight bytes; MXFP4 MoE the same over the touched experts
+            keys = batch * ctx // INDEX_RATIO
+            pts.append({"family": "indexer", "point": f"{ctx // 1024}K x {batch}", "bytes": keys * INDEX_K_BYTES,
+                        "flops": keys * INDEX_HEADS * INDEX_DIM * 2, "mma": "fp8", "kernels": 2,
+                        "key": {"ctx": ctx, "batch": batch}})
+    # decode GEMMs (M <= 64): the fp8 weights and their block scales; MXFP4 MoE: the touched experts' weights
     from dsv4_jit.kernels.gemm.family import gemm_shapes
     from dsv4_jit.kernels.moe.family import moe_shapes
     for name, tp in (("deepseek-v4-flash", 1), ("deepseek-v4-pro", 8)):
@@ -81,8 +84,8 @@ def goal_points() -> list[dict]:
         for s in gemm_shapes(m, tp):
             g, n, k = s["groups"], s["n"], s["k"]   # grouped (wo_a): g weights of n x k
             nbytes = g * (n * k + (n // 128) * (k // 128) * 4)
-            pts.append({"issue": 12, "point": f"{name[12:]} TP{tp} {s['label'].split(' (')[0]} {g * k}->{g * n}",
-                        "bytes": nbytes, "factor": 1 / 0.8, "kernels": 1,
+            pts.append({"family": "gemm", "point": f"{name[12:]} TP{tp} {s['label'].split(' (')[0]} {g * k}->{g * n}",
+                        "bytes": nbytes, "flops_per_row": 2 * g * n * k, "mma": "fp8", "kernels": 1,
                         "key": {"model": name, "tp": tp, "n": n, "k": k, "groups": g}})
         e, topk = int(m.n_routed_experts), int(m.num_experts_per_tok)
         for s in moe_shapes(m, tp):
@@ -90,8 +93,8 @@ def goal_points() -> list[dict]:
             for t in (1, 8, 64):
                 touched = e * (1 - (1 - topk / e) ** t)   # expected distinct experts of t tokens' top-k
                 nbytes = int(touched * (n * k // 2 + n * k // 32))
-                pts.append({"issue": 12, "point": f"{name[12:]} TP{tp} MoE {'w13' if 'w1' in s['label'] else 'w2'} "
-                            f"{k}->{n} T{t}", "bytes": nbytes, "factor": 1 / 0.8, "kernels": 1,
+                pts.append({"family": "moe", "point": f"{name[12:]} TP{tp} MoE {'w13' if 'w1' in s['label'] else 'w2'} "
+                            f"{k}->{n} T{t}", "bytes": nbytes, "flops": 2 * t * topk * n * k, "mma": "fp8", "kernels": 1,
                             "key": {"model": name, "tp": tp, "n": n, "k": k, "tokens": t}})
     return pts
 
@@ -226,21 +229,16 @@ def launch_floor_us(layers: int, tl_kernels: dict) -> dict:
     return out
 
 
-def verdicts(p: dict, f: dict, goal: float) -> tuple[float, str, str]:
-    """(floor us, verdict without PDL, verdict with any form): the floor is the fastest form; "no" means even it
-    misses the goal; without PDL, "fused only" where the read fits but a dependent second kernel does not."""
-    forms = [f[k] for k in ("read_us", "tl_plain_us", "tl_prefetch_us", "tl_dependent_us") if f.get(k) is not None]
-    plain = min(f[k] for k in ("read_us", "tl_plain_us") if f.get(k) is not None)
-    no_pdl = "no" if plain > goal else ("fused only" if p["kernels"] > 1 and (f["dep_us"] or 0) > goal else "yes")
-    floor = min(forms)
-    return floor, no_pdl, "no" if floor > goal else "yes"
+def read_floor(f: dict) -> float:
+    """The fastest read-only form of a point's bytes (ordinary or PDL launches): no kernel that reads them is faster."""
+    return min(f[k] for k in ("read_us", "tl_plain_us", "tl_prefetch_us", "tl_dependent_us") if f.get(k) is not None)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="bench_out/floor.json")
+    ap.add_argument("--out", default="bench_out/bench_floor.json")
     ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--issues", type=int, nargs="*", default=[9, 10, 12])
+    ap.add_argument("--families", nargs="+", choices=FAMILIES, default=list(FAMILIES))
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_floor.py needs a CUDA GPU")
@@ -255,24 +253,22 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()} ({arch}); copy bandwidth {bw:,.0f} GB/s; one 1-CTA kernel per layer "
           f"{empty / args.layers:.2f} us (--layers {args.layers}); TileLang 1-CTA kernel per layer: ordinary "
           f"{launch['plain']:.2f} us, PDL {launch['prefetch']:.2f} us")
-    print(f"{'issue':>5} {'point':<44} {'MB':>8} {'goal us':>8} {'read/L':>7} {'+dep/L':>7} {'copy/L':>7} "
-          f"{'tl/L':>7} {'pref/L':>7} {'dep/L':>7} {'floor/goal':>10} {'no PDL':>10} {'any':>4}")
+    print(f"{'family':<9} {'point':<44} {'MB':>8} {'read/L':>7} {'+dep/L':>7} {'copy/L':>7} "
+          f"{'tl/L':>7} {'pref/L':>7} {'dep/L':>7} {'floor':>7}")
     rows, cache = [], {}
     for p in goal_points():
-        if p["issue"] not in args.issues:
+        if p["family"] not in args.families:
             continue
         nb = p["bytes"]
         if nb not in cache:
             cache[nb] = floor_us(nb, args.layers, read, dep, tl_kernels)
         f = cache[nb]
-        goal = nb * p["factor"] / (bw * 1e9) * 1e6
-        floor, no_pdl, any_form = verdicts(p, f, goal)
-        rows.append({**p, **f, "goal_us": goal, "floor_us": floor, "feasible_without_pdl": no_pdl,
-                     "feasible": any_form})
+        floor = read_floor(f)
+        rows.append({**p, **f, "floor_us": floor})
         cells = [f[k] if f.get(k) is not None else float("nan")
                  for k in ("read_us", "dep_us", "copy_us", "tl_plain_us", "tl_prefetch_us", "tl_dependent_us")]
-        print(f"{p['issue']:>5} {p['point']:<44} {nb / 1e6:8.2f} {goal:8.2f} " + " ".join(f"{c:7.2f}" for c in cells)
-              + f" {floor / goal:10.2f} {no_pdl:>10} {any_form:>4}", flush=True)
+        print(f"{p['family']:<9} {p['point']:<44} {nb / 1e6:8.2f} " + " ".join(f"{c:7.2f}" for c in cells)
+              + f" {floor:7.2f}", flush=True)
     write_rows(args.out, rows, copy_bandwidth_gbs=bw, layers=args.layers, arch=arch,
                one_cta_kernel_us=empty / args.layers, tl_one_cta_kernel_us=launch["plain"],
                pdl_one_cta_kernel_us=launch["prefetch"])

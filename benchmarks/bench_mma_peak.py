@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 # label -> (the A/B operand type as tl::DataType names it, the mma's K, one 32-bit word of 1.0s in that type, the
@@ -96,7 +97,8 @@ def main() -> None:
 
     import torch
     from dsv4_jit.arch import detect_arch
-    from mhc_bench_common import bench_us
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.* imports
+    from benchmarks.harness import bench_us, run_info
     arch = args.arch or detect_arch().name
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     blocks = sms * args.ctas_per_sm
@@ -128,7 +130,7 @@ def main() -> None:
     print(f"{rows[-1]['mma']:<32} {us:10.1f} us {rows[-1]['tflops']:8.1f} TFLOP/s")
     out_path = Path(args.out)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(json.dumps({"device": torch.cuda.get_device_name(), "arch": arch, "ctas": blocks,
+    out_path.write_text(json.dumps({"device": torch.cuda.get_device_name(), **run_info(), "arch": arch, "ctas": blocks,
                                     "warps": args.warps, "iters": args.iters, "rows": rows}, indent=1))
     print(f"wrote {out_path}")
 

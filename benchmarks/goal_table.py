@@ -1,21 +1,20 @@
-"""Each open goal point, judged: our kernel's time from the family benchmarks next to the goal's time and the
-read-only floor of the same bytes (bench_floor.py), all from one GPU pass's JSON files.
+"""The scoreboard: each point of the performance goals, our time next to its floor, judged met / short / unreachable,
+from one GPU pass's JSON files (bench_floor.py, bench_mma_peak.py and the family benchmarks, run in one device call).
 
-A point is
-  met          ours <= the goal's time
-  short        ours misses it, but some read-only kernel form reaches it: the goal is reachable there, work remains
-  unreachable  even the fastest read-only form (ordinary or PDL launches) misses it: no kernel that also has to
-               compute can meet the goal as written on this GPU; "(launch)" where the goal's time is under what
-               one PDL-chained kernel that moves nothing costs a layer: no kernel at all, whatever it reads
-  no data      the family benchmark did not measure the point
-
-Ours is the schedule native to the GPU (the file's "schedule" equals its "arch"; bench_attention's ours_sm90), per
-layer (8 layers' inputs a graph, L2 flushed), the figure each goal is stated on. The floor file's goal times use its
-own copy bandwidth; the family files' times come from the same pass, so run them in one device call.
-"x copy" is ours over torch's device copy of the same bytes in the same harness (copy/L): the copy bandwidth a
-kernel of this size could have, where the goals' 256 MiB figure is one no kernel of this size reaches.
-Large-M FP8 GEMM (#12's second goal) is judged against 70% of the fp8 peak bench_mma_peak.py measured
-(torch._scaled_mm 8192^3), when that file is in the directory.
+A point's floor is the largest of three lower bounds on its time, per layer (8 layers' inputs a graph, L2 flushed):
+  read     the fastest read-only kernel of the point's bytes (bench_floor.py; ordinary or PDL launches)
+  math     its flops at the measured MMA peak of its operand type (bench_mma_peak.py: the fastest measured rate
+           for that type, mma.sync or cuBLAS)
+  launch   one PDL-chained one-CTA kernel that moves nothing, per kernel the step launches
+The goals (GOALS below):
+  attention  sparse MLA decode: batch 64 <= 1.5x floor, batch 8 <= 2x floor, batch 1 <= 4 us
+  indexer    the indexer step (logits + top-k): batch 64 and 8 <= 1.5x floor, batch 1 <= 4 us
+  gemm       dense FP8 GEMM at decode, M <= 64: <= 1.3x floor
+  moe        MXFP4 MoE grouped GEMM: <= 1.5x floor at 1 token, <= 1.25x from 8 tokens
+  large M    FP8 GEMM past M = 64: as fast as cuBLAS (torch's blockwise _scaled_mm) on the same shape
+A point is met (ours <= the goal's time), short (ours misses a goal at or above the floor: work remains),
+unreachable (an absolute goal under the floor: no kernel meets it on this GPU) or "no data" (not measured).
+Both schedules are judged: the GPU's own and the SM120 schedule compiled for it.
 
     python benchmarks/goal_table.py bench_out [--out bench_out/goals.json]      (reads bench_out/bench_floor*.json)
 """
@@ -23,27 +22,52 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
-FP8_PEAK_ROW = "torch._scaled_mm fp8 8192^3 (cuBLAS)"
-LARGE_M_SHARE = 0.7
+FAMILIES = ("attention", "indexer", "gemm", "moe")
 
 
-def _load(path: Path) -> dict | None:
+@dataclass(frozen=True)
+class Goal:
+    factor: float | None = None     # the goal's time = factor x the floor
+    absolute_us: float | None = None
+
+    def time_us(self, floor: float) -> float:
+        return self.absolute_us if self.absolute_us is not None else self.factor * floor
+
+    def __str__(self) -> str:
+        return f"<= {self.absolute_us:g} us" if self.absolute_us is not None else f"<= {self.factor:g}x floor"
+
+
+def goal(family: str, key: dict) -> Goal:
+    """The goal of one point (key: the point's join key from bench_floor.py)."""
+    if family in ("attention", "indexer"):
+        batch = key["batch"]
+        if batch <= 1:
+            return Goal(absolute_us=4.0)
+        return Goal(factor=2.0 if family == "attention" and batch <= 8 else 1.5)
+    if family == "gemm":
+        return Goal(factor=1.3)
+    if family == "moe":
+        return Goal(factor=1.5 if key["tokens"] < 8 else 1.25)
+    raise ValueError(f"goal: unknown family {family!r} (one of {', '.join(FAMILIES)})")
+
+
+def load(path: Path) -> dict | None:
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
 
 
-def _native(doc: dict) -> bool:
-    """Whether a family file ran the GPU's own schedule (not the SM120 schedule emulated on it)."""
-    return doc.get("schedule", doc.get("arch")) == doc.get("arch")
-
-
-def _family(doc: dict) -> str | None:
-    """Which family benchmark wrote a file, from its first row's keys: "attention", "indexer", "gemm", "moe" or
-    None (bench_mma_peak and anything else)."""
+def family_of(doc: dict) -> str | None:
+    """Which family benchmark wrote a file ("attention", "indexer", "gemm", "moe", "mhc", "compressor"), from its
+    `benchmark` path, else from its first row's keys; None for anything else (bench_mma_peak, bench_floor)."""
+    bench = doc.get("benchmark") or ""
+    for fam in (*FAMILIES, "mhc", "compressor"):
+        if bench == f"benchmarks/{fam}/bench_{fam}.py":
+            return fam
     first = (doc.get("rows") or [{}])[0]
     if "ours_sm90" in first:
         return "attention"
@@ -56,105 +80,168 @@ def _family(doc: dict) -> str | None:
     return None
 
 
-def point_key(issue: int, key: dict) -> tuple:
+def schedule_of(doc: dict) -> str:
+    """"sm_90a" for the GPU's own schedule, "sm_120a on sm_90a" for the SM120 schedule compiled for the GPU."""
+    arch, sched = doc.get("arch", "?"), doc.get("schedule", doc.get("arch", "?"))
+    return arch if sched == arch else f"{sched} on {arch}"
+
+
+def point_key(family: str, key: dict) -> tuple:
     """A point's join key. A ratio-4 attention layer reads 512 + 128 candidates at every context past 2K, so its
     points are one point whatever the context (bench_attention times it at its first context only)."""
-    if issue == 9 and key.get("ratio") == 4:
+    if family == "attention" and key.get("ratio") == 4:
         key = {k: v for k, v in key.items() if k != "ctx"}
-    return (issue, tuple(sorted(key.items())))
+    return (family, tuple(sorted(key.items())))
 
 
-def ours_by_point(files: list[dict]) -> dict[tuple, list[tuple[str, float]]]:
-    """(issue, key as a sorted tuple) -> [(what, per-layer us)] from every family file given. A GEMM point gets one
-    entry per decode M the benchmark ran (the goal covers M <= 64; the floor is the weights' bytes alone)."""
-    out: dict[tuple, list] = {}
+@dataclass(frozen=True)
+class Measured:
+    schedule: str
+    what: str             # "M=8" for a decode GEMM row, else ""
+    m: int | None
+    ours_us: float | None
+    peer: str | None      # the peer timed in the same harness, and its time
+    peer_us: float | None
 
-    def add(issue: int, key: dict, what: str, us) -> None:
-        if us is not None:
-            out.setdefault(point_key(issue, key), []).append((what, float(us)))
+
+def measured_by_point(files: list[dict]) -> dict[tuple, list[Measured]]:
+    """point key -> what the family files measured there, per schedule (and per decode M for the GEMMs)."""
+    out: dict[tuple, list[Measured]] = {}
+
+    def add(family: str, key: dict, m: Measured) -> None:
+        out.setdefault(point_key(family, key), []).append(m)
 
     for doc in files:
-        if not _native(doc):
-            continue
-        family, rows = _family(doc), doc.get("rows") or []
+        family, rows = family_of(doc), doc.get("rows") or []
         if family == "attention":
+            arch = doc.get("arch", "sm_90a")
             for r in rows:
-                add(9, {k: r[k] for k in ("heads", "ratio", "ctx", "batch")}, "", (r.get("ours_sm90") or {}).get("us"))
+                key = {k: r[k] for k in ("heads", "ratio", "ctx", "batch")}
+                peer = (r.get("vllm_triton") or {}).get("us")
+                for col, sched in (("ours_sm90", arch), ("ours_sm120", f"sm_120a on {arch}")):
+                    if col in r:
+                        add(family, key, Measured(sched, "", None, (r[col] or {}).get("us"), "vLLM Triton", peer))
         elif family == "indexer":
             for r in rows:
-                add(10, {"ctx": r["ctx"], "batch": r["batch"]}, "", r.get("ours_logits_topk_per_layer_us"))
+                add(family, {"ctx": r["ctx"], "batch": r["batch"]},
+                    Measured(schedule_of(doc), "", None, r.get("ours_logits_topk_per_layer_us"),
+                             "vLLM logits + top-k (one call)", r.get("vllm_logits_topk_us")))
         elif family == "gemm":
             for r in rows:
                 if r["m"] <= 64:
-                    add(12, {"model": doc["model"], "tp": doc["tp"], "n": r["n"], "k": r["k"], "groups": r["groups"]},
-                        f"M={r['m']}", r.get("ours_per_layer_us"))
+                    add(family, {"model": doc["model"], "tp": doc["tp"], "n": r["n"], "k": r["k"], "groups": r["groups"]},
+                        Measured(schedule_of(doc), f"M={r['m']}", r["m"], r.get("ours_per_layer_us"),
+                                 "torch blockwise", r.get("torch_per_layer_us")))
         elif family == "moe":
             for r in rows:
-                add(12, {"model": doc["model"], "tp": doc["tp"], "n": r["n"], "k": r["k"], "tokens": r["tokens"]},
-                    "", r.get("ours_per_layer_us"))
+                add(family, {"model": doc["model"], "tp": doc["tp"], "n": r["n"], "k": r["k"], "tokens": r["tokens"]},
+                    Measured(schedule_of(doc), "", None, r.get("ours_per_layer_us"), None, None))
     return out
 
 
-def verdict(ours: float | None, goal: float, floor: float, launch: float | None = None) -> str:
-    """launch: a PDL-chained one-CTA kernel that moves nothing, per layer (bench_floor's pdl_one_cta_kernel_us)."""
+def mma_peaks(doc: dict | None) -> dict[str, float]:
+    """Operand type ("fp8", "bf16", "fp16") -> the fastest TFLOP/s bench_mma_peak.py measured for it."""
+    peaks: dict[str, float] = {}
+    for r in (doc or {}).get("rows", []):
+        for kind in ("fp8", "bf16", "fp16"):
+            if kind in r.get("mma", "").split() and r.get("tflops"):
+                peaks[kind] = max(peaks.get(kind, 0.0), float(r["tflops"]))
+    return peaks
+
+
+def verdict(ours: float | None, goal_us: float, floor: float) -> str:
     if ours is None:
         return "no data"
-    if ours <= goal:
+    if ours <= goal_us:
         return "met"
-    if floor <= goal:
-        return "short"
-    return "unreachable (launch)" if launch is not None and goal < launch else "unreachable"
+    return "unreachable" if floor > goal_us else "short"
 
 
-def judge(floor_doc: dict, files: list[dict]) -> list[dict]:
-    """One row per (goal point, measured variant of it): the floor file's goal and floor with ours joined in."""
-    ours = ours_by_point(files)
+def judge(floor_doc: dict, files: list[dict], peaks: dict[str, float] | None = None) -> list[dict]:
+    """One row per (point, schedule, decode M): our time, the three floors and the largest, the goal, the verdict."""
+    measured = measured_by_point(files)
     launch = floor_doc.get("pdl_one_cta_kernel_us")
+    peaks = peaks or {}
     rows = []
     for p in floor_doc["rows"]:
-        if "key" not in p:
-            raise ValueError("goal_table: the floor file has no point keys (bench_floor.py from before 2026-11-26); "
-                             "run bench_floor.py again")
-        found = ours.get(point_key(p["issue"], p["key"])) or [("", None)]
-        for what, us in found:
-            copy = p.get("copy_us")
-            rows.append({"issue": p["issue"], "point": p["point"] + (f" {what}" if what else ""), "bytes": p["bytes"],
-                         "goal_us": p["goal_us"], "floor_us": p["floor_us"], "ours_us": us,
-                         "ours_over_goal": None if us is None else us / p["goal_us"],
-                         "ours_over_floor": None if us is None else us / p["floor_us"],
-                         "ours_over_copy": None if us is None or not copy else us / copy,
-                         "verdict": verdict(us, p["goal_us"], p["floor_us"], launch)})
+        if "key" not in p or "family" not in p:
+            raise ValueError("goal_table: the floor file's points have no family and key: run bench_floor.py again")
+        found = measured.get(point_key(p["family"], p["key"])) or [Measured("-", "", None, None, None, None)]
+        for ms in found:
+            flops = p.get("flops") if ms.m is None else p.get("flops_per_row", 0) * ms.m
+            peak = peaks.get(p.get("mma", ""))
+            floors = {"read": p["floor_us"],
+                      "math": flops / (peak * 1e6) if flops and peak else None,
+                      "launch": p.get("kernels", 1) * launch if launch else None}
+            bound, floor = max(((k, v) for k, v in floors.items() if v is not None), key=lambda kv: kv[1])
+            g = goal(p["family"], p["key"])
+            goal_us = g.time_us(floor)
+            us = ms.ours_us
+            rows.append({"family": p["family"], "schedule": ms.schedule,
+                         "point": p["point"] + (f" {ms.what}" if ms.what else ""), "bytes": p["bytes"],
+                         "ours_us": us, "read_floor_us": floors["read"], "math_floor_us": floors["math"],
+                         "launch_floor_us": floors["launch"], "floor_us": floor, "bound": bound,
+                         "ours_over_floor": None if us is None else us / floor, "goal": str(g), "goal_us": goal_us,
+                         "peer": ms.peer, "peer_us": ms.peer_us, "verdict": verdict(us, goal_us, floor)})
     return rows
 
 
-def large_m_rows(files: list[dict], peak_tflops: float | None) -> list[dict]:
-    """#12's large-M goal: each native bench_gemm row past M = 64 against 70% of the measured fp8 peak."""
+def large_m_rows(files: list[dict], fp8_peak: float | None) -> list[dict]:
+    """FP8 GEMM past M = 64 (both schedules): ours against cuBLAS (torch's blockwise _scaled_mm) on the same shape."""
     rows = []
     for doc in files:
-        if _family(doc) != "gemm" or not _native(doc):
+        if family_of(doc) != "gemm":
             continue
         for r in doc["rows"]:
-            if r["m"] > 64 and r.get("tflops") is not None:
-                share = None if not peak_tflops else r["tflops"] / peak_tflops
-                rows.append({"issue": 12, "point": f"{doc['model'][12:]} TP{doc['tp']} {r['shape'].split(' (')[0]} "
-                             f"M={r['m']}", "tflops": r["tflops"], "share_of_fp8_peak": share,
-                             "verdict": "no data" if share is None else ("met" if share >= LARGE_M_SHARE else "short")})
+            if r["m"] <= 64:
+                continue
+            ours, cublas = r.get("ours_us"), r.get("torch_us")
+            rows.append({"family": "gemm large M", "schedule": schedule_of(doc),
+                         "point": f"{doc['model'][12:]} TP{doc['tp']} {r['shape'].split(' (')[0]} M={r['m']}",
+                         "ours_us": ours, "cublas_us": cublas, "tflops": r.get("tflops"),
+                         "share_of_fp8_peak": r["tflops"] / fp8_peak if fp8_peak and r.get("tflops") else None,
+                         "goal": "<= cuBLAS",
+                         "verdict": "no data" if ours is None or cublas is None else
+                         ("met" if ours <= cublas else "short")})
     return rows
 
 
-def fp8_peak(doc: dict | None) -> float | None:
-    for r in (doc or {}).get("rows", []):
-        if r.get("mma") == FP8_PEAK_ROW and r.get("tflops"):
-            return float(r["tflops"])
-    return None
-
-
-def summary(rows: list[dict]) -> dict[int, dict[str, int]]:
-    out: dict[int, dict[str, int]] = {}
+def summary(rows: list[dict]) -> dict[tuple[str, str], dict[str, int]]:
+    """(family, schedule) -> verdict -> count."""
+    out: dict[tuple[str, str], dict[str, int]] = {}
     for r in rows:
-        c = out.setdefault(r["issue"], {})
+        c = out.setdefault((r["family"], r["schedule"]), {})
         c[r["verdict"]] = c.get(r["verdict"], 0) + 1
     return out
+
+
+def scoreboard(d: Path) -> dict:
+    """Everything the scoreboard says about one pass's folder, as one JSON-able dict."""
+    floors = [doc for f in sorted(d.glob("bench_floor*.json")) if (doc := load(f)) is not None]
+    if not floors:
+        raise SystemExit(f"goal_table: no readable {d}/bench_floor*.json (run benchmarks/bench_floor.py first)")
+    # bench_floor*.json: one file, or one a part (--families attention indexer, --families gemm moe)
+    floor_doc = {**floors[0], "rows": [r for doc in floors for r in doc.get("rows", [])]}
+    launches = [doc["pdl_one_cta_kernel_us"] for doc in floors if doc.get("pdl_one_cta_kernel_us")]
+    floor_doc["pdl_one_cta_kernel_us"] = min(launches) if launches else None
+    docs = [doc for f in sorted(d.glob("*.json")) if not f.name.startswith(("bench_floor", "goals"))
+            and (doc := load(f)) is not None]
+    peaks: dict[str, float] = {}
+    for doc in docs:
+        for kind, v in mma_peaks(doc).items():
+            peaks[kind] = max(peaks.get(kind, 0.0), v)
+    files = [doc for doc in docs if family_of(doc) in FAMILIES]
+    rows = judge(floor_doc, files, peaks)
+    big = large_m_rows(files, peaks.get("fp8"))
+    return {"device": floor_doc.get("device"), "date": floor_doc.get("date"),
+            "copy_bandwidth_gbs": floor_doc.get("copy_bandwidth_gbs"),
+            "pdl_one_cta_kernel_us": floor_doc["pdl_one_cta_kernel_us"], "mma_peak_tflops": peaks,
+            "rows": rows, "large_m": big,
+            "summary": [{"family": f, "schedule": s, **c} for (f, s), c in summary(rows + big).items()]}
+
+
+def _f(v, w: int = 8, p: int = 2) -> str:
+    return f"{v:>{w}.{p}f}" if isinstance(v, (int, float)) else f"{'-':>{w}}"
 
 
 def main() -> None:
@@ -163,39 +250,24 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="JSON here (default DIR/goals.json)")
     args = ap.parse_args()
     d = Path(args.dir)
-    # bench_floor*.json: one file, or one a part (--issues 9 10, --issues 12) run beside that part's benchmarks
-    floors = [doc for f in sorted(d.glob("bench_floor*.json")) if (doc := _load(f)) is not None]
-    if not floors:
-        raise SystemExit(f"goal_table: no readable {d}/bench_floor*.json (run benchmarks/bench_floor.py first)")
-    floor_doc = {**floors[0], "rows": [r for doc in floors for r in doc.get("rows", [])]}
-    launches = [doc["pdl_one_cta_kernel_us"] for doc in floors if doc.get("pdl_one_cta_kernel_us")]
-    floor_doc["pdl_one_cta_kernel_us"] = min(launches) if launches else None
-    files = [doc for f in sorted(d.glob("*.json")) if not f.name.startswith("bench_floor") and f.name != "goals.json"
-             and (doc := _load(f)) is not None]
-    peak = next((p for doc in files if (p := fp8_peak(doc)) is not None), None)
-    rows = judge(floor_doc, files)
-    big = large_m_rows(files, peak)
-    f = lambda v, w=8, p=2: f"{v:>{w}.{p}f}" if isinstance(v, float) else f"{'-':>{w}}"  # noqa: E731
-    launch = floor_doc["pdl_one_cta_kernel_us"]
-    print(f"{floor_doc.get('device', '?')}: copy {floor_doc.get('copy_bandwidth_gbs', 0):,.0f} GB/s; a PDL-chained "
-          f"1-CTA kernel {'%.2f us a layer' % launch if launch else 'not measured'}")
-    print(f"{'issue':>5} {'point':<48} {'goal us':>8} {'floor us':>8} {'ours us':>8} {'/goal':>6} {'/floor':>6} "
-          f"{'x copy':>6}  verdict")
-    for r in rows:
-        print(f"{r['issue']:>5} {r['point']:<48} {f(r['goal_us'])} {f(r['floor_us'])} {f(r['ours_us'])} "
-              f"{f(r['ours_over_goal'], 6)} {f(r['ours_over_floor'], 6)} {f(r['ours_over_copy'], 6)}  {r['verdict']}")
-    if big:
-        print(f"\nlarge-M FP8 GEMM against {LARGE_M_SHARE:.0%} of the fp8 peak "
-              f"({'%.1f TFLOP/s' % peak if peak else 'not measured: run bench_mma_peak.py'})")
-        for r in big:
-            print(f"{r['issue']:>5} {r['point']:<48} {f(r['tflops'], 8, 1)} TFLOP/s "
-                  f"{f(r['share_of_fp8_peak'], 6)}  {r['verdict']}")
-    counts = summary(rows + big)
-    for issue, c in sorted(counts.items()):
-        print(f"#{issue}: " + ", ".join(f"{k} {v}" for k, v in sorted(c.items())))
+    sb = scoreboard(d)
+    launch = sb["pdl_one_cta_kernel_us"]
+    print(f"{sb['device'] or '?'}: copy {sb['copy_bandwidth_gbs'] or 0:,.0f} GB/s; a PDL-chained 1-CTA kernel "
+          f"{'%.2f us a layer' % launch if launch else 'not measured'}; MMA peaks "
+          + (", ".join(f"{k} {v:,.0f}" for k, v in sb["mma_peak_tflops"].items()) or "not measured") + " TFLOP/s")
+    print(f"{'family':<9} {'schedule':<17} {'point':<44} {'ours us':>8} {'floor':>8} {'bound':>6} {'/floor':>6} "
+          f"{'goal':>16}  verdict")
+    for r in sb["rows"]:
+        print(f"{r['family']:<9} {r['schedule']:<17} {r['point']:<44} {_f(r['ours_us'])} {_f(r['floor_us'])} "
+              f"{r['bound']:>6} {_f(r['ours_over_floor'], 6)} {r['goal']:>16}  {r['verdict']}")
+    for r in sb["large_m"]:
+        print(f"{'gemm':<9} {r['schedule']:<17} {r['point']:<44} {_f(r['ours_us'], 8, 1)} cuBLAS "
+              f"{_f(r['cublas_us'], 8, 1)}  {r['verdict']}")
+    for s in sb["summary"]:
+        print(f"{s['family']} ({s['schedule']}): " + ", ".join(f"{k} {v}" for k, v in sorted(s.items())
+                                                              if k not in ("family", "schedule")))
     out = Path(args.out) if args.out else d / "goals.json"
-    out.write_text(json.dumps({"device": floor_doc.get("device"), "fp8_peak_tflops": peak, "rows": rows,
-                               "large_m": big, "summary": {str(k): v for k, v in counts.items()}}, indent=1))
+    out.write_text(json.dumps(sb, indent=1))
     print(f"wrote {out}")
 
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Put the few vLLM 0.33.0 Python files that its mHC path and its Triton sparse-MLA / indexer kernels need
-# into .peers/ (ignored by git; never commit them). benchmarks/peer_vllm_{mhc,attention,indexer}.py load
+# into .peers/ (ignored by git; never commit them). benchmarks/peers/vllm_{mhc,attention,indexer}.py load
 # them without importing the vllm package, so the GPU machine (no internet, no vllm) can time vLLM's own
 # kernels.
 #
@@ -14,7 +14,7 @@ cd "$root"
 version=0.33.0
 dest=.peers/vllm-$version
 # Runtime closure of kernels/mhc/tilelang.py (pre/post/head and the TileLang prenorm GEMM). Every
-# other vllm module those files import is stubbed by peer_vllm_mhc.py (it says why, per stub).
+# other vllm module those files import is stubbed by benchmarks/peers/vllm_mhc.py (it says why, per stub).
 files=(
   vllm/model_executor/kernels/mhc/tilelang.py
   vllm/model_executor/kernels/mhc/tilelang_kernels.py
@@ -22,7 +22,7 @@ files=(
   vllm/model_executor/warmup/jit_warmup_tilelang_helper.py
   vllm/tilelang_utils/__init__.py
   vllm/utils/math_utils.py
-  # Runtime closure of peer_vllm_attention.py / peer_vllm_indexer.py. vLLM 0.33 has no Triton DSV4
+  # Runtime closure of benchmarks/peers/vllm_attention.py / benchmarks/peers/vllm_indexer.py. vLLM 0.33 has no Triton DSV4
   # attention or indexer path for SM12x (there it runs FlashInfer's SM120 sparse MLA, DeepGEMM's SM120
   # paged MQA logits and the compiled persistent_topk); its only pure-Python (Triton / torch) ones are
   # the ROCm path's, in this file: the sparse decode over the fp8_ds_mla cache with sink

@@ -1,67 +1,162 @@
 #!/usr/bin/env bash
-# The whole GPU pass in one command (run on the GPU machine, from the repo root):
-#   source .gpu/env.sh && bash scripts/gpu_pass.sh [BUNDLE]
-# Build what travels first, here: `mkdir -p .git/info && ../shared/gpu/bundle.sh tilelang==0.1.15
-# apache-tvm-ffi==0.1.12 z3-solver==4.15.4.0 torch-c-dlpack-ext==0.1.5 platformdirs tile-kernels==2.1.0`
-# (the peer the benchmark compares against; bundle.sh's default still names 1.0.0) and
-# `bash scripts/fetch_peers.sh`; then carry .gpu and .peers.
-# 1. container-build case: import BUNDLE (compiled for sm_90a on a machine with no GPU), then run every
-#    planned kernel with compiles forbidden; 2. warm the store for both shipped models, TP 1/2/4 and both
-#    schedules in parallel (16 cores: attention + indexer alone, 300 plan entries / ~140 distinct variants,
-#    take ~220 s); 3. GPU tests, every family case's
-#    worst per-token error into $OUT/gpu_cases.jsonl; 4. benchmarks (peers: bash scripts/fetch_peers.sh first,
-#    and carry .peers). Logs and JSON go to $OUT. Run the full compile tier on the CPU before this.
+# The whole GPU pass in one command of at most 10 minutes on one H100 / H200 with 16 cores, from the repo root:
+#   bash scripts/gpu_pass.sh            run every step; logs, JSON and RESULTS.md land in $OUT/gpu_pass.tgz
+#   bash scripts/gpu_pass.sh --list     print each step, its time budget and its commands; run nothing
+# Steps (STEPS="compile tests" runs only those; each step's budget is a hard timeout, B_<step>=S changes it):
+#   env        GPU, driver, nvcc, Python and torch versions
+#   compile    every variant the GPU cases load (scripts/gpu_pass_variants.py, derived on the CPU: both schedules,
+#              both models, every TP the cases run) compiled in parallel into $DSV4_JIT_CACHE_DIR, on all cores
+#              but two; meanwhile the GPU times the floors (bench_floor.py) and the MMA peaks (bench_mma_peak.py)
+#   tests      every GPU test (every family's cases on the native sm_90a schedule and on the SM120 schedule compiled
+#              for sm_90a, both models), workers in parallel (pytest-xdist); the cases' worst errors go to
+#              gpu_cases.jsonl, and the log says how many variants were compiled during the tests (0 after compile)
+#   bench      each family's benchmark at the scoreboard's points, both schedules (DSV4_JIT_BENCH_REP_MS=50)
+#   scoreboard goal_table.py (goals.json) and results.py (RESULTS.md) from this pass's JSON
+# Extra steps, for a call of their own (STEPS="container plugin"): container (BUNDLE=path: a bundle built with no GPU,
+# imported and run with compiles forbidden, scripts/container_case.py; CONTAINER_ARGS adds families), plugin (the vLLM
+# plugin on both models), warm_load and host (warm-start and host-overhead benchmarks).
+# The GPU machine needs the toolchain (tilelang, nvcc) and, for the peer columns, .peers (scripts/fetch_peers.sh).
+# $OUT gets gpu_pass.tgz (everything), summary.log and RESULTS.md: the device returns at most 8 files.
 set -uo pipefail
-OUT=${OUT:-bench_out}; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 DSV4_JIT_CACHE_DIR=${DSV4_JIT_CACHE_DIR:-/tmp/dsv4-jit-cache}
-bundle=${1:-}
+cd "$(dirname "$0")/.."
+mode=run
+case "${1:-}" in
+  --list|--dry-run) mode=list ;;
+  -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
+  "") ;;
+  *) echo "gpu_pass.sh: unknown argument '$1' (--list, --help)" >&2; exit 2 ;;
+esac
+OUT=${OUT:-bench_out}
+P=$OUT/gpu_pass
+STEPS=${STEPS:-"env compile tests bench scoreboard"}
+J=${JOBS:-$(nproc)}
+CJ=$(( J > 4 ? J - 2 : J ))        # compile workers: two cores stay with the GPU's timing meanwhile
+# time budgets in seconds; the defaults sum to 585 (one device call runs at most 600)
+B_env=${B_env:-5} B_compile=${B_compile:-230} B_tests=${B_tests:-150} B_bench=${B_bench:-190} B_scoreboard=${B_scoreboard:-10}
+B_container=${B_container:-300} B_plugin=${B_plugin:-200} B_warm_load=${B_warm_load:-60} B_host=${B_host:-60}
+export PYTHONUNBUFFERED=1 DSV4_JIT_CACHE_DIR=${DSV4_JIT_CACHE_DIR:-/tmp/dsv4-jit-cache} DSV4_JIT_BENCH_REP_MS=${DSV4_JIT_BENCH_REP_MS:-50}
 status=0
-{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nvcc --version | tail -1;
-  python3 -c "import sys, torch; print(sys.version.split()[0], torch.__version__)"; } 2>&1 | tee "$OUT/env.log"
-# STEPS picks parts (one device call runs at most 10 minutes; the whole pass takes longer), e.g.
-#   STEPS="warm tests" bash scripts/gpu_pass.sh     then     STEPS="bench_attention bench_indexer" ...
-STEPS=${STEPS:-"container warm tests bench_floor bench_mhc bench_attention bench_indexer bench_gemm bench_moe goals plugin warm_load host"}
+t_pass=$SECONDS
+
 step() { case " $STEPS " in *" $1 "*) return 0;; *) return 1;; esac; }
-run() { local log=$1; shift; "$@" 2>&1 | tee "$OUT/$log.log"; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1; }
-# CONTAINER_ARGS adds families to the container case, e.g. "--gemm-model deepseek-v4-flash --attention-model
-# deepseek-v4-flash" for a bundle built with `dsv4-jit warmup --family mhc,gemm,attention`
-# shellcheck disable=SC2086
-if step container && [ -n "$bundle" ]; then run container_case python3 scripts/container_case.py "$bundle" ${CONTAINER_ARGS:-}; fi
-step warm && run warm python3 scripts/build_gpu_bundle.py /tmp/dsv4-gpu-pass-bundle.tar.gz -j "$(nproc)"
+# run LOG SECONDS CMD...: the command under its own timeout, its output in $P/LOG.log (and the summary on failure)
+run() {
+  local log=$1 limit=$2; shift 2
+  if [ "$mode" = list ]; then printf '      %4ss  %s\n' "$limit" "$*"; return 0; fi
+  timeout "$limit" "$@" > "$P/$log.log" 2>&1
+  local rc=$?
+  if [ "$rc" -ne 0 ]; then
+    status=1
+    echo "  $log: exit $rc$([ "$rc" -eq 124 ] && echo " (over its ${limit} s)"); last lines:"
+    tail -5 "$P/$log.log" | sed 's/^/    /'
+  else
+    echo "  $log: ok"
+  fi
+}
+begin() {
+  if [ "$mode" = list ]; then echo "$1 (budget $2 s)"; else echo "== $1 (budget $2 s, pass at $((SECONDS - t_pass)) s)"; fi
+  t_step=$SECONDS
+}
+end() { [ "$mode" = list ] || echo "   $1 took $((SECONDS - t_step)) s"; }
+entries() { find "$DSV4_JIT_CACHE_DIR/v1/ac" -name '*.json' 2>/dev/null | wc -l; }
+
+[ "$mode" = list ] || { rm -rf "$P"; mkdir -p "$P"; exec > >(tee "$OUT/summary.log") 2>&1; }
+
+if step env; then
+  begin env "$B_env"
+  run env "$B_env" bash -c 'nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader;
+    nvcc --version | tail -1; nproc; python3 -c "import sys, torch; print(sys.version.split()[0], torch.__version__)"'
+  end env
+fi
+
+if step compile; then
+  begin compile "$B_compile"
+  # the compile pool stops starting compiles 40 s before the budget, so the ones running finish inside it
+  if [ "$mode" = list ]; then
+    run compile "$B_compile" python3 scripts/gpu_pass_variants.py -j "$CJ" --time-budget $((B_compile - 40)) --json "$P/variants.json"
+    echo "      meanwhile:"
+  else
+    run compile "$B_compile" python3 scripts/gpu_pass_variants.py -j "$CJ" --time-budget $((B_compile - 40)) \
+      --json "$P/variants.json" &
+    compile_pid=$!
+  fi
+  run bench_floor 185 python3 benchmarks/bench_floor.py --out "$P/bench_floor.json"
+  run mma_peak 35 python3 benchmarks/bench_mma_peak.py --out "$P/mma_peak.json"
+  [ "$mode" = list ] || wait "$compile_pid"
+  end compile
+fi
+
 if step tests; then
-  export DSV4_JIT_GPU_REPORT="$OUT/gpu_cases.jsonl"
-  # pytest-xdist (on the GPU image) runs cases in parallel: each worker compiles what its cases select into
-  # the shared store (per-key locks), so a cold pass needs no separate warm step
-  xdist=(); python3 -c "import xdist" 2>/dev/null && xdist=(-n "${XDIST:-$(nproc)}")
-  run gpu_tests timeout "${TESTS_TIMEOUT:-3600}" python3 -m pytest -q -m gpu -p no:cacheprovider "${xdist[@]}" --durations=10 ${GPU_TESTS_K:+-k "$GPU_TESTS_K"} tests
+  begin tests "$B_tests"
+  before=$(entries)
+  export DSV4_JIT_GPU_REPORT=$P/gpu_cases.jsonl
+  xdist=(); python3 -c "import xdist" 2>/dev/null && xdist=(-n "$J")
+  run gpu_tests "$B_tests" python3 -m pytest -q -m gpu -p no:cacheprovider "${xdist[@]}" --durations=15 tests
+  [ "$mode" = list ] || echo "  variants compiled during the tests: $(( $(entries) - before ))"
+  end tests
 fi
-# the read-only floors of the open goals' points (ordinary and PDL launches), to set each benchmark below against
-step bench_floor && run bench_floor python3 benchmarks/bench_floor.py --out "$OUT/bench_floor.json"
-step bench_mhc && run bench_mhc python3 benchmarks/bench_mhc.py --out "$OUT/bench_mhc.json"
-step bench_attention && run bench_attention python3 benchmarks/bench_attention.py --out "$OUT/bench_attention.json"
-if step bench_indexer; then
-  run bench_indexer python3 benchmarks/bench_indexer.py --out "$OUT/bench_indexer.json"
-  run bench_indexer_sm120 python3 benchmarks/bench_indexer.py --arch sm_120a --out "$OUT/bench_indexer_sm120.json"
+
+if step bench; then
+  begin bench "$B_bench"
+  run bench_attention 40 python3 benchmarks/attention/bench_attention.py --heads 64 16 --batch 1 8 64 --layers 8 \
+    --out "$P/bench_attention.json"
+  run bench_indexer 15 python3 benchmarks/indexer/bench_indexer.py --no-torch --out "$P/bench_indexer.json"
+  run bench_indexer_sm120 12 python3 benchmarks/indexer/bench_indexer.py --no-torch --arch sm_120a \
+    --out "$P/bench_indexer_sm120.json"
+  run bench_gemm 25 python3 benchmarks/gemm/bench_gemm.py --out "$P/bench_gemm.json"
+  run bench_gemm_pro 20 python3 benchmarks/gemm/bench_gemm.py --model deepseek-v4-pro --tp 8 --out "$P/bench_gemm_pro.json"
+  run bench_gemm_sm120 15 python3 benchmarks/gemm/bench_gemm.py --arch sm_120a --prefill --out "$P/bench_gemm_sm120.json"
+  run bench_moe 15 python3 benchmarks/moe/bench_moe.py --tokens 1 8 64 --layers 8 --out "$P/bench_moe.json"
+  run bench_moe_pro 12 python3 benchmarks/moe/bench_moe.py --model deepseek-v4-pro --tp 8 --tokens 1 8 64 --layers 8 \
+    --out "$P/bench_moe_pro.json"
+  run bench_moe_sm120 10 python3 benchmarks/moe/bench_moe.py --tokens 1 8 64 --layers 8 --arch sm_120a \
+    --out "$P/bench_moe_sm120.json"
+  run bench_mhc 20 python3 benchmarks/mhc/bench_mhc.py --tokens 1 64 4096 --out "$P/bench_mhc.json"
+  run bench_compressor 6 python3 benchmarks/compressor/bench_compressor.py --out "$P/bench_compressor.json"
+  end bench
 fi
-if step bench_gemm; then
-  run bench_gemm python3 benchmarks/bench_gemm.py --out "$OUT/bench_gemm.json"
-  run bench_gemm_sm120 python3 benchmarks/bench_gemm.py --arch sm_120a --out "$OUT/bench_gemm_sm120.json"
+
+if step scoreboard; then
+  begin scoreboard "$B_scoreboard"
+  run goal_table 5 python3 benchmarks/goal_table.py "$P"
+  run results 5 python3 benchmarks/results.py "$P" --out "$P/RESULTS.md"
+  end scoreboard
 fi
-if step bench_moe; then
-  # --layers 8: the per-layer figure the goal is judged on (goal_table reads it)
-  run bench_moe python3 benchmarks/bench_moe.py --layers 8 --out "$OUT/bench_moe.json"
-  run bench_moe_sm120 python3 benchmarks/bench_moe.py --arch sm_120a --out "$OUT/bench_moe_sm120.json"
+
+if step container; then
+  begin container "$B_container"
+  # shellcheck disable=SC2086
+  run container_case "$B_container" python3 scripts/container_case.py "${BUNDLE:?container: set BUNDLE=path}" ${CONTAINER_ARGS:-}
+  end container
 fi
+
 if step plugin; then
+  begin plugin "$B_plugin"
   for model in deepseek-v4-flash deepseek-v4-pro; do
-    run "plugin_check_$model" python3 scripts/gpu_engine_plugin_check.py --model "$model"
+    run "plugin_check_$model" $((B_plugin / 2)) python3 scripts/gpu_engine_plugin_check.py --model "$model"
   done
+  end plugin
 fi
-# every open goal point judged from this pass's floor and benchmarks (met / short / unreachable); the fp8 peak first
-if step goals; then
-  run mma_peak python3 benchmarks/bench_mma_peak.py --out "$OUT/mma_peak.json"
-  run goal_table python3 benchmarks/goal_table.py "$OUT"
+
+if step warm_load; then
+  begin warm_load "$B_warm_load"
+  run warm_load "$B_warm_load" python3 benchmarks/cache/bench_warm_load.py --repeat 5 --out "$P/warm_load.json"
+  end warm_load
 fi
-step warm_load && run warm_load python3 benchmarks/bench_warm_load.py --repeat 5 --out "$OUT/warm_load.json"
-step host && run host_overhead python3 benchmarks/bench_host_overhead.py --out "$OUT/host_overhead.json"
+
+if step host; then
+  begin host "$B_host"
+  run host_overhead "$B_host" python3 benchmarks/mhc/bench_host_overhead.py --out "$P/host_overhead.json"
+  end host
+fi
+
+if [ "$mode" = list ]; then
+  total=0; for s in $STEPS; do b=B_$s; total=$((total + ${!b:-0})); done
+  echo "total budget $total s (steps: $STEPS)"
+  exit 0
+fi
+echo "pass took $((SECONDS - t_pass)) s; exit $status"
+[ -f "$P/RESULTS.md" ] && cp "$P/RESULTS.md" "$OUT/RESULTS.md"
+cp "$OUT/summary.log" "$P/summary.log"
+tar czf "$OUT/gpu_pass.tgz" -C "$OUT" gpu_pass && rm -rf "$P"
 exit $status

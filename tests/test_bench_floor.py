@@ -1,6 +1,8 @@
-"""benchmarks/bench_floor.py's goal points (CPU): each issue's bytes are the ones its family benchmark counts, so the
-floor it times on the GPU is the floor of the figure that goal is judged by."""
-import importlib.util
+"""The scoreboard on the CPU: bench_floor.py's points (each family's bytes are the ones its benchmark counts, so the floor
+timed on the GPU is the floor of the figure the goal is judged by), goal_table.py's verdicts and results.py's
+RESULTS.md, both from synthetic JSON files shaped like the benchmarks' own."""
+import importlib
+import json
 import sys
 from pathlib import Path
 
@@ -10,44 +12,46 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _load(name: str):
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location(f"_bench_{name}", ROOT / "benchmarks" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    """A benchmark module by its dotted name under benchmarks/ (e.g. "gemm.sweep_gemm_large_m")."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    return importlib.import_module(f"benchmarks.{name}")
 
 
 @pytest.fixture(scope="module")
 def points():
-    return {(p["issue"], p["point"]): p for p in _load("bench_floor").goal_points()}
+    return {(p["family"], p["point"]): p for p in _load("bench_floor").goal_points()}
 
 
-def test_every_open_goal_has_points(points):
-    assert {i for i, _ in points} == {9, 10, 12}
+def test_every_family_has_points(points):
+    assert {f for f, _ in points} == {"attention", "indexer", "gemm", "moe"}
 
 
 def test_attention_bytes_are_bench_attentions(points):
-    att = _load("bench_attention")
-    p = points[(9, "H64 ratio 4 64K x 8")]
+    att = _load("attention.bench_attention")
+    p = points[("attention", "H64 ratio 4 64K x 8")]
     # bench_attention: batch x (valid candidates x 584 B + q + out), 512 + 128 candidates at ratio 4
     assert p["bytes"] == 8 * (640 * att.BYTES_PER_TOKEN + 2 * 64 * att.D * 2)
-    assert points[(9, "H16 ratio 128 256K x 64")]["bytes"] == 64 * ((262144 // 128 + 128) * 584 + 2 * 16 * 512 * 2)
-    assert p["factor"] == pytest.approx(1 / 0.7)
+    assert points[("attention", "H16 ratio 128 256K x 64")]["bytes"] == 64 * ((262144 // 128 + 128) * 584 + 2 * 16 * 512 * 2)
+    # QK and PV over 512 dims: 4 x 512 flops a candidate and head, in bf16; batch 1 is a point too
+    assert p["flops"] == 8 * 64 * 640 * 4 * 512 and p["mma"] == "bf16"
+    assert points[("attention", "H64 ratio 4 64K x 1")]["kernels"] == 2
 
 
-def test_indexer_bytes_and_budget(points):
-    p = points[(10, "64K x 8")]
+def test_indexer_bytes_and_kernels(points):
+    p = points[("indexer", "64K x 8")]
     assert p["bytes"] == 8 * (65536 // 4) * 132      # bench_indexer's index-K bytes
-    assert p["factor"] == 1.5 and p["kernels"] == 2  # logits, then top-k
+    assert p["kernels"] == 2 and p["flops"] == 8 * (65536 // 4) * 64 * 128 * 2  # logits, then top-k
 
 
 def test_gemm_bytes_follow_the_model_shapes(points):
     # V4-Flash TP 1 wo_a is 8 grouped weights of 1024 x 4096 fp8 with 128 x 128 fp32 block scales
-    assert points[(12, "flash TP1 wo_a 32768->8192")]["bytes"] == 8 * (1024 * 4096 + 8 * 32 * 4)
-    assert points[(12, "flash TP1 wq_a+wkv 4096->1536")]["bytes"] == 1536 * 4096 + 12 * 32 * 4
+    assert points[("gemm", "flash TP1 wo_a 32768->8192")]["bytes"] == 8 * (1024 * 4096 + 8 * 32 * 4)
+    assert points[("gemm", "flash TP1 wo_a 32768->8192")]["flops_per_row"] == 2 * 8 * 1024 * 4096
+    assert points[("gemm", "flash TP1 wq_a+wkv 4096->1536")]["bytes"] == 1536 * 4096 + 12 * 32 * 4
     # one token touches exactly top-k = 6 experts: packed e2m1 (n x k / 2) plus 1x32 UE8M0 exponents
-    assert points[(12, "flash TP1 MoE w2 2048->4096 T1")]["bytes"] == 6 * (4096 * 2048 // 2 + 4096 * 2048 // 32)
-    assert points[(12, "pro TP8 MoE w13 7168->768 T1")]["bytes"] == 6 * (768 * 7168 // 2 + 768 * 7168 // 32)
+    assert points[("moe", "flash TP1 MoE w2 2048->4096 T1")]["bytes"] == 6 * (4096 * 2048 // 2 + 4096 * 2048 // 32)
+    assert points[("moe", "pro TP8 MoE w13 7168->768 T1")]["bytes"] == 6 * (768 * 7168 // 2 + 768 * 7168 // 32)
 
 
 @pytest.mark.compile
@@ -72,67 +76,112 @@ def test_stream_read_forms_place_the_dependency_sync_where_they_say():
         floor.build_stream_read(1024, 4, 256, "eager")
 
 
-def test_verdicts_take_the_fastest_form_and_say_when_only_pdl_or_fusion_reaches():
-    v = _load("bench_floor").verdicts
+def test_read_floor_is_the_fastest_form_that_ran():
+    rf = _load("bench_floor").read_floor
     f = {"read_us": 8.3, "dep_us": 9.6, "tl_plain_us": 8.5, "tl_prefetch_us": 6.1, "tl_dependent_us": 7.9}
-    # a two-kernel step whose read fits the goal but whose dependent second kernel does not, without PDL
-    assert v({"kernels": 2}, f, 8.8) == (6.1, "fused only", "yes")
-    assert v({"kernels": 1}, f, 8.8) == (6.1, "yes", "yes")
-    # only the PDL prefetch form reaches it
-    assert v({"kernels": 1}, f, 7.0) == (6.1, "no", "yes")
-    # nothing reaches it; a form that failed to time (None) is left out
-    assert v({"kernels": 1}, {**f, "tl_prefetch_us": None}, 5.0) == (7.9, "no", "no")
+    assert rf(f) == 6.1
+    assert rf({**f, "tl_prefetch_us": None}) == 7.9   # a form that failed to time (None) is left out
 
 
-def test_goal_table_joins_each_family_file_to_its_points_and_judges_them(points):
-    """goal_table.py (CPU, synthetic files): a point is met, short (a read-only form reaches the goal, ours does not)
-    or unreachable (no form does); GEMM points take every decode M; the SM120 schedule's files are left out."""
-    gt = _load("goal_table")
-    key = lambda issue, point: points[(issue, point)]["key"]  # noqa: E731
-    fl = [{"issue": 9, "point": "H64 ratio 4 64K x 64", "key": key(9, "H64 ratio 4 64K x 64"), "bytes": 1,
-           "goal_us": 11.0, "floor_us": 10.0, "copy_us": 10.0},
-          {"issue": 10, "point": "64K x 1", "key": key(10, "64K x 1"), "bytes": 1, "goal_us": 0.8, "floor_us": 2.3,
-           "copy_us": 2.7},
-          {"issue": 12, "point": "flash TP1 wq_b 1024->32768", "key": key(12, "flash TP1 wq_b 1024->32768"),
-           "bytes": 1, "goal_us": 10.0, "floor_us": 10.4, "copy_us": 10.4},
-          {"issue": 12, "point": "flash TP1 MoE w13 4096->4096 T8", "key": key(12, "flash TP1 MoE w13 4096->4096 T8"),
-           "bytes": 1, "goal_us": 119.0, "floor_us": 91.0, "copy_us": 145.0}]
+def _pass_files(points) -> dict:
+    """A synthetic GPU pass: floors, MMA peaks and one file of each scoreboard family, shaped like the benchmarks'."""
+    def fl(family, point, floor, **kw):
+        p = points[(family, point)]
+        return {**p, "floor_us": floor, **kw}
+    floor = {"device": "H100", "date": "2026-11-26 10:00 UTC", "copy_bandwidth_gbs": 3000.0,
+             "pdl_one_cta_kernel_us": 1.5,
+             "rows": [fl("attention", "H64 ratio 4 64K x 64", 10.0), fl("attention", "H64 ratio 4 64K x 1", 2.0),
+                      fl("indexer", "64K x 1", 2.3), fl("indexer", "64K x 8", 6.0),
+                      fl("gemm", "flash TP1 wq_b 1024->32768", 10.0),
+                      fl("moe", "flash TP1 MoE w13 4096->4096 T8", 91.0)]}
+    peak = {"device": "H100", "benchmark": "benchmarks/bench_mma_peak.py",
+            "rows": [{"mma": "bf16 m16n8k16, fp32 acc", "tflops": 600.0},
+                     {"mma": "fp8 e4m3 m16n8k32, fp32 acc", "tflops": 450.0},
+                     {"mma": "torch._scaled_mm fp8 8192^3 (cuBLAS)", "tflops": 1200.0}]}
     # bench_attention times a ratio-4 layer at its first context only (the list is 512 + 128 at any context)
-    att = {"arch": "sm_90a", "rows": [{"heads": 64, "ratio": 4, "ctx": 8192, "batch": 64, "ours_sm90": {"us": 46.0}}]}
-    idx = {"arch": "sm_90a", "schedule": "sm_90a",
-           "rows": [{"ctx": 65536, "batch": 1, "ours_logits_topk_per_layer_us": 14.0}]}
+    att = {"arch": "sm_90a", "rows": [{"heads": 64, "ratio": 4, "ctx": 8192, "batch": b,
+                                       "ours_sm90": {"us": us}, "ours_sm120": {"us": 2 * us},
+                                       "vllm_triton": {"us": 50.0}} for b, us in ((64, 14.0), (1, 3.5))]}
+    idx = {"arch": "sm_90a", "schedule": "sm_90a", "benchmark": "benchmarks/indexer/bench_indexer.py",
+           "rows": [{"ctx": 65536, "batch": 1, "ours_logits_topk_per_layer_us": 14.0},
+                    {"ctx": 65536, "batch": 8, "ours_logits_topk_per_layer_us": 8.9}]}
     gemm = {"arch": "sm_90a", "schedule": "sm_90a", "model": "deepseek-v4-flash", "tp": 1,
             "rows": [{"shape": "wq_b (column-parallel)", "n": 32768, "k": 1024, "groups": 1, "m": m,
-                      "ours_per_layer_us": us, "tflops": 1.0} for m, us in ((1, 9.5), (64, 12.0))]
+                      "ours_per_layer_us": us, "tflops": 1.0} for m, us in ((1, 9.5), (64, 14.0))]
             + [{"shape": "wq_b (column-parallel)", "n": 32768, "k": 1024, "groups": 1, "m": 8192,
-                "ours_per_layer_us": None, "tflops": 900.0}]}
-    sm120 = {**gemm, "schedule": "sm_120a", "rows": [{**gemm["rows"][0], "ours_per_layer_us": 1.0}]}
+                "ours_us": 500.0, "torch_us": 520.0, "ours_per_layer_us": None, "tflops": 900.0}]}
+    sm120 = {**gemm, "schedule": "sm_120a", "rows": [{**gemm["rows"][0], "ours_per_layer_us": 20.0}]}
     moe = {"arch": "sm_90a", "schedule": "sm_90a", "model": "deepseek-v4-flash", "tp": 1,
            "rows": [{"gemm": "w13", "n": 4096, "k": 4096, "tokens": 8, "ours_per_layer_us": 155.0}]}
-    rows = gt.judge({"rows": fl}, [att, idx, gemm, sm120, moe])
-    got = {r["point"]: r["verdict"] for r in rows}
-    assert got == {"H64 ratio 4 64K x 64": "short", "64K x 1": "unreachable",
-                   "flash TP1 wq_b 1024->32768 M=1": "met", "flash TP1 wq_b 1024->32768 M=64": "unreachable",
-                   "flash TP1 MoE w13 4096->4096 T8": "short"}
-    wq = next(r for r in rows if r["point"].endswith("M=1"))
-    assert wq["ours_over_copy"] == pytest.approx(9.5 / 10.4)
-    assert gt.summary(rows)[12] == {"met": 1, "unreachable": 1, "short": 1}
-    # a goal under what one PDL-chained kernel that moves nothing costs: out of reach of any kernel
-    assert gt.judge({"rows": fl[1:2], "pdl_one_cta_kernel_us": 1.5}, [idx])[0]["verdict"] == "unreachable (launch)"
-    assert gt.judge({"rows": fl[1:2], "pdl_one_cta_kernel_us": 0.7}, [idx])[0]["verdict"] == "unreachable"
-    # nothing measured: said, not guessed
-    assert gt.judge({"rows": fl[:1]}, [])[0]["verdict"] == "no data"
-    big = gt.large_m_rows([gemm, sm120], gt.fp8_peak({"rows": [{"mma": gt.FP8_PEAK_ROW, "tflops": 1200.0}]}))
+    mhc = {"device": "H100", "benchmark": "benchmarks/mhc/bench_mhc.py", "date": "2026-11-26 10:05 UTC",
+           "command": "python3 benchmarks/mhc/bench_mhc.py --out bench_out/bench_mhc.json",
+           "rows": [{"model": "flash", "T": 1, "pre_graph_us": 6.3}]}
+    return {"bench_floor.json": floor, "mma_peak.json": peak, "bench_attention.json": att, "bench_indexer.json": idx,
+            "bench_gemm.json": gemm, "bench_gemm_sm120.json": sm120, "bench_moe.json": moe, "bench_mhc.json": mhc}
+
+
+def test_goal_table_judges_each_point_against_the_largest_floor(points, tmp_path):
+    """floor = max(read, math at the measured MMA peak, PDL launch x kernels); met / short against a goal that is a
+    factor of the floor, unreachable only where an absolute goal is under the floor; both schedules judged."""
+    gt = _load("goal_table")
+    for name, doc in _pass_files(points).items():
+        (tmp_path / name).write_text(json.dumps(doc))
+    sb = gt.scoreboard(tmp_path)
+    got = {(r["schedule"], r["point"]): r for r in sb["rows"]}
+    att = got[("sm_90a", "H64 ratio 4 64K x 64")]
+    # 64 x 64 heads x 640 candidates x 2048 flops at 600 TFLOP/s = 8.95 us: under the read floor of 10
+    assert att["math_floor_us"] == pytest.approx(64 * 64 * 640 * 2048 / 600e6) and att["bound"] == "read"
+    assert att["ours_over_floor"] == pytest.approx(1.4) and att["verdict"] == "met"       # <= 1.5x
+    assert got[("sm_120a on sm_90a", "H64 ratio 4 64K x 64")]["verdict"] == "short"       # 28 us > 15
+    assert att["peer"] == "vLLM Triton" and att["peer_us"] == 50.0
+    # batch 1: an absolute 4 us goal; two PDL launches (split + combine) are 3.0 us, over the read floor of 2.0
+    one = got[("sm_90a", "H64 ratio 4 64K x 1")]
+    assert one["bound"] == "launch" and one["floor_us"] == 3.0 and one["verdict"] == "met"
+    # the indexer at batch 1: 14 us against 4 us; the floor (2 launches = 3.0) is under 4, so short, not unreachable
+    assert got[("sm_90a", "64K x 1")]["verdict"] == "short"
+    assert got[("sm_90a", "64K x 8")]["verdict"] == "met"                                 # 8.9 <= 1.5 x 6.0
+    # decode GEMM, one row per M: 9.5 <= 13.0 met, 14.0 > 13.0 short; the SM120 schedule's file judged as its own
+    assert got[("sm_90a", "flash TP1 wq_b 1024->32768 M=1")]["verdict"] == "met"
+    assert got[("sm_90a", "flash TP1 wq_b 1024->32768 M=64")]["verdict"] == "short"
+    assert got[("sm_120a on sm_90a", "flash TP1 wq_b 1024->32768 M=1")]["verdict"] == "short"
+    # MoE from 8 tokens: 155 > 1.25 x 91
+    assert got[("sm_90a", "flash TP1 MoE w13 4096->4096 T8")]["verdict"] == "short"
+    assert got[("sm_90a", "flash TP1 MoE w13 4096->4096 T8")]["goal"] == "<= 1.25x floor"
+    # large M against cuBLAS, and its share of the fastest measured fp8 rate
+    big = sb["large_m"]
     assert [(r["point"], r["verdict"]) for r in big] == [("flash TP1 wq_b M=8192", "met")]
     assert big[0]["share_of_fp8_peak"] == pytest.approx(0.75)
-    with pytest.raises(ValueError, match="no point keys"):
-        gt.judge({"rows": [{k: v for k, v in fl[0].items() if k != "key"}]}, [])
+    # an absolute goal under the floor: no kernel meets it
+    assert gt.verdict(6.0, 4.0, 5.0) == "unreachable" and gt.verdict(None, 4.0, 1.0) == "no data"
+    with pytest.raises(ValueError, match="no family and key"):
+        gt.judge({"rows": [{"point": "x", "floor_us": 1.0}]}, [])
+
+
+def test_results_md_names_every_source_and_summarises_each_family_and_schedule(points, tmp_path):
+    res = _load("results")
+    for name, doc in _pass_files(points).items():
+        (tmp_path / name).write_text(json.dumps(doc))
+    (tmp_path / "gpu_cases.jsonl").write_text("\n".join(json.dumps(line) for line in (
+        {"family": "gemm", "model": "deepseek-v4-flash", "case": "fp8_gemm", "tp": 1, "schedule": "sm_90a on sm_90a",
+         "worst_per_token_rel_err": {"c": [1.9e-3, 64]}, "variants": 3},
+        {"family": "gemm", "model": "deepseek-v4-pro", "case": "fp8_gemm", "tp": 8,
+         "schedule": "sm_120a on sm_90a", "worst_per_token_rel_err": {"c": [2.5e-3, 7]}, "variants": 3})) + "\n")
+    md = res.render(tmp_path)
+    assert "python3 benchmarks/mhc/bench_mhc.py --out bench_out/bench_mhc.json" in md and "2026-11-26 10:05 UTC" in md
+    status = md[md.index("## Status"):md.index("## Scoreboard")]
+    assert "| gemm | sm_90a | 1 passed, worst 1.9e-03 | 0.95-1.40x | 1 met, 1 short |" in status
+    assert "| gemm | sm_120a on sm_90a | 1 passed, worst 2.5e-03 | 2.00-2.00x | 1 short |" in status
+    assert "| attention | sm_90a | - | 1.17-1.40x | 2 met |" in status
+    assert "| flash TP1 wq_b M=8192 | 500.00 | 520.00 |" in md
+    assert "## mhc (`bench_mhc.json`)" in md and "| flash | 1 | 6.30 |" in md
+    for word in ("session", "issue", "#9", "device time"):
+        assert word not in md
 
 
 def test_large_m_sweep_candidates_swap_only_the_tile_width_and_count():
     """sweep_gemm_large_m.py (CPU): every candidate is select's variant with block_n / tiles_per_cta swapped in,
     the count dividing the row's tiles, and select's own pick always among them."""
-    sweep = _load("sweep_gemm_large_m")
+    sweep = _load("gemm.sweep_gemm_large_m")
     from dsv4_jit.arch import get_profile
     base, cands = sweep.candidates(get_profile("sm_90a"), 1536, 4096, 1, 2048, [128, 64], [1, 2, 4])
     assert base in cands and base["tiles_per_cta"] == 2

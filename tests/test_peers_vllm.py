@@ -1,4 +1,4 @@
-"""The vLLM 0.33 attention / indexer peers (benchmarks/peer_vllm_{attention,indexer}.py) import on the CPU
+"""The vLLM 0.33 attention / indexer peers (benchmarks/peers/vllm_{attention,indexer}.py) import on the CPU
 and expose the documented adapters. Skipped when .peers/vllm-0.33.0 is absent (scripts/fetch_peers.sh).
 No GPU: nothing launches (without triton the kernels import as placeholders)."""
 import importlib.util
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.skipif(
 _CHECK = r'''
 import inspect, sys
 sys.path.insert(0, sys.argv[1])
-import peer_vllm_attention as pa, peer_vllm_indexer as pi
+from benchmarks.peers import vllm_attention as pa, vllm_indexer as pi
 
 def params(f):
     return list(inspect.signature(f).parameters)
@@ -78,13 +78,13 @@ print("ok")
 
 
 def test_loaders_import_and_expose_adapters():
-    r = subprocess.run([sys.executable, "-c", _CHECK, str(ROOT / "benchmarks")], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-c", _CHECK, str(ROOT)], capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout + r.stderr
 
 
 def test_missing_peers_say_how_to_fetch(tmp_path):
-    spec = importlib.util.spec_from_file_location("_pa_missing", ROOT / "benchmarks" / "peer_vllm_attention.py")
+    spec = importlib.util.spec_from_file_location("_pa_missing", ROOT / "benchmarks" / "peers" / "vllm_attention.py")
     before = {m for m in sys.modules if m == "vllm" or m.startswith("vllm.")}
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod  # its dataclass looks its module up; importing it installs no vllm stubs

@@ -1,0 +1,165 @@
+"""Schedule sweep on the GPU for decode-size `fp8_gemm` (M <= 64): candidate N tiles, split-K counts, pipeline
+stages and the main loop (T.Pipelined or the cp.async ring), each checked against the float64 reference and timed, for every FP8 weight shape
+of a model at one TP (kernels/gemm/family.py: gemm_shapes).
+
+Candidates are Variants built by hand (not through `select`), compiled for this GPU with the schedule family
+named by --schedule (sm_120a: the SM12x budget and pass configs, compiled for sm_90a). Time = one CUDA-graph
+replay of the op (GEMM + reduce when split), L2 flushed before it, as bench_gemm. The `floor` row is the same
+timer around a graph of one 1-element kernel: what any single-launch op costs here before it moves a byte.
+
+    python benchmarks/gemm/sweep_gemm_decode.py --schedule sm_120a --m 1 64 -j 16 --out bench_out/sweep_gemm.json
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: benchmarks.* imports
+from benchmarks.harness import compile_job, copy_bandwidth_gbs, graph_us_or_reason, write_rows  # noqa: E402
+
+from dsv4_jit import jit  # noqa: E402
+from dsv4_jit.arch import get_profile  # noqa: E402
+from dsv4_jit.kernels.gemm import fp8_gemm as gk  # noqa: E402
+from dsv4_jit.spec import Variant, get_spec  # noqa: E402
+
+GEMM, REDUCE = get_spec("fp8_gemm"), get_spec("fp8_gemm_reduce")
+
+
+def candidates(prof, n: int, k: int, groups: int, m: int, args) -> list[dict]:
+    """Hand-built decode params around what gemm_params picks (which is always included)."""
+    kb = k // gk.BLOCK_K
+    block_m = 16 if m <= 16 else gk.DECODE_MAX_M
+    picked = gk.gemm_params(prof, n, k, m, groups)
+    out = [picked]
+    budget, most = gk._STAGE_BUDGET
+    for bn, split, ring, ks, thr in itertools.product(args.block_n, [d for d in range(1, kb + 1) if kb % d == 0],
+                                                      args.ring, args.k_stage, args.threads):
+        ctas = groups * (n // bn) * split
+        if n % bn or (kb // split) % ks or (ks > 1 and not ring) or (thr > 128 and bn < 128) or (thr > 128 and not ring):
+            continue
+        if not prof.num_sms_hint // 2 <= ctas <= args.max_waves * prof.num_sms_hint and split != 1:
+            continue
+        p = {"n": n, "k": k, "groups": groups, "block_m": block_m, "block_n": bn, "split": split, "threads": thr,
+             "stages": 1}
+        if ring:
+            p.update(ring=True, k_stage=ks)
+        p["stages"] = gk.fitting_stages(p, budget, most)
+        if gk.gemm_smem_bytes(p) <= min(budget, prof.max_smem_per_block):
+            out.append(p)
+    return list({str(sorted(p.items())): p for p in out}.values())
+
+
+def floor_us() -> float:
+    x = torch.zeros(1, device="cuda")
+    us, _ = graph_us_or_reason(lambda: x.add_(1), reps=1)
+    return us
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--schedule", default="sm_120a", help="sm_120a (SM12x budget, compiled for sm_90a) or sm_90a")
+    ap.add_argument("--model", default="deepseek-v4-flash")
+    ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--m", type=int, nargs="+", default=[1, 64])
+    ap.add_argument("--block-n", type=int, nargs="+", default=[64, 128])
+    ap.add_argument("--ring", type=int, nargs="+", default=[0, 1],
+                    help="0: the T.Pipelined main loop; 1: the PDL cp.async ring with the scale prefetch")
+    ap.add_argument("--k-stage", type=int, nargs="+", default=[1, 2, 4], help="K blocks per stage (ring only)")
+    ap.add_argument("--threads", type=int, nargs="+", default=[128, 256])
+    ap.add_argument("--layers", type=int, default=8, help="also time this many distinct weights back to back in one "
+                    "graph (a forward pass's successive layers; no L2 reuse), per GEMM")
+    ap.add_argument("--max-waves", type=int, default=4, help="skip splits giving more CTAs than this many x SMs")
+    ap.add_argument("-j", "--jobs", type=int, default=1)
+    ap.add_argument("--out", default="bench_out/sweep_gemm_decode.json")
+    args = ap.parse_args()
+
+    from dsv4_jit.kernels.gemm.family import gemm_shapes, make_activations, make_weights
+    from dsv4_jit.kernels.gemm.reference import ref_fp8_gemm
+    from dsv4_jit.model_config import load_model_config
+    hopper = get_profile("sm_90a")
+    prof = hopper if args.schedule == "sm_90a" else get_profile(args.schedule).emulated(hopper)
+    shapes = gemm_shapes(load_model_config(args.model), args.tp)
+    plan = [(s, m, candidates(prof, s["n"], s["k"], s["groups"], m, args)) for s in shapes for m in args.m]
+    if args.jobs > 1:
+        from concurrent.futures import ProcessPoolExecutor
+        jobs = [(GEMM.name, p, prof.name, prof.schedule) for _, _, cs in plan for p in cs]
+        jobs.append((REDUCE.name, {"cols": gk.REDUCE_COLS, "threads": gk.REDUCE_THREADS}, prof.name, prof.schedule))
+        with ProcessPoolExecutor(args.jobs) as ex:
+            for msg in ex.map(compile_job, jobs):
+                print(msg, flush=True)
+    bw = copy_bandwidth_gbs()
+    fl = floor_us()
+    print(f"{torch.cuda.get_device_name()}; schedule {prof.schedule}; copy {bw:,.0f} GB/s; one-kernel graph floor "
+          f"{fl:.1f} us", flush=True)
+    red = jit.load(REDUCE, Variant.make(REDUCE.name, {"cols": gk.REDUCE_COLS, "threads": gk.REDUCE_THREADS}, prof,
+                                        prof.schedule))
+    g = torch.Generator(device="cuda").manual_seed(0)
+    rows = [{"floor_us": fl, "copy_gbs": bw}]
+    for s, m, cands in plan:
+        n, k, groups = s["n"], s["k"], s["groups"]
+        b, sb = make_weights(groups, n, k, g, "cuda")
+        a, sa = make_activations(m, groups * k, g, "cuda")
+        ref = ref_fp8_gemm(a, sa, b, sb, groups=groups)
+        wbytes = b.numel() + sb.numel() * 4
+        picked = gk.gemm_params(prof, n, k, m, groups)
+        copies = [(b, sb)] + [(b.clone(), sb.clone()) for _ in range(args.layers - 1)]
+        L = len(copies)
+        # streaming references over the same bytes, same timer: a copy (read + write) and a read-only reduction
+        dst = torch.empty_like(b)
+        cp_us, _ = graph_us_or_reason(lambda: [dst.copy_(w) for w, _ in copies], reps=1)
+        rd_us, _ = graph_us_or_reason(lambda: [w.view(torch.int64).sum(dtype=torch.int64) for w, _ in copies], reps=1)
+        rows.append({"shape": s["label"], "n": n, "k": k, "groups": groups, "m": m, "layers": L,
+                     "copy_per_layer_us": cp_us / L, "read_sum_per_layer_us": rd_us / L, "weight_bytes": wbytes})
+        print(f"{s['label'][:28]:<28} {groups * k:>6}->{groups * n:<6} {wbytes / 1e6:.1f} MB: per layer of {L}: "
+              f"copy {cp_us / L:.1f} us ({2 * wbytes / (cp_us / L) / 1e3:,.0f} GB/s r+w), int64 sum "
+              f"{rd_us / L:.1f} us ({wbytes / (rd_us / L) / 1e3:,.0f} GB/s read)", flush=True)
+        for p in cands:
+            v = Variant.make(GEMM.name, p, prof, prof.schedule)
+            row = {"shape": s["label"], "n": n, "k": k, "groups": groups, "m": m, "variant": v.name,
+                   "selected": p == picked}
+            c = torch.empty(m, groups * n, dtype=torch.bfloat16, device="cuda")
+            part = torch.empty(p["split"], m, groups * n, device="cuda")
+            try:
+                kern = jit.load(GEMM, v)
+            except Exception as e:  # a candidate that does not build: keep going
+                row["skipped"] = f"{type(e).__name__}: {str(e).splitlines()[0][:150] if str(e) else ''}"
+                rows.append(row)
+                continue
+
+            def f(kern=kern, split=p["split"], c=c, part=part, ws=copies[:1]):
+                for w, ws_ in ws:
+                    if split == 1:
+                        kern(a, sa, w, ws_, c)
+                    else:
+                        kern(a, sa, w, ws_, part)
+                        red(part, c)
+            f()
+            torch.cuda.synchronize()
+            err = float(((c.double() - ref).norm(dim=1) / ref.norm(dim=1).clamp_min(1e-30)).max())
+            us, why = graph_us_or_reason(f, reps=1)
+            lus, _ = graph_us_or_reason(lambda: f(ws=copies), reps=1)
+            lus = lus / L if lus else None
+            pct = 100 * wbytes / (us * 1e-6) / 1e9 / bw if us else None
+            lpct = 100 * wbytes / (lus * 1e-6) / 1e9 / bw if lus else None
+            row.update(us=us, why=why, pct_copy=pct, per_layer_us=lus, per_layer_pct_copy=lpct,
+                       max_token_rel_err=err, weight_bytes=wbytes)
+            rows.append(row)
+            print(f"{s['label'][:28]:<28} {groups * k:>6}->{groups * n:<6} M={m:<3} bn={p['block_n']:<3} "
+                  f"split={p['split']:<3} st={p['stages']} ring={int(p.get('ring', False))} "
+                  f"ks={p.get('k_stage', 1)} thr={p['threads']}: "
+                  f"{us if us is None else round(us, 1)} us {pct if pct is None else round(pct, 1)}% | per layer "
+                  f"{lus if lus is None else round(lus, 1)} us {lpct if lpct is None else round(lpct, 1)}% "
+                  f"err {err:.1e}{'  <- select' if row['selected'] else ''}", flush=True)
+        del a, sa, b, sb, copies, dst
+        torch.cuda.empty_cache()
+    write_rows(args.out, rows, schedule=prof.schedule, model=args.model, tp=args.tp)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,84 @@
+"""Grid and ring sweep for `indexer_decode_logits`: the logits kernel's target CTAs per SM (logits.CTAS_PER_SM: the
+grid holds at least that many CTAs an SM, in whole waves of what the SMs hold; MAX_TILES_PER_CTA raises it at
+large batch) and its cp.async ring depth (--stages), timed at bench_indexer's points, each output checked against
+bench_indexer's torch logits. Each value is a separate variant (kernel parameters), compiled on first use.
+
+    python benchmarks/indexer/sweep_indexer_logits.py --ctas-per-sm 2 4 8 --stages 2 3 --out bench_out/sweep_indexer_logits.json
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: benchmarks.* imports
+from benchmarks.indexer.bench_indexer import PAGE, RATIO, cold_us, make_inputs, torch_logits  # noqa: E402
+from benchmarks.harness import copy_bandwidth_gbs, write_rows  # noqa: E402
+
+
+def logits_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """Worst |out - ref| over the valid columns, relative to the row's largest |ref|; inf where the -inf columns
+    (past each request's length) differ."""
+    valid = torch.isfinite(ref)
+    if not torch.equal(valid, torch.isfinite(out)):
+        return float("inf")
+    scale = ref.where(valid, 0).abs().amax(1, keepdim=True).clamp_min(1e-30)
+    return float(((out - ref).where(valid, 0).abs() / scale).max())
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ctas-per-sm", type=int, nargs="+", default=[2, 4, 8, 16])
+    ap.add_argument("--contexts", type=int, nargs="+", default=[65536, 262144])
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 8, 64])
+    ap.add_argument("--max-tiles", type=int, default=None, help="logits.MAX_TILES_PER_CTA for every run (default: "
+                    "the module's); a large value reproduces the CTAS_PER_SM-only grid")
+    ap.add_argument("--stages", type=int, nargs="+", default=[None], help="the cp.async ring depth of this GPU's "
+                    "schedule family (logits.SCHEDULES; default: the module's)")
+    ap.add_argument("--out", default="bench_out/sweep_indexer_logits.json")
+    args = ap.parse_args()
+
+    import dsv4_jit
+    from dsv4_jit import jit
+    from dsv4_jit.arch import detect_arch
+    from dsv4_jit.kernels.indexer import logits as lg_mod
+    from dsv4_jit.kernels.indexer import ops
+    from dsv4_jit.spec import get_spec
+    arch = detect_arch()
+    bw = copy_bandwidth_gbs()
+    width = max(args.contexts) // RATIO + 64
+    g = torch.Generator(device="cuda").manual_seed(0)
+    points = [(ctx, b, make_inputs(b, ctx, width, g)) for ctx in args.contexts for b in args.batch]
+    rows, refs = [], {}
+    print(f"{torch.cuda.get_device_name()}; copy bandwidth {bw:,.0f} GB/s")
+    base = lg_mod.SCHEDULES[arch.family]
+    for c, ns in [(c, ns) for ns in args.stages for c in args.ctas_per_sm]:
+        lg_mod.CTAS_PER_SM = c
+        lg_mod.SCHEDULES[arch.family] = (base[0], ns or base[1], base[2])
+        if args.max_tiles:
+            lg_mod.MAX_TILES_PER_CTA = args.max_tiles
+        jit._SELECT_MEMO.clear()   # select reads the constants: drop the memoised variants
+        v = get_spec("indexer_decode_logits").select(arch, ops.decode_static(64, 128, 1, PAGE), 1)
+        print(f"variant {v.name}", flush=True)
+        for ctx, b, d in points:
+            out = torch.empty(b, width, dtype=torch.float32, device="cuda")
+            info = torch.empty(b, 3, dtype=torch.int32, device="cuda")
+            a = (d["q"], d["q_scale"], d["weights"], d["kv_cache"], d["seq_lens"], d["block_table"])
+            us, why = cold_us(lambda: dsv4_jit.indexer_decode_logits(*a, out=out, row_info=info, next_n=1, arch=arch))
+            err = logits_error(out, refs.setdefault((ctx, b), torch_logits(d, torch.empty_like(out))))
+            kbytes = b * d["comp"] * 132
+            pct = 100 * kbytes / (us * 1e-6) / 1e9 / bw if us else None
+            rows.append({"ctas_per_sm": c, "stages": v.p["stages"], "slots": v.p.get("slots"),
+                         "max_tiles": lg_mod.MAX_TILES_PER_CTA, "ctx": ctx, "batch": b, "us": us, "why": why,
+                         "pct_copy": pct, "max_rel_err": err})
+            print(f"CTAS_PER_SM={c:>2} stages={v.p['stages']} ctx={ctx:>6} B={b:>2}: {us:7.1f} us  {pct:5.1f}% of copy  err {err:.1e}",
+                  flush=True)
+    write_rows(args.out, rows, width=width)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""Write benchmarks/RESULTS.md from one GPU pass's output folder: where every figure came from (benchmark, GPU,
+date, exact command), the status of each family and schedule (GPU cases and the scoreboard), the scoreboard's
+points (goal_table.py) and the other families' latest figures.
+
+    python benchmarks/results.py bench_out [--out benchmarks/RESULTS.md]
+
+The folder is what scripts/gpu_pass.sh leaves in $OUT: the benchmarks' JSON, bench_floor.json, mma_peak.json and
+gpu_cases.jsonl (the GPU cases' worst per-token errors). Nothing here is typed by hand: rerun it after a pass.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.* imports
+from benchmarks.goal_table import FAMILIES, family_of, load, scoreboard  # noqa: E402
+
+VERDICTS = ("met", "short", "unreachable", "no data")
+
+
+def _num(v, p: int = 2) -> str:
+    if isinstance(v, bool) or v is None:
+        return "-" if v is None else str(v)
+    if isinstance(v, (int, float)):
+        return f"{v:,.{p}f}" if isinstance(v, float) else f"{v:,}"
+    return str(v)
+
+
+def _table(head: list[str], rows: list[list]) -> list[str]:
+    return (["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+            + ["| " + " | ".join(_num(c) for c in r) + " |" for r in rows])
+
+
+def gpu_cases(path: Path) -> dict[tuple[str, str], dict]:
+    """(family, schedule) -> {"cases": n, "worst": the largest per-token error over its outputs} from the GPU
+    cases' report (one JSON line per passed case)."""
+    out: dict[tuple[str, str], dict] = {}
+    if not path.is_file():
+        return out
+    for line in path.read_text().splitlines():
+        try:
+            r = json.loads(line)
+        except ValueError:
+            continue
+        sched = r["schedule"].split(" on ")
+        key = (r["family"], sched[1] if sched[0] == sched[-1] else r["schedule"])
+        c = out.setdefault(key, {"cases": 0, "worst": 0.0})
+        c["cases"] += 1
+        c["worst"] = max([c["worst"], *(e for e, _ in r["worst_per_token_rel_err"].values())])
+    return out
+
+
+def sources(docs: dict[str, dict]) -> list[str]:
+    rows = [[f"`{name}`", doc.get("device", "?"), doc.get("date", "-"), f"`{doc['command']}`" if doc.get("command")
+             else "-"] for name, doc in sorted(docs.items())]
+    return _table(["file", "GPU", "date", "command"], rows)
+
+
+def status(sb: dict | None, cases: dict) -> list[str]:
+    keys = sorted({(s["family"], s["schedule"]) for s in (sb or {}).get("summary", [])} | set(cases))
+    rows = []
+    for fam, sched in keys:
+        c = cases.get((fam, sched))
+        s = next((s for s in (sb or {}).get("summary", []) if (s["family"], s["schedule"]) == (fam, sched)), {})
+        pts = [r for r in (sb or {}).get("rows", []) if (r["family"], r["schedule"]) == (fam, sched)
+               and r["ours_over_floor"] is not None]
+        ratio = (f"{min(r['ours_over_floor'] for r in pts):.2f}-{max(r['ours_over_floor'] for r in pts):.2f}x"
+                 if pts else "-")
+        rows.append([fam, sched, f"{c['cases']} passed, worst {c['worst']:.1e}" if c else "-", ratio,
+                     ", ".join(f"{s[v]} {v}" for v in VERDICTS if s.get(v)) or "-"])
+    return _table(["family", "schedule", "GPU cases (per-token error)", "ours / floor", "goals"], rows)
+
+
+def scoreboard_lines(sb: dict) -> list[str]:
+    out = [f"{sb['device'] or '?'}: copy {sb['copy_bandwidth_gbs'] or 0:,.0f} GB/s; a PDL-chained one-CTA kernel "
+           + (f"{sb['pdl_one_cta_kernel_us']:.2f} us a layer" if sb["pdl_one_cta_kernel_us"] else "not measured")
+           + "; MMA peaks " + (", ".join(f"{k} {v:,.0f}" for k, v in sb["mma_peak_tflops"].items()) or "not measured")
+           + " TFLOP/s. Times are us a layer (8 layers' inputs a graph, L2 flushed).", ""]
+    out += _table(["family", "schedule", "point", "ours", "read", "math", "launch", "ours / floor", "goal", "peer",
+                   "verdict"],
+                  [[r["family"], r["schedule"], r["point"], r["ours_us"], r["read_floor_us"], r["math_floor_us"],
+                    r["launch_floor_us"], r["ours_over_floor"], r["goal"],
+                    f"{r['peer']} {r['peer_us']:.1f}" if r.get("peer_us") else "-", r["verdict"]] for r in sb["rows"]])
+    if sb["large_m"]:
+        out += ["", "FP8 GEMM past M = 64 against cuBLAS (us, one call a graph replay):", ""]
+        out += _table(["schedule", "point", "ours", "cuBLAS", "TFLOP/s", "share of fp8 peak", "verdict"],
+                      [[r["schedule"], r["point"], r["ours_us"], r["cublas_us"], r["tflops"], r["share_of_fp8_peak"],
+                        r["verdict"]] for r in sb["large_m"]])
+    return out
+
+
+def other_family(doc: dict, limit: int = 40) -> list[str]:
+    """A family file the scoreboard does not cover (mHC, compressor): its rows' scalar fields."""
+    rows = doc.get("rows") or []
+    cols = [k for k, v in (rows[0] if rows else {}).items() if isinstance(v, (int, float, str)) and k != "notes"]
+    return _table(cols, [[r.get(c) for c in cols] for r in rows[:limit]])
+
+
+def render(d: Path) -> str:
+    docs = {f.name: doc for f in sorted(d.glob("*.json")) if f.name != "goals.json" and (doc := load(f)) is not None}
+    sb = scoreboard(d) if any(n.startswith("bench_floor") for n in docs) else None
+    cases = gpu_cases(d / "gpu_cases.jsonl")
+    out = ["# Results", "",
+           "Generated by `python benchmarks/results.py` from one GPU pass (`scripts/gpu_pass.sh`); rerun it after "
+           "a pass instead of editing this file. What each benchmark measures and its floor: "
+           "[README.md](README.md).", "", "## Where the figures come from", ""]
+    out += sources(docs)
+    out += ["", "## Status", "", "GPU cases: the family's cases on both models, outputs NaN-poisoned, worst "
+            "per-token error against float64. Goals: see below.", ""]
+    out += status(sb, cases)
+    if sb:
+        out += ["", "## Scoreboard", "", "Floor = max(read, math at the measured MMA peak, PDL launch); goals: "
+                "attention batch 64 <= 1.5x floor, batch 8 <= 2x, batch 1 <= 4 us; indexer step batch 64 and 8 "
+                "<= 1.5x floor, batch 1 <= 4 us; decode GEMM M <= 64 <= 1.3x floor; MoE <= 1.5x at 1 token, "
+                "<= 1.25x from 8; large M as fast as cuBLAS.", ""]
+        out += scoreboard_lines(sb)
+    for name, doc in sorted(docs.items()):
+        fam = family_of(doc)
+        if fam is not None and fam not in FAMILIES:
+            out += ["", f"## {fam} (`{name}`)", ""] + other_family(doc)
+    return "\n".join(out) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("dir", help="a GPU pass's output folder")
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "RESULTS.md"))
+    args = ap.parse_args()
+    Path(args.out).write_text(render(Path(args.dir)))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
