@@ -278,8 +278,8 @@ def shapes_from_settings(st: Settings, *, use_mla: bool = True) -> EngineShapes:
     decode, prefill, locked = _phase_settings(v, nm)
     if d_note and (decode["max_bs"] is None and decode["bs"] is None or "chunked_prefill_size" not in v):
         notes.append(d_note)
-    if decode["max_bs"] is None:
-        decode["max_bs"] = min(d_max_bs, mrr)         # a defaulted max_bs is capped at max_running_requests
+    if decode["max_bs"] is None:                      # a defaulted max_bs is capped at a given max_running_requests
+        decode["max_bs"] = d_max_bs if mrr_given is None else min(d_max_bs, mrr)
     if decode["bs"] is None:
         decode["bs"] = generate_batch_sizes(decode["max_bs"], spec=spec, disable_padding=no_pad)
     else:
