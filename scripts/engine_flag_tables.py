@@ -21,9 +21,9 @@ wheels' parsers). Each entry: options, dest, action, nargs, value type, choices,
 
 
 def read_table(peers: str, engine: str) -> list[dict]:
-    out = subprocess.run([sys.executable, str(ROOT / "tests" / "engine_peer_loader.py"), peers, engine, "table"],
-                         capture_output=True, text=True, check=True)
-    return json.loads(out.stdout)
+    out = subprocess.run([sys.executable, str(ROOT / "tests" / "engine_peer_loader.py"), peers, engine],
+                         input="{}", capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)["table"]
 
 
 def render(name: str, table: list[dict]) -> str:

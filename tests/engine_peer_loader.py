@@ -2,8 +2,10 @@
 
 Run as a child process (it installs stub modules into sys.modules):
 
-    python tests/engine_peer_loader.py PEERS_DIR vllm|sglang table          # the parser's actions, as JSON
-    python tests/engine_peer_loader.py PEERS_DIR vllm|sglang parse < argvs  # each argv: accepted + values, or the error
+    python tests/engine_peer_loader.py PEERS_DIR fetch            # download + unzip both wheels, install deps
+    python tests/engine_peer_loader.py PEERS_DIR vllm|sglang < request.json
+        request {"argvs": [[...], ...], "resolve": [{"argv": [...], "gpu_gib": 80}, ...]} (resolve: SGLang)
+        answer  {"table": the parser's actions, "parse": per argv, "resolve": per request}
 
 PEERS_DIR holds `vllm/` and `sglang/` (the wheels' Python files, unzipped) and `deps/` (pydantic, msgspec,
 pyyaml, regex: what the two parsers need for real). Everything else either engine imports while building
@@ -28,8 +30,8 @@ VLLM_STUBS = ("huggingface_hub", "transformers", "cachetools", "blake3", "cbor2"
               "sentencepiece", "mistral_common", "cpuinfo", "gguf", "einops", "numba", "PIL", "setproctitle",
               "cloudpickle", "openai_harmony", "mcp", "anthropic", "partial_json_parser", "pydantic_extra_types",
               "opentelemetry", "llguidance", "xgrammar", "outlines_core", "lark", "jsonschema", "ijson", "orjson",
-              "watchfiles", "flashinfer", "tilelang", "tvm_ffi", "uvloop", "psutil", "requests", "tqdm")
-SGLANG_STUBS = ("pybase64", "triton", "PIL", "starlette", "zmq", "psutil", "requests", "tqdm")
+              "watchfiles", "flashinfer", "tilelang", "tvm_ffi", "uvloop", "psutil", "requests", "tqdm", "urllib3")
+SGLANG_STUBS = ("pybase64", "safetensors", "triton", "PIL", "starlette", "zmq", "psutil", "requests", "tqdm", "IPython")
 
 
 class _AnyType(type):
@@ -143,13 +145,21 @@ def _action_kind(a) -> str:
             "_CountAction": "count", "_VersionAction": "help"}.get(n, n)
 
 
+def _choice_list(choices) -> list[str]:
+    out = [str(c) for c in choices]
+    return sorted(out) if isinstance(choices, (set, frozenset)) else out   # a set has no order to keep
+
+
 def table(parser: argparse.ArgumentParser) -> list[dict]:
     out = []
     for a in parser._actions:
         nargs = a.nargs
-        out.append({"options": list(a.option_strings), "dest": a.dest, "action": _action_kind(a),
+        # vLLM's EnableDisableAction shows `--enable-x/--disable-x` but still parses `--no-enable-x`
+        hidden = sorted(o for o, act in parser._option_string_actions.items()
+                        if act is a and o not in a.option_strings)
+        out.append({"options": list(a.option_strings), "hidden": hidden, "dest": a.dest, "action": _action_kind(a),
                     "nargs": nargs, "type": _type_kind(a.type),
-                    "choices": None if a.choices is None else [str(c) for c in a.choices],
+                    "choices": None if a.choices is None else _choice_list(a.choices),
                     "const": a.const if isinstance(a.const, (int, float, str, bool)) or a.const is None else
                     str(a.const)})
     return out
@@ -165,9 +175,13 @@ def _jsonable(v):
     return repr(v)
 
 
-def parse_all(parser: argparse.ArgumentParser, argvs: list[list[str]], engine: str) -> list[dict]:
-    """Each argv through the engine's own parse_args: {"ok": True, "values": {...}} or {"ok": False, "error": ...}."""
-    defaults = vars(parser.parse_args(["m"] if engine == "vllm" else []))
+def parse_all(parser: argparse.ArgumentParser, argvs: list[list[str]]) -> list[dict]:
+    """Each argv through the engine's own parse_args: {"ok": True, "values": {dest: value given}} or
+    {"ok": False, "error": the message after "error: "}."""
+    unset = object()
+    for action in parser._actions:
+        if action.default is not argparse.SUPPRESS:
+            action.default = unset                    # so only what the command line gave is reported
     results = []
     for argv in argvs:
         err = io.StringIO()
@@ -178,22 +192,87 @@ def parse_all(parser: argparse.ArgumentParser, argvs: list[list[str]], engine: s
             lines = [ln for ln in err.getvalue().splitlines() if ": error: " in ln]
             results.append({"ok": False, "error": lines[-1].split(": error: ", 1)[1] if lines else err.getvalue()})
             continue
-        except Exception as e:   # noqa: BLE001 - a refusal raised outside argparse (e.g. ValueError)
-            results.append({"ok": False, "error": f"{type(e).__name__}: {e}"})
-            continue
-        values = {k: _jsonable(v) for k, v in vars(ns).items() if k in defaults and v != defaults[k]}
+        values = {k: _jsonable(v) for k, v in vars(ns).items() if v is not unset}
         results.append({"ok": True, "values": values})
     return results
 
 
+def sglang_resolve(parser: argparse.ArgumentParser, requests: list[dict]) -> list[dict]:
+    """SGLang 0.5.23's own CUDA-graph resolution for each {"argv", "gpu_gib"}: `parse_cuda_graph_config`, then
+    `handle_gpu_memory_settings` with the GPU's memory given (its later, model-dependent steps are cut off
+    once the graph config is declared). DeepSeek V4 uses MLA attention."""
+    from sglang.srt.arg_groups import cuda_graph_hook, memory_hook
+    from sglang.srt.arg_groups.overrides import resolution_result
+    from sglang.srt.server_args import ServerArgs
+    memory_hook.use_mla_backend = lambda server_args: True
+    out = []
+    for req in requests:
+        memory_hook.get_device_memory_capacity = lambda device=None, gib=req["gpu_gib"]: gib * 1024
+        sa = ServerArgs.from_cli_args(parser.parse_args(["--model-path", "m", *req["argv"]]))
+        try:
+            cuda_graph_hook.parse_cuda_graph_config(sa)
+            cuda_graph_hook.validate_cuda_graph_config(sa)
+        except Exception as e:   # noqa: BLE001 - SGLang's refusal
+            out.append({"ok": False, "error": f"{type(e).__name__}: {e}"})
+            continue
+        try:
+            memory_hook.handle_gpu_memory_settings(sa)
+        except Exception:        # noqa: BLE001 - past the graph settings it needs the model's config
+            pass
+        cfg = resolution_result(sa, "cuda_graph_config")
+        out.append({"ok": True, "chunked_prefill_size": resolution_result(sa, "chunked_prefill_size"),
+                    **{phase: {k: getattr(getattr(cfg, phase), k) for k in ("backend", "max_bs", "bs")}
+                       for phase in ("decode", "prefill")}})
+    return out
+
+
+WHEELS = {  # pure-Python files are all that is read; fixed tags, so any CI Python fetches the same files
+    "vllm": ("vllm==0.33.0", ["--python-version", "3.12", "--platform", "manylinux_2_28_x86_64"]),
+    "sglang": ("sglang==0.5.23", ["--python-version", "3.12", "--platform", "manylinux_2_34_x86_64"]),
+}
+DEPS = ("pydantic>=2.12", "msgspec", "pyyaml", "regex", "orjson")   # what the two parsers run for real
+
+
+def fetch(peers: str) -> None:
+    """`pip download --no-deps` both wheels into PEERS_DIR/wheels, unzip their non-binary files into
+    PEERS_DIR/<engine>, `pip install --target PEERS_DIR/deps` the parsers' few real dependencies."""
+    import glob
+    import subprocess
+    import zipfile
+    root = os.path.abspath(peers)
+    wheels = os.path.join(root, "wheels")
+    for engine, (req, tags) in WHEELS.items():
+        dest = os.path.join(root, engine)
+        if os.path.isfile(os.path.join(dest, "COMPLETE")):
+            continue
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                        "--implementation", "cp", *tags, "-d", wheels, req], check=True)
+        wheel = sorted(glob.glob(os.path.join(wheels, req.replace("==", "-") + "-*.whl")))[-1]
+        with zipfile.ZipFile(wheel) as z:
+            z.extractall(dest, [n for n in z.namelist() if n.startswith(engine + "/") and not n.endswith(".so")])
+        open(os.path.join(dest, "COMPLETE"), "w").write(os.path.basename(wheel) + "\n")
+        os.remove(wheel)                              # only the unzipped Python files are read
+    deps = os.path.join(root, "deps")
+    if not os.path.isfile(os.path.join(deps, "COMPLETE")):
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-warn-conflicts", "--target", deps,
+                        *DEPS], check=True)
+        open(os.path.join(deps, "COMPLETE"), "w").write("\n".join(DEPS) + "\n")
+
+
 def main(argv: list[str]) -> int:
-    peers, engine, what = argv
+    """PEERS_DIR fetch | PEERS_DIR ENGINE (a JSON request on stdin: {"argvs": [...], "resolve": [...]})."""
+    if argv[1:] == ["fetch"]:
+        fetch(argv[0])
+        return 0
+    peers, engine = argv
+    request = json.load(sys.stdin)
     _setup(peers, engine)
     parser = vllm_parser() if engine == "vllm" else sglang_parser()
-    if what == "table":
-        json.dump(table(parser), sys.stdout)
-    else:
-        json.dump(parse_all(parser, json.load(sys.stdin), engine), sys.stdout)
+    answer = {"table": table(parser)}
+    if engine == "sglang" and request.get("resolve"):
+        answer["resolve"] = sglang_resolve(parser, request["resolve"])
+    answer["parse"] = parse_all(parser, request.get("argvs", []))
+    json.dump(answer, sys.stdout)
     return 0
 
 

@@ -8,8 +8,8 @@ dotted `--x.key value` JSON fields) are applied first, as vLLM applies them.
 
 Not reproduced: keys inside vLLM's JSON config flags are checked by pydantic there; here a value must be JSON
 (or JSON with human-readable numbers), and only the keys the planner reads are checked (by warmup/vllm.py).
-`--config FILE` (a YAML of flags) is refused: paste the flags instead. `--model-path` is not required (the
-model is dsv4-jit's own `--model`).
+`--config FILE` (a YAML of flags) is refused: paste the flags instead. SGLang's required `--model-path` may be
+left out (the model is dsv4-jit's own `--model`).
 """
 from __future__ import annotations
 
@@ -228,7 +228,9 @@ def build_parser(engine: str) -> argparse.ArgumentParser:
                 kw["type"] = t
             if a["choices"] is not None:
                 kw["choices"] = _Choices(a["choices"])
-        p.add_argument(*opts, **kw)
+        action = p.add_argument(*opts, **kw)
+        for hidden in a["hidden"]:                    # parsed by the engine, not shown in its messages
+            p._option_string_actions[hidden] = action
     return p
 
 
@@ -307,13 +309,18 @@ def check_argv(engine: str, tokens: Sequence[str]) -> dict[str, Any]:
     args = _strip_prefix(list(tokens), engine)
     if any(a == "--config" or a.startswith("--config=") for a in args):
         raise ConfigError(f"{prog}: --config FILE is not read by dsv4-jit; paste the flags it holds instead")
+    if engine == "sglang" and not any(a.split("=")[0] in ("--model-path", "--model") for a in args):
+        args = ["--model-path", "(dsv4-jit --model)"] + args     # SGLang requires it; dsv4-jit takes --model
     try:
         if engine == "vllm":
             args = _vllm_rewrite(args)
         ns = build_parser(engine).parse_args(args)
     except _Refused as e:
         raise ConfigError(f"{prog} refuses this command line: {e}") from None
-    return {k: v for k, v in vars(ns).items() if v is not None}
+    values = {k: v for k, v in vars(ns).items() if v is not None}
+    if values.get("model_path") == "(dsv4-jit --model)":
+        del values["model_path"]
+    return values
 
 
 def first_options(engine: str) -> dict[str, str]:

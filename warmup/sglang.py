@@ -314,7 +314,8 @@ def shapes_from_settings(st: Settings, *, use_mla: bool = True) -> EngineShapes:
     resolved = {"tp_size": tp, "dp_size": dp, "attn_dp_size": attn_dp, "attn_tp_size": attn_tp,
                 "enable_two_batch_overlap": tbo, "chunked_prefill_size": chunk,
                 "cuda_graph_backend_decode": decode["backend"], "cuda_graph_max_bs_decode": decode["max_bs"],
-                "cuda_graph_bs_decode": list(bs), "cuda_graph_backend_prefill": prefill["backend"],
+                "cuda_graph_bs_decode": sorted(set(decode["bs"])), "captured_bs_decode": list(bs),
+                "cuda_graph_backend_prefill": prefill["backend"],
                 "cuda_graph_max_bs_prefill": prefill["max_bs"], "disable_cuda_graph_padding": no_pad,
                 "speculative_algorithm": algo, "speculative_num_draft_tokens": tokens_per_bs if spec else None,
                 "max_running_requests": mrr}
