@@ -7,7 +7,7 @@ function serving calls.
 """
 from __future__ import annotations
 
-from ..family import KernelUse, all_families, family_uses
+from ..family import KernelUse, all_families
 from ..spec import KernelSpec, Variant, get_spec
 from . import mhc  # noqa: F401  (registration; add new families here)
 from . import attention  # noqa: F401
@@ -19,11 +19,11 @@ from . import compressor  # noqa: F401
 __all__ = ["KernelUse", "model_kernel_uses", "op_variants"]
 
 
-def model_kernel_uses(model, parallel=None) -> list[KernelUse]:
+def model_kernel_uses(model, parallel=None, *, mtp: bool = True) -> list[KernelUse]:
     """Every (kernel, static) pair a DeepSeek V4 forward pass launches for this model and parallel config,
-    over every registered family."""
-    from ..model_config import ParallelConfig
-    return family_uses(all_families().values(), model, parallel or ParallelConfig())
+    over every registered family, plus the MTP block's e_proj / h_proj GEMMs (`mtp`; see model_uses.py)."""
+    from ..model_uses import forward_uses
+    return forward_uses(model, parallel, mtp=mtp)
 
 
 def _op_kernels(op: str) -> tuple[str, ...]:

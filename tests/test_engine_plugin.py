@@ -250,13 +250,13 @@ def test_vllm_plan_takes_the_live_capture_sizes(plugin):
 
 def test_sglang_plan_from_server_args_matches_cli():
     from dsv4_jit.engines.sglang import plan_from_server_args
-    sa = types.SimpleNamespace(model_path="deepseek-v4-flash", cuda_graph_max_bs=64, chunked_prefill_size=4096,
+    sa = types.SimpleNamespace(model_path="deepseek-v4-flash", cuda_graph_max_bs_decode=64, chunked_prefill_size=4096,
                                tp_size=4, speculative_algorithm="EAGLE", speculative_num_steps=2,
                                speculative_eagle_topk=1, speculative_num_draft_tokens=3, max_running_requests=128,
-                               cuda_graph_bs=None, disable_cuda_graph=False)
+                               cuda_graph_bs_decode=None, disable_cuda_graph=False)
     plan = plan_from_server_args(sa, arch="sm_90a")
     keys = _cli_plan_keys(["plan", "--model", "deepseek-v4-flash", "--arch", "sm_90a", "--family", "mhc", "--json",
-                           "--sglang-args", "--cuda-graph-max-bs 64 --chunked-prefill-size 4096 --tp-size 4 "
+                           "--sglang-args", "--cuda-graph-max-bs-decode 64 --chunked-prefill-size 4096 --tp-size 4 "
                            "--speculative-algorithm EAGLE --speculative-num-steps 2 --speculative-eagle-topk 1 "
                            "--speculative-num-draft-tokens 3 --max-running-requests 128"])
     assert {v.key for v in plan.variants} == keys
@@ -273,7 +273,7 @@ def test_sglang_warmup_from_server_args_shards_and_seals(monkeypatch):
         return {"compiled": 0, "failures": [], "loaded": plan.compiles}
     monkeypatch.setattr(dsv4_jit, "warm", fake_warmup)
     monkeypatch.setenv("DSV4_JIT_SEAL", "error")
-    sa = types.SimpleNamespace(model_path="deepseek-v4-flash", tp_size=2, cuda_graph_max_bs=16)
+    sa = types.SimpleNamespace(model_path="deepseek-v4-flash", tp_size=2, cuda_graph_max_bs_decode=16)
     rep = sglang_hook.warmup_from_server_args(sa, 1, arch="sm_120a")
     assert seen["rank"] == 1 and seen["world_size"] == 2 and seen["seal_mode"] == "error" and not seen["use_dist"]
     assert rep["variants"] == seen["n"] > 0

@@ -112,7 +112,7 @@ def test_issue_8_cli_prints_the_note():
     # explicit sizes: kept as given (<= batched tokens); V2 adds no decode graph outside them here
     ("--cudagraph-capture-sizes 1 2 4 8 --speculative-config '{\"num_speculative_tokens\":1, \"method\":\"mtp\"}'",
      [1, 2, 4, 8], 8192),
-    ("--max-num-seqs 8 --max-num-batched-tokens 2048 --cuda-graph-sizes=1,2,3000", [1, 2], 2048),
+    ("--max-num-seqs 8 --max-num-batched-tokens 2048 --cudagraph-capture-sizes 1 2 3000", [1, 2], 2048),
     ("--max-num-seqs 8 --max-num-batched-tokens 64 --cudagraph-capture-sizes 128 256", [], 64),
     ("-cc '{\"cudagraph_capture_sizes\":[1]}' --speculative-config.method mtp "
      "--speculative-config.num_speculative_tokens 3", [1], 8192),
@@ -131,7 +131,7 @@ def test_issue_8_cli_prints_the_note():
     ("--max-num-seqs 256 --max-num-batched-tokens 2K", ref_vllm(256, 2048), 2048),
     ("--max-num-seqs 256 --max-num-batched-tokens 16k", ref_vllm(256, 16000), 16000),
     # chunked prefill off: a defaulted max_num_batched_tokens rises to max_model_len
-    ("--no-enable-chunked-prefill --max-model-len 32k", K0, 32000),
+    ("--disable-chunked-prefill --max-model-len 32k", K0, 32000),
     # no CUDA graphs
     ("--enforce-eager", [], 8192),
     ("-O0", [], 8192),
@@ -155,7 +155,7 @@ def test_vllm_table_notes():
     assert any("truncated to 96" in n for n in s.notes)
     s = parse_engine_args("vllm", "--speculative-config '{\"method\":\"suffix\"}'")
     assert s.spec_tokens == 24 and s.settings["model_runner"] == "v1" and any("V1 model runner" in n for n in s.notes)
-    s = parse_engine_args("vllm", "--no-enable-chunked-prefill")
+    s = parse_engine_args("vllm", "--disable-chunked-prefill")
     assert any("chunked prefill off" in n for n in s.notes)
     s = parse_engine_args("vllm", f"{MTP2[:-2]},\"num_speculative_tokens_per_batch_size\":[[1,8,2]]}}'")
     assert any("not modelled" in n for n in s.notes)
@@ -201,7 +201,7 @@ REAL = [
     ("--max-num-seqs 512 --max-num-batched-tokens 1024 " + MTP2, dict(max_num_seqs=512, mnbt=1024, k=2)),
     ("--max-num-seqs 300 --max-num-batched-tokens 300 " + MTP2, dict(max_num_seqs=300, mnbt=300, k=2)),
     ("VLLM_USE_V2_MODEL_RUNNER=0 --max-num-seqs 16 " + MTP2, dict(max_num_seqs=16, k=2, v2=False)),
-    ("-O '{\"cudagraph_mode\":\"FULL_DECODE_ONLY\"}' --max-num-seqs 40 " + MTP2,
+    ("-cc '{\"cudagraph_mode\":\"FULL_DECODE_ONLY\"}' --max-num-seqs 40 " + MTP2,
      dict(max_num_seqs=40, k=2, mode="FULL_DECODE_ONLY")),
 ]
 
@@ -227,7 +227,7 @@ def test_vllm_v1_runner_rounding_refusal_is_vllms():
 def test_vllm_explicit_sizes():
     s = parse_engine_args("vllm", ["--compilation-config", '{"cudagraph_capture_sizes":[4,1,2,2]}'])
     assert s.capture_sizes == (1, 2, 4)
-    s = parse_engine_args("vllm", "--max-num-seqs 8 --max-num-batched-tokens 2048 --cuda-graph-sizes=1,2,3000")
+    s = parse_engine_args("vllm", "--max-num-seqs 8 --max-num-batched-tokens 2048 --cudagraph-capture-sizes 1 2 3000")
     assert s.capture_sizes == (1, 2) and any("3000" in n for n in s.notes)
     s = parse_engine_args("vllm", "VLLM_USE_V2_MODEL_RUNNER=0 --cudagraph-capture-sizes 1 2 4 8 "
                                   "--speculative-config '{\"num_speculative_tokens\":1, \"method\":\"mtp\"}'")
@@ -235,17 +235,17 @@ def test_vllm_explicit_sizes():
 
 
 def test_vllm_no_cuda_graphs():
-    for flags in ("--enforce-eager", "-O.cudagraph_mode=NONE", "--compilation-config '{\"cudagraph_mode\": \"none\"}'",
+    for flags in ("--enforce-eager", "-cc.cudagraph_mode=NONE", "--compilation-config '{\"cudagraph_mode\": \"none\"}'",
                   "--compilation-config.cudagraph_mode NONE", "-O0", "--optimization-level 0"):
         s = parse_engine_args("vllm", flags)
         assert s.capture_sizes == () and not s.cuda_graphs, flags
         assert s.max_num_tokens == 8192 and len(s.token_counts()) == 8192
     s = parse_engine_args("vllm", "--enforce-eager --no-enforce-eager")
     assert len(s.capture_sizes) == 51
-    s = parse_engine_args("vllm", "-O '{\"cudagraph_mode\":\"FULL_DECODE_ONLY\"}'")
+    s = parse_engine_args("vllm", "-cc '{\"cudagraph_mode\":\"FULL_DECODE_ONLY\"}'")
     # decode-only graphs: q = 1, so every size up to max_num_seqs = all 51
     assert len(s.capture_sizes) == 51 and s.settings["cudagraph_mode"] == "FULL_DECODE_ONLY"
-    s = parse_engine_args("vllm", "-O '{\"cudagraph_mode\":\"FULL_DECODE_ONLY\"}' --max-num-seqs 64")
+    s = parse_engine_args("vllm", "-cc '{\"cudagraph_mode\":\"FULL_DECODE_ONLY\"}' --max-num-seqs 64")
     assert list(s.capture_sizes) == [1, 2, 4] + list(range(8, 65, 8))       # decode graphs stop at 64 seqs
 
 
@@ -256,7 +256,7 @@ def test_vllm_no_cuda_graphs():
     ("--enable-expert-parallel -dp 2 --all2all-backend nixl_ep", "max-num-batched-tokens=256 is smaller"),
     (f"--max-num-seqs 2 --max-num-batched-tokens 2 {MTP2}", "no slot for a scheduled token"),
     (f"--enable-lora {ISSUE_8}", "--enable-lora with speculative decoding: vLLM refuses --max-num-batched-tokens=100"),
-    ("--no-enable-chunked-prefill --max-model-len 4096 --max-num-batched-tokens 2048 --max-num-seqs 64",
+    ("--disable-chunked-prefill --max-model-len 4096 --max-num-batched-tokens 2048 --max-num-seqs 64",
      "--max-num-batched-tokens=2048 is smaller than --max-model-len=4096"),
     ("--speculative-config '{\"num_speculative_tokens\": 1}'", "needs a draft \"model\""),
     ("--spec-tokens 2", "needs a draft \"model\""),
@@ -269,13 +269,13 @@ def test_vllm_no_cuda_graphs():
     ("--cudagraph-capture-sizes 1 2 -cc '{\"cudagraph_capture_sizes\":[4]}'", "mutually exclusive"),
     ("--cudagraph-capture-sizes 1 2 4 --max-cudagraph-capture-size 8", "contradicts"),
     ("-tp 4 -cc '{\"pass_config\":{\"enable_sp\":true}}'", "pass_config.enable_sp: vLLM 0.33 has no sequence-par"),
-    ("-tp 8 --enable-sequence-parallelism", "--enable-sequence-parallelism: vLLM 0.33 has no sequence-par"),
-    ("-O5", "-O5: expected 0, 1, 2 or 3"),
-    ("--performance-mode fast", "--performance-mode: expected one of"),
+    ("-tp 8 --enable-sequence-parallelism", "unrecognized arguments: --enable-sequence-parallelism"),
+    ("-O5", "--optimization-level: expected 0, 1, 2 or 3"),
+    ("--performance-mode fast", "argument --performance-mode: invalid choice: 'fast'"),
     ("VLLM_USE_V2_MODEL_RUNNER=1 --speculative-config '{\"method\":\"suffix\"}'", "Model Runner V2 does not yet"),
     ("VLLM_USE_V2_MODEL_RUNNER=0 --speculative-config '{\"method\":\"dspark\",\"num_speculative_tokens\":4}'",
      "Model Runner V1 does not support dspark"),
-    ("--max-num-batched-tokens 1.5K", "decimals are not allowed"),
+    ("--max-num-batched-tokens 1.5K", "Decimals are not allowed with binary suffixes"),
 ])
 def test_vllm_refusals(flags, match):
     with pytest.raises(ConfigError, match=match):
@@ -295,64 +295,80 @@ SG_SPEC_512 = (list(range(1, 9)) + list(range(10, 33, 2)) + list(range(40, 65, 4
 
 
 def test_sglang_worked_examples():
-    s = sglang_shapes(cuda_graph_max_bs=512)
+    s = sglang_shapes(cuda_graph_max_bs_decode=512, max_running_requests=512)
     assert len(s.capture_sizes) == 52 and list(s.capture_sizes) == SG_NOSPEC_512
-    s = sglang_shapes(cuda_graph_max_bs=512, speculative_algorithm="EAGLE", speculative_num_draft_tokens=4)
+    s = sglang_shapes(cuda_graph_max_bs_decode=512, max_running_requests=512, speculative_algorithm="EAGLE",
+                      speculative_num_draft_tokens=4)
     assert len(s.capture_batch_sizes) == 67 and list(s.capture_batch_sizes) == SG_SPEC_512
     assert list(s.capture_sizes) == [4 * b for b in SG_SPEC_512]
     assert s.tokens_per_seq == 4 and s.spec_tokens == 3
+
+
+def test_sglang_0_5_23_per_phase_flags():
+    # SGLang 0.5.23 resolves decode bs [1,2,4,8,12,16,24,32,40,48] with prefill graphs off for DeepSeek V4
+    s = parse_engine_args("sglang", "--cuda-graph-max-bs-decode 48 --tp 2")
+    assert list(s.capture_batch_sizes) == [1, 2, 4, 8, 12, 16, 24, 32, 40, 48] and s.piecewise_sizes == ()
+    assert s.formula_version == "sglang-0.5.23" and "--cuda-graph-max-bs-decode" not in s.ignored
+    s = parse_engine_args("sglang", "--cuda-graph-max-bs-decode 50")            # max_bs itself is captured
+    assert list(s.capture_batch_sizes)[-2:] == [48, 50]
+    s = parse_engine_args("sglang", "--cuda-graph-bs-decode 1 2 4 8")
+    assert s.capture_sizes == (1, 2, 4, 8) and s.settings["cuda_graph_max_bs_decode"] == 8
+    s = parse_engine_args("sglang", "--cuda-graph-backend-prefill breakable --chunked-prefill-size 4096 "
+                                    "--cuda-graph-max-bs-prefill 512")
+    assert s.piecewise_sizes[-1] == 512 and 512 in s.capture_sizes
+    s = parse_engine_args("sglang", "--cuda-graph-config '{\"decode\": {\"max_bs\": 16}}' --cuda-graph-max-bs-decode 48")
+    assert s.capture_batch_sizes[-1] == 16                                    # the JSON wins
+    s = parse_engine_args("sglang", "--disable-decode-cuda-graph")
+    assert s.capture_sizes == () and not s.cuda_graphs
+    for flags, match in (("--cuda-graph-max-bs 48", "ambiguous option: --cuda-graph-max-bs could match"),
+                         ("--cuda-graph-bs 1 2", "ambiguous option: --cuda-graph-bs could match"),
+                         ("--speculative-algorithm EAGLE --speculative-eagle-topk 2 --speculative-num-draft-tokens 4",
+                          "topk == 1 is supported"),
+                         ("--pp-size 2", "not followed by dsv4-jit's sglang-0.5.23 formula"),
+                         ("--cuda-graph-backend-decode tc_piecewise", "tc_piecewise was removed"),
+                         ("--cuda-graph-config '{\"verify\": {}}'", "unknown phase 'verify'")):
+        with pytest.raises(ConfigError, match=match):
+            parse_engine_args("sglang", flags)
 
 
 def test_sglang_defaults():
     s = parse_engine_args("sglang", "--model-path deepseek-ai/DeepSeek-V4-Flash --tp 1")
     assert list(s.capture_sizes) == [1, 2, 4, 8, 12] + list(range(16, 257, 8))        # 256 at tp<4
     assert s.max_num_tokens == 8192 and any("H100/H200" in n for n in s.notes)
-    s = parse_engine_args("sglang", "--tp-size 8")
+    s = parse_engine_args("sglang", "--tp-size 8 --max-running-requests 512")
     assert list(s.capture_sizes) == SG_NOSPEC_512 and s.tp_size == 8
+    s = parse_engine_args("sglang", "--tp-size 8")         # max bs 512, runner capped at V4's 256 requests
+    assert list(s.capture_sizes) == [1, 2, 4, 8, 12] + list(range(16, 257, 8))
     s = parse_engine_args("sglang", "--tp 2", gpu_memory_gib=24)
-    assert list(s.capture_sizes) == [1, 2, 4, 8, 12, 16, 24] and s.max_num_tokens == 2048
-    s = parse_engine_args("sglang", "--tp 8", gpu_memory_gib=180)
-    assert list(s.capture_sizes) == SG_NOSPEC_512 and s.max_num_tokens == 16384
+    assert list(s.capture_batch_sizes) == [1, 2, 4, 8, 12, 16, 24, 32, 40, 48] and s.max_num_tokens == 4096
 
 
 def test_sglang_variants():
-    s = parse_engine_args("sglang", "--cuda-graph-max-bs 8 --disable-cuda-graph-padding")
+    s = parse_engine_args("sglang", "--cuda-graph-max-bs-decode 8 --disable-cuda-graph-padding")
     assert s.capture_sizes == tuple(range(1, 9))
-    s = parse_engine_args("sglang", "--tp 8 --enable-two-batch-overlap")
+    s = parse_engine_args("sglang", "--tp 8 --enable-two-batch-overlap --max-running-requests 512")
     assert list(s.capture_sizes) == [b for b in SG_NOSPEC_512 if b % 2 == 0]
-    s = parse_engine_args("sglang", "--tp 8 --dp 2 --enable-dp-attention")     # attn tp 4 -> mul_base 4
+    s = parse_engine_args("sglang", "--tp 8 --attn-dp-size 2 --max-running-requests 512")   # attn tp 4 -> mul_base 4
     assert list(s.capture_sizes) == [b for b in SG_NOSPEC_512 if b % 4 == 0]
-    s = parse_engine_args("sglang", "--tp 8 --dp 2 --enable-dp-attention --speculative-algorithm NEXTN "
-                                    "--speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4")
-    assert list(s.capture_batch_sizes) == SG_SPEC_512
+    s = parse_engine_args("sglang", "--tp 8 --dp 2 --enable-dp-attention --max-running-requests 512")
+    assert list(s.capture_sizes) == [b for b in SG_NOSPEC_512 if b % 4 == 0]
     s = parse_engine_args("sglang", "--tp 8 --max-running-requests 100")
     assert list(s.capture_batch_sizes) == [1, 2, 4, 8, 12] + list(range(16, 97, 8)) + [100]
-    s = parse_engine_args("sglang", "--cuda-graph-bs 1 2 4 8 --chunked-prefill-size 2048 "
+    s = parse_engine_args("sglang", "--cuda-graph-bs-decode 1 2 4 8 --chunked-prefill-size 2048 "
                                     "--speculative-algorithm EAGLE --speculative-num-draft-tokens 8")
     assert s.capture_sizes == (8, 16, 32, 64) and s.max_num_tokens == 2048
-    s = parse_engine_args("sglang", "--cuda-graph-max-bs 512 --chunked-prefill-size 2048 "
-                                    "--speculative-algorithm EAGLE --speculative-num-draft-tokens 8")
-    assert s.max_num_tokens == 4096                  # widest verify batch 512 x 8 > prefill chunk
     s = parse_engine_args("sglang", "--speculative-algorithm NEXTN")
     assert s.tokens_per_seq == 4 and any("MTP defaults" in n for n in s.notes)
     s = parse_engine_args("sglang", "--disable-cuda-graph")
     assert s.capture_sizes == () and s.max_num_tokens == 8192
 
 
-def test_sglang_piecewise():
-    s = sglang_shapes()
-    expect = (list(range(4, 33, 4)) + list(range(48, 257, 16)) + list(range(288, 513, 32)) +
-              list(range(576, 1025, 64)) + [1280, 1536, 1792, 2048])
-    assert list(s.piecewise_sizes) == expect and len(expect) == 42
-    s = sglang_shapes(piecewise_cuda_graph_max_tokens=8192, chunked_prefill_size=8192)
-    assert s.piecewise_sizes[-1] == 8192 and 4608 in s.piecewise_sizes
-
-
 # ---- flag parsing ---------------------------------------------------------------------------------
 
 def test_flag_spellings_equivalent():
-    forms = ["--max-num-seqs 64 -tp 4", "--max-num-seqs=64 --tensor-parallel-size=4", "--max_num_seqs 64 --tp-size 4",
-             ["--max-num-seqs", "64", "--tp", "4"], "--MAX-NUM-SEQS 64 --tensor_parallel_size 4"]
+    # vLLM's parser: `_` for `-` in names, `=` or a space, and unambiguous abbreviations (`--max-num-seq`)
+    forms = ["--max-num-seqs 64 -tp 4", "--max-num-seqs=64 --tensor-parallel-size=4", "--max_num_seqs 64 -tp 4",
+             ["--max-num-seqs", "64", "--tensor-parallel", "4"], "--max-num-seq 64 --tensor_parallel_size 4"]
     got = {parse_engine_args("vllm", f).capture_sizes for f in forms}
     assert got == {tuple(ref_vllm(64, 8192))}
     assert {parse_engine_args("vllm", f).tp_size for f in forms} == {4}
@@ -362,10 +378,10 @@ def test_unrelated_flags_recorded():
     s = parse_engine_args("vllm", "vllm serve deepseek-ai/DeepSeek-V4-Flash --host 0.0.0.0 --port=8000 "
                                   "--trust-remote-code --model foo --max-model-len 65536 --enable-expert-parallel "
                                   "-O3 --max-num-seqs 32")
-    assert s.ignored["--host"] == "0.0.0.0" and s.ignored["--port"] == "8000"
+    assert s.ignored["--host"] == "0.0.0.0" and s.ignored["--port"] == 8000
     assert s.ignored["--trust-remote-code"] is True and s.ignored["--model"] == "foo"
     assert s.settings["optimization_level"] == 3 and "-O3" not in s.ignored      # vLLM 0.33: -O<n> is the level
-    assert s.ignored["_positional"] == ["vllm", "serve", "deepseek-ai/DeepSeek-V4-Flash"]
+    assert s.ignored["_positional"] == ["deepseek-ai/DeepSeek-V4-Flash"]
     assert s.settings["max_num_seqs"] == 32
     json.dumps(s.to_dict())
 
@@ -373,8 +389,8 @@ def test_unrelated_flags_recorded():
 def test_json_and_dotted_flags():
     s = parse_engine_args("vllm", "--speculative-config.method mtp --speculative-config.num_speculative_tokens=2")
     assert s.spec_tokens == 2 and s.settings["speculative_method"] == "mtp"
-    s = parse_engine_args("vllm", "-O '{\"max_cudagraph_capture_size\": 32}' -cc.cudagraph_mode=FULL")
-    assert s.capture_sizes[-1] == 32
+    s = parse_engine_args("vllm", "-cc '{\"max_cudagraph_capture_size\": 32}' -cc.cudagraph_mode=FULL")
+    assert s.capture_sizes[-1] == 512      # vLLM: the dotted -cc.* JSON comes last and replaces the first -cc
 
 
 def test_shapes_roundtrip():
@@ -385,33 +401,33 @@ def test_shapes_roundtrip():
 
 @pytest.mark.parametrize("engine,flags,match", [
     ("vllm", "--max-num-seqs -5", "--max-num-seqs must be >= 1"),
-    ("vllm", "--max-num-seqs abc", "--max-num-seqs: expected an integer"),
-    ("vllm", "--max-num-seqs 1.5", "--max-num-seqs: expected an integer"),
-    ("vllm", "--max-num-seqs", "--max-num-seqs: missing value"),
-    ("vllm", "-tp 0", "-tp must be >= 1"),
+    ("vllm", "--max-num-seqs abc", "argument --max-num-seqs: invalid int value: 'abc'"),
+    ("vllm", "--max-num-seqs 1.5", "argument --max-num-seqs: invalid int value: '1.5'"),
+    ("vllm", "--max-num-seqs", "argument --max-num-seqs: expected one argument"),
+    ("vllm", "-tp 0", "--tensor-parallel-size must be >= 1"),
     ("vllm", "--max-num-seqs 300 --max-num-batched-tokens 256", "--max-num-batched-tokens=256 is smaller"),
     ("vllm", "--enable-lora --max-num-seqs 1024 --max-num-batched-tokens 1024 --speculative-config "
      "'{\"method\":\"mtp\",\"num_speculative_tokens\":1}'", r"--max-num-batched-tokens=1024 < --max-num-seqs=1024"),
     ("vllm", "--compilation-config '{\"cudagraph_mode\":\"SOMETIMES\"}'", "unknown cudagraph_mode"),
-    ("vllm", "--compilation-config '{bad json'", "--compilation-config: not valid JSON"),
+    ("vllm", "--compilation-config '{bad json'", "argument --compilation-config/-cc: not valid JSON"),
     ("vllm", "--speculative-config '{\"num_speculative_tokens\": -1}'", "num_speculative_tokens must be > 0"),
     ("vllm", "--speculative-config '{\"num_speculative_tokens\": true}'", "expected an integer"),
     ("vllm", "--speculative-config '{\"method\": \"mtp\"}'", "no num_speculative_tokens"),
     ("vllm", "--cudagraph-capture-sizes 1 2 0", "sizes must be >= 1"),
     # a word in a size list: one error naming it (it recursed without end before)
-    ("vllm", "--cuda-graph-sizes 1 2 abc", "expected an integer, got 'abc'"),
-    ("vllm", "--cudagraph-capture-sizes '[1, \"x\"]'", "expected an integer, got 'x'"),
-    ("sglang", "--cuda-graph-bs 1 two", "expected an integer, got 'two'"),
+    ("vllm", "--cuda-graph-sizes 1 2 abc", "unrecognized arguments: --cuda-graph-sizes"),
+    ("vllm", "--cudagraph-capture-sizes '[1, \"x\"]'", "argument --cudagraph-capture-sizes: invalid int value"),
+    ("sglang", "--cuda-graph-bs 1 two", "ambiguous option: --cuda-graph-bs could match"),
     ("vllm", "--cudagraph-capture-sizes 1 2 4 --max-cudagraph-capture-size 8", "contradicts"),
-    ("vllm", "--enforce-eager=maybe", "--enforce-eager: expected true/false"),
-    ("vllm", "-tp 4 -O '{\"pass_config\":{\"enable_sp\":true}}' " + MTP2, "no sequence-parallelism pass"),
-    ("vllm", "--max-num-seqs.x 3", "not a JSON config flag"),
-    ("sglang", "--speculative-algorithm FOO", "unknown algorithm"),
-    ("sglang", "--cuda-graph-bs 0 1", "--cuda-graph-bs: batch sizes must be >= 1"),
+    ("vllm", "--enforce-eager=maybe", "ignored explicit argument 'maybe'"),
+    ("vllm", "-tp 4 -cc '{\"pass_config\":{\"enable_sp\":true}}' " + MTP2, "no sequence-parallelism pass"),
+    ("vllm", "--max-num-seqs.x 3", "argument --max-num-seqs: invalid int value"),
+    ("sglang", "--speculative-algorithm FOO", "only EAGLE and DSPARK"),
+    ("sglang", "--cuda-graph-bs-decode 0 1", "batch sizes must be >= 1"),
     ("sglang", "--chunked-prefill-size 0", "--chunked-prefill-size must be > 0"),
-    ("sglang", "--tp 8 --dp 3 --enable-dp-attention", "--dp=3 must divide"),
+    ("sglang", "--tp 8 --dp 3 --enable-dp-attention", "--attn-dp-size=3 must divide"),
     ("sglang", "--speculative-num-draft-tokens 4", "without --speculative-algorithm"),
-    ("sglang", "--speculative-algorithm EAGLE --speculative-eagle-topk 4", "needed when"),
+    ("sglang", "--speculative-algorithm EAGLE --speculative-eagle-topk 4", "topk == 1 is supported"),
 ])
 def test_errors_name_the_flag(engine, flags, match):
     with pytest.raises(ConfigError, match=match):
@@ -437,12 +453,12 @@ def test_profile_toml(tmp_path):
     prof = load_profile(p)
     assert prof.model == "deepseek-v4-flash" and prof.arch == ["sm_90a"]
     assert list(prof.shapes.capture_sizes) == ref_vllm(64, k=1) and prof.shapes.tp_size == 2
-    assert prof.shapes.ignored["--port"] == "8000"
+    assert prof.shapes.ignored["--port"] == 8000
 
 
 def test_profile_json_inferred_engine(tmp_path):
     p = tmp_path / "serve.json"
-    p.write_text(json.dumps({"sglang": {"cuda_graph_max_bs": 512, "tp_size": 8}}))
+    p.write_text(json.dumps({"sglang": {"cuda_graph_max_bs_decode": 512, "tp_size": 8, "max_running_requests": 512}}))
     prof = load_profile(p)
     assert prof.shapes.engine == "sglang" and list(prof.shapes.capture_sizes) == SG_NOSPEC_512
     p.write_text(json.dumps({"engine": "vllm", "max_num_seqs": 64}))          # flat keys
@@ -540,10 +556,11 @@ def test_vllm_config_object_issue_8_as_vllm_resolves_it():
 
 
 def test_sglang_server_args_object():
-    args = SimpleNamespace(tp_size=8, dp_size=1, cuda_graph_bs=None, cuda_graph_max_bs=512, chunked_prefill_size=8192,
+    args = SimpleNamespace(tp_size=8, dp_size=1, cuda_graph_bs_decode=None, cuda_graph_max_bs_decode=512,
+                           chunked_prefill_size=8192,
                            disable_cuda_graph=False, disable_cuda_graph_padding=False, speculative_algorithm="EAGLE",
                            speculative_num_draft_tokens=4, speculative_num_steps=3, speculative_eagle_topk=1,
-                           enable_dp_attention=False, max_running_requests=None)
+                           enable_dp_attention=False, max_running_requests=512)
     s = shapes_from_config(args)
     assert s.engine == "sglang" and list(s.capture_batch_sizes) == SG_SPEC_512
     with pytest.raises(ConfigError, match="cannot read engine shapes"):

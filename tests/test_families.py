@@ -62,9 +62,12 @@ def test_registry_is_consistent():
 def test_model_kernel_uses_are_the_families_uses(model):
     from dsv4_jit.kernels import model_kernel_uses
     m, par = load_model_config(model), ParallelConfig()
-    got = [(u.spec.name, sorted(u.static.items()), u.label) for u in model_kernel_uses(m, par)]
+    got = [(u.spec.name, sorted(u.static.items()), u.label) for u in model_kernel_uses(m, par, mtp=False)]
     want = [(u.spec.name, sorted(u.static.items()), u.label) for f in all_families().values() for u in f.uses(m, par)]
     assert got == want and got
+    # with the MTP block: its e_proj / h_proj GEMMs follow (dsv4_jit/model_uses.py)
+    from dsv4_jit.model_uses import mtp_uses
+    assert model_kernel_uses(m, par)[len(got):] == mtp_uses(m, par) != []
 
 
 @pytest.mark.parametrize("family", FAMILIES, ids=_fid)

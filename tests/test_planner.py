@@ -11,6 +11,7 @@ import pytest
 
 from dsv4_jit.arch import get_profile
 from dsv4_jit.warmup import parse_engine_args, vllm_shapes
+from dsv4_jit.model_uses import rows_per_token
 from dsv4_jit.warmup.planner import (SECONDS_PER_VARIANT_PER_CORE, build_plan, format_table, intervals,
                                      missing_in_keys, missing_in_store)
 
@@ -186,13 +187,14 @@ def test_real_plan_covers_every_select(k):
     shapes = vllm_shapes(num_speculative_tokens=k)
     plan = build_plan(model, shapes, ["sm_120a"], uses=uses)
     prof = get_profile("sm_120a")
-    variants = {(u.spec, u.spec.select(prof, u.static, t)) for u in uses for t in shapes.token_counts()}
+    variants = {(u.spec, u.spec.select(prof, u.static, t * rows_per_token(u))) for u in uses
+                for t in shapes.token_counts()}
     expect = {artifact_key(spec, var) for spec, var in variants}
     assert set(plan.keys()) == expect
     byk = plan.by_key()
     for u in uses:
         for cs in shapes.capture_sizes:
-            assert artifact_key(u.spec, u.spec.select(prof, u.static, cs)) in byk
+            assert artifact_key(u.spec, u.spec.select(prof, u.static, cs * rows_per_token(u))) in byk
     assert plan.compiles < plan.naive_compiles
 
 
@@ -238,3 +240,44 @@ def test_check_names_the_layer_that_holds_the_plan(tmp_path, capsys, isolated_ca
         assert f"missing from the cache (searched: writable {tmp_path / 'rw'}, read-only {tmp_path / 'baked'})" in out
     finally:
         jit.set_default_store(None)
+
+
+# ---- the MTP block's e_proj / h_proj ------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["deepseek-v4-flash", "deepseek-v4-pro"])
+@pytest.mark.parametrize("tp", [1, 2, 4, 8])
+def test_mtp_projections_are_listed(name, tp):
+    from dsv4_jit.kernels import model_kernel_uses
+    from dsv4_jit.model_config import ParallelConfig, load_model_config
+    m = load_model_config(name)
+    uses = model_kernel_uses(m, ParallelConfig(tp_size=tp))
+    mtp = {u.label.split(" (")[0]: u for u in uses if u.label.startswith("fp8 GEMM MTP")}
+    h = m.hidden_size
+    assert set(mtp) == {"fp8 GEMM MTP e_proj", "fp8 GEMM MTP h_proj"}
+    for u in mtp.values():                            # replicated: the same shape at every TP
+        assert u.spec.name == "fp8_gemm" and u.static == {"n": h, "k": h, "groups": 1}
+    assert rows_per_token(mtp["fp8 GEMM MTP e_proj"]) == 1 and rows_per_token(mtp["fp8 GEMM MTP h_proj"]) == m.hc_mult
+    assert not [u for u in model_kernel_uses(m, ParallelConfig(tp_size=tp), mtp=False)
+                if u.label.startswith("fp8 GEMM MTP")]
+
+
+@pytest.mark.parametrize("tp,mnbt", [(2, 1536), (4, 8192), (8, 2048)])
+def test_plan_holds_mtp_gemms_when_mtp_runs(tp, mnbt):
+    """With MTP on, every variant e_proj (M = tokens) and h_proj (M = hc_mult x tokens) selects is planned;
+    at TP 2 below 1,537 tokens and at TP 4 / 8 some are not in the plan without MTP."""
+    from dsv4_jit.jit import artifact_key
+    from dsv4_jit.kernels.gemm.ops import gemm_static
+    from dsv4_jit.model_config import load_model_config
+    from dsv4_jit.spec import get_spec
+    from dsv4_jit.warmup.engines import parse_engine_args
+    m = load_model_config("deepseek-v4-flash")
+    mtp = parse_engine_args("vllm", f"-tp {tp} --max-num-seqs 256 --max-num-batched-tokens {mnbt} "
+                                    "-sc '{\"method\": \"mtp\", \"num_speculative_tokens\": 1}'")
+    plain = parse_engine_args("vllm", f"-tp {tp} --max-num-seqs 256 --max-num-batched-tokens {mnbt}")
+    with_mtp = build_plan(m, mtp, ["sm_90a"], families=["gemm"])
+    without = build_plan(m, plain, ["sm_90a"], families=["gemm"])
+    prof, spec, static = get_profile("sm_90a"), get_spec("fp8_gemm"), gemm_static(m.hidden_size, m.hidden_size)
+    need = {artifact_key(spec, spec.select(prof, static, t * rows)) for t in range(1, mnbt + 1) for rows in (1, m.hc_mult)}
+    assert need <= set(with_mtp.keys())
+    assert need - set(without.keys())                 # a library caller would have compiled these at serve time
+    assert not [v for v in without.variants if any(lb.startswith("fp8 GEMM MTP") for lb in v.labels)]

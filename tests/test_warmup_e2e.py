@@ -56,7 +56,7 @@ def test_warmup_then_fresh_process_never_compiles(tmp_path):
         from dsv4_jit import jit
         from dsv4_jit.kernels import model_kernel_uses
         from dsv4_jit.model_config import load_model_config, ParallelConfig
-        uses = model_kernel_uses(load_model_config("deepseek-v4-flash"), ParallelConfig())
+        uses = model_kernel_uses(load_model_config("deepseek-v4-flash"), ParallelConfig(), mtp=False)  # no MTP here
         n = 0
         for use in uses:
             for t in range(1, 2049):          # every token count the engine can produce
@@ -65,7 +65,7 @@ def test_warmup_then_fresh_process_never_compiles(tmp_path):
     """)
     from dsv4_jit.kernels import model_kernel_uses
     from dsv4_jit.model_config import ParallelConfig, load_model_config
-    n_uses = len(model_kernel_uses(load_model_config("deepseek-v4-flash"), ParallelConfig()))
+    n_uses = len(model_kernel_uses(load_model_config("deepseek-v4-flash"), ParallelConfig(), mtp=False))
     for e in (env, env2):
         run = subprocess.run([sys.executable, "-c", child], env=e, capture_output=True, text=True, timeout=600)
         assert run.returncode == 0, run.stderr[-3000:]

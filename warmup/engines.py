@@ -10,6 +10,7 @@ Bad or contradictory values raise `ConfigError` naming the flag as the user spel
 from __future__ import annotations
 
 import json
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +20,8 @@ from dsv4_jit.errors import ConfigError
 
 from . import sglang as _sglang
 from . import vllm as _vllm
-from .flags import Settings, apply_mapping, parse_flags
+from .engine_argv import check_argv, first_options
+from .flags import Settings, _tokens, apply_mapping, norm_name, parse_flags
 from .shapes import EngineShapes
 from .sglang import SGLANG_FORMULA_VERSION
 from .vllm import VLLM_FORMULA_VERSION
@@ -41,6 +43,56 @@ def _table(engine: str):
     return _vllm.FLAGS if engine == "vllm" else _sglang.FLAGS
 
 
+# Our own flags, not the engine's: the serving GPU and the VLLM_USE_V2_MODEL_RUNNER env var.
+OWN_FLAGS = {"vllm": ("gpu_memory_gib", "gpu_name", "use_v2_model_runner"), "sglang": ("gpu_memory_gib",)}
+
+
+def _split_own(engine: str, tokens: list[str]) -> tuple[list[str], list[str]]:
+    """(our own flags with their values, the engine's command line)."""
+    table = _table(engine)
+    own_names = {norm_name(n) for d in OWN_FLAGS[engine] for n in table.by_dest[d].names}
+    own, rest = [], []
+    i = 0
+    while i < len(tokens):
+        tok = tokens[i]
+        name = norm_name(tok.partition("=")[0]) if tok.startswith("--") else None
+        if name in own_names:
+            own.append(tok)
+            flag = table.lookup(name)
+            if "=" not in tok and flag.kind != "bool" and i + 1 < len(tokens):
+                own.append(tokens[i + 1])
+                i += 1
+        else:
+            rest.append(tok)
+        i += 1
+    return own, rest
+
+
+def parse_argv(engine: str, args: str | Sequence[str], st: Settings) -> Settings:
+    """A pasted serve command line into `st`: refused exactly where the engine's parser refuses it (with its
+    reason), read from the values that parser produces."""
+    table = _table(engine)
+    tokens = _tokens(args)
+    while tokens and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", tokens[0]):
+        st.positionals.append(tokens.pop(0))       # `VLLM_USE_V2_MODEL_RUNNER=0 vllm serve ...`: the environment
+    own, rest = _split_own(engine, tokens)
+    if own:
+        parse_flags(own, table, st)
+    shown = first_options(engine)
+    unmodelled = getattr(_sglang, "UNMODELLED", {}) if engine == "sglang" else {}
+    for dest, value in check_argv(engine, rest).items():
+        flag = table.by_dest.get(dest)
+        if dest == "model_tag":
+            st.positionals.append(value)
+        elif flag is not None or dest in unmodelled:
+            if flag is not None and flag.kind == "json" and isinstance(value, dict):
+                value = {**(st.values.get(dest) or {}), **value}
+            st.set(dest, value, shown.get(dest, dest))
+        else:
+            st.ignored[shown.get(dest, dest)] = value
+    return st
+
+
 def _finish(engine: str, st: Settings, options: Mapping[str, Any]) -> EngineShapes:
     if engine == "vllm":
         return _vllm.shapes_from_settings(st, **options)
@@ -58,7 +110,7 @@ def parse_engine_args(engine: str, args: str | Sequence[str], *, gpu_memory_gib:
     st = Settings()
     if gpu_memory_gib is not None:
         st.set("gpu_memory_gib", gpu_memory_gib, "--gpu-memory-gib")
-    st = parse_flags(args, _table(engine), st)
+    st = parse_argv(engine, args, st)
     return _finish(engine, st, options)
 
 
@@ -67,15 +119,15 @@ def vllm_shapes(args: str | Sequence[str] | None = None, *, usage: str = "server
     """Python API: `vllm_shapes(max_num_seqs=256, num_speculative_tokens=1, tensor_parallel_size=4)`."""
     st = apply_mapping(settings, _vllm.FLAGS, "vllm_shapes()")
     if args is not None:
-        st = parse_flags(args, _vllm.FLAGS, st)
+        st = parse_argv("vllm", args, st)
     return _vllm.shapes_from_settings(st, usage=usage, default_max_graph_size=default_max_graph_size)
 
 
 def sglang_shapes(args: str | Sequence[str] | None = None, *, use_mla: bool = True, **settings: Any) -> EngineShapes:
-    """Python API: `sglang_shapes(cuda_graph_max_bs=512, speculative_algorithm="EAGLE", ...)`."""
+    """Python API: `sglang_shapes(cuda_graph_max_bs_decode=512, speculative_algorithm="EAGLE", ...)`."""
     st = apply_mapping(settings, _sglang.FLAGS, "sglang_shapes()")
     if args is not None:
-        st = parse_flags(args, _sglang.FLAGS, st)
+        st = parse_argv("sglang", args, st)
     return _sglang.shapes_from_settings(st, use_mla=use_mla)
 
 
@@ -83,10 +135,10 @@ def shapes_from_config(cfg: Any, **options: Any) -> EngineShapes:
     """Shapes from a live engine config: a vLLM `VllmConfig` or an SGLang `ServerArgs` (duck-typed)."""
     if hasattr(cfg, "scheduler_config") or hasattr(cfg, "compilation_config"):
         return _vllm.shapes_from_settings(_vllm.settings_from_object(cfg), **options)
-    if any(hasattr(cfg, a) for a in ("cuda_graph_max_bs", "cuda_graph_bs", "chunked_prefill_size")):
+    if any(hasattr(cfg, a) for a in ("cuda_graph_max_bs_decode", "cuda_graph_config", "chunked_prefill_size")):
         return _sglang.shapes_from_settings(_sglang.settings_from_object(cfg), **options)
     raise ConfigError(f"cannot read engine shapes from {type(cfg).__name__}: expected a vLLM VllmConfig "
-                      f"(.scheduler_config, .compilation_config) or an SGLang ServerArgs (.cuda_graph_max_bs)")
+                      f"(.scheduler_config, .compilation_config) or an SGLang ServerArgs (.cuda_graph_max_bs_decode)")
 
 
 # ---- profile files -------------------------------------------------------------------------------
@@ -164,7 +216,7 @@ def load_profile(path: str | Path, *, gpu_memory_gib: float | None = None) -> Pr
         args = data["args"]
         if not isinstance(args, (str, list)):
             raise ConfigError(f"args (in {where}): expected a string or a list of strings")
-        st = parse_flags(args, table, st)
+        st = parse_argv(engine, args, st)
     arch = data.get("arch")
     if isinstance(arch, str):
         arch = [arch]

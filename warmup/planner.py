@@ -152,12 +152,17 @@ def select_families(names: Iterable[str] | None) -> list[str] | None:
     return sorted(set(wanted))
 
 
+def runs_mtp(shapes: EngineShapes) -> bool:
+    """Whether the engine runs the model's MTP block: vLLM's `mtp` speculative method (or `<model>_mtp`),
+    SGLang's EAGLE / NEXTN (DeepSeek V4's draft is its MTP layer)."""
+    method = str(shapes.settings.get("speculative_method") or shapes.settings.get("speculative_algorithm") or "")
+    return bool(shapes.spec_tokens) and (method.lower().endswith("mtp") or method.upper() in ("EAGLE", "NEXTN"))
+
+
 def _default_uses(model, shapes: EngineShapes, families: Sequence[str] | None = None):
-    from dsv4_jit.family import all_families, family_uses
     from dsv4_jit.model_config import ParallelConfig
-    fams = all_families()
-    chosen = [fams[n] for n in families] if families else list(fams.values())
-    return family_uses(chosen, model, ParallelConfig(tp_size=shapes.tp_size))
+    from dsv4_jit.model_uses import forward_uses
+    return forward_uses(model, ParallelConfig(tp_size=shapes.tp_size), families=families, mtp=runs_mtp(shapes))
 
 
 def build_plan(model, shapes: EngineShapes, archs: Sequence[Any], *, arch_reason: str = "",
@@ -187,14 +192,15 @@ def build_plan(model, shapes: EngineShapes, archs: Sequence[Any], *, arch_reason
     for prof in profiles:
         for use in uses:
             spec, static = use.spec, use.static
+            per_token = int(getattr(use, "rows_per_token", 1))   # GEMM rows per forward token (MTP h_proj: hc_mult)
             key_of_variant: dict[Any, str] = {}
             row_keys: dict[str, None] = {}
             for t in counts:
                 try:
-                    var = spec.select(prof, static, t)
+                    var = spec.select(prof, static, t * per_token)
                 except (ValueError, Dsv4JitError) as e:
                     raise ConfigError(f"{use.label} ({spec.name}) cannot run on {prof.name} at "
-                                      f"{t} tokens: {e}") from e
+                                      f"{t * per_token} rows ({t} tokens): {e}") from e
                 key = key_of_variant.get(var)
                 if key is None:
                     key = key_of_variant[var] = key_fn(spec, var)

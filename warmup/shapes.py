@@ -30,8 +30,8 @@ class EngineShapes:
     max_num_tokens: int
     spec_tokens: int = 0                 # draft tokens proposed per step (vLLM K); 0 = no spec decode
     tokens_per_seq: int = 1              # decode query length: 1+K (vLLM) / num_draft_tokens (SGLang)
-    capture_batch_sizes: tuple[int, ...] = ()   # SGLang's request counts (`--cuda-graph-bs`)
-    piecewise_sizes: tuple[int, ...] = ()       # SGLang piecewise prefill graphs, tokens
+    capture_batch_sizes: tuple[int, ...] = ()   # SGLang's decode request counts (`--cuda-graph-bs-decode`)
+    piecewise_sizes: tuple[int, ...] = ()       # SGLang prefill graphs (token counts), when on
     sequence_parallel: bool = False
     cuda_graphs: bool = True
     settings: dict = field(default_factory=dict)     # resolved engine values that fed the formula

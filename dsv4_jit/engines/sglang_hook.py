@@ -4,8 +4,9 @@
     warmup_from_server_args(server_args, tp_rank)                  # compile my share, wait, load, seal
 
 SGLang is never imported: `ServerArgs` is read duck-typed by the attribute names in
-`dsv4_jit.warmup.sglang._OBJECT_ATTRS` (cuda_graph_max_bs, cuda_graph_bs, chunked_prefill_size,
-max_running_requests, tp_size, dp_size, enable_dp_attention, speculative_* ...), plus `model_path` for
+`dsv4_jit.warmup.sglang._OBJECT_ATTRS` (SGLang 0.5.23's input fields: cuda_graph_max_bs_decode,
+cuda_graph_bs_decode, cuda_graph_config, chunked_prefill_size, max_running_requests, tp_size, attn_dp_size,
+speculative_* ...), plus `model_path` for
 the model's config.json. Routing SGLang's own mHC calls is not done here (warmup + seal only).
 """
 from __future__ import annotations
