@@ -1,7 +1,8 @@
 """The sparse MLA attention family: decode over the fp8_ds_mla paged cache (SWA window + compressed
 candidates, MTP, split-KV + combine) and ragged prefill over gathered bf16 KV, both with the sink.
 
-Kernels: sparse_mla.py. Host ops: ops.py. Reference and the cache codec: reference.py.
+Kernels: decode.py, prefill.py, combine.py (common.py: what they share); specs and select: sparse_mla.py.
+Host ops: ops.py. Reference and the cache codec: reference.py.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The lightning-indexer family (DeepSeek V4 ratio-4 layers): paged decode logits, ragged prefill logits, top-k
-with page-table translation, SWA index prep. Kernels: logits.py, topk.py. Host ops: ops.py. References:
+with page-table translation, SWA index prep. Kernels: logits.py, topk.py, swa.py. Host ops: ops.py. References:
 reference.py.
 
 Assumptions (stated, not read from an engine):
@@ -19,7 +19,7 @@ from dsv4_jit.family import GpuCase, KernelFamily, KernelUse, register_family
 from dsv4_jit.spec import get_spec
 from dsv4_jit.testing import cuda_generator
 
-from . import logits, topk  # noqa: F401  (registers the specs)
+from . import logits, swa, topk  # noqa: F401  (registers the specs)
 
 INDEX_PAGE_SIZE = 64
 SWA_PAGE_SIZE = 64
@@ -50,8 +50,8 @@ def _uses(model, parallel) -> list[KernelUse]:
         ts = get_spec("indexer_topk_split")
         uses.append(KernelUse(ts, {**ts.static_params(model, parallel), "page_size": INDEX_PAGE_SIZE},
                               "indexer top-k, rows split over CTAs (ratio-4 layers, few tokens)"))
-    swa = get_spec("indexer_swa_indices")
-    uses.append(KernelUse(swa, {**swa.static_params(model, parallel), "page_size": SWA_PAGE_SIZE},
+    swa_spec = get_spec("indexer_swa_indices")
+    uses.append(KernelUse(swa_spec, {**swa_spec.static_params(model, parallel), "page_size": SWA_PAGE_SIZE},
                           "SWA index prep (once per forward)"))
     return uses
 

@@ -1,5 +1,5 @@
-"""Top-k selection over the indexer logits with page-table translation (`indexer_topk`), and the sliding-window
-index preparation (`indexer_swa_indices`). Both in TileLang; the whole selection runs on the GPU (no torch.topk).
+"""Top-k selection over the indexer logits with page-table translation (`indexer_topk`, `indexer_topk_split`),
+in TileLang; the whole selection runs on the GPU (no torch.topk).
 
 indexer_topk, one CTA per query token (row):
   the row's candidate columns are [lo, hi) from row_info [T, 3] = (lo, hi, request) (written by the logits
@@ -35,15 +35,6 @@ indexer_topk_split, the same select and output for few rows (topk_splits(T, SMs)
   selects the candidates (one row barrier). Longer slices stream 8-bit radix passes, a row barrier each. See
   build_topk_split.
 
-indexer_swa_indices, for the sliding-window part of every layer's attention:
-  query token t at absolute position p = positions[t] of request r = req_idx[t] attends to the last
-  n = min(window, p + 1) tokens p - n + 1 .. p. The SWA KV cache is PAGED (vLLM layout: a block table per
-  request over the uncompressed token positions), so
-      swa_indices[t, w] = block_table[r, q // page_size] * page_size + q % page_size, q = p - n + 1 + w, w < n
-  and -1 for w >= n (oldest first); swa_lengths[t] = n. A ring-buffer cache (SGLang: seq_slot * W + q % W) is
-  the special case of a one-page-per-request table with page_size = window, when every new token's KV is
-  written before the prep runs.
-
 Kernel-defining code only (no host code: the artifact key hashes this module).
 """
 # No `from __future__ import annotations`: TileLang evaluates the T.Tensor annotations.
@@ -63,11 +54,10 @@ WIDE_BINS = 2048
 CAND_MAX = 2048
 # Both top-k kernels place every barrier they need themselves (T.sync_threads). TileLang's automatic barrier
 # insertion sees all shared buffers as one merged allocation, so a data-dependent histogram atomic next to a
-# resident-key read put two __syncthreads() inside every per-key loop iteration (~30 instructions and two
-# block-wide barriers per key: 25 us for a 16K-column row on the H100, 2026-11-24).
+# resident-key read put two __syncthreads() inside every per-key loop iteration.
 # Every global index of both kernels is in bounds by construction (columns clamped to [lo, lo + n - 1] within the
 # width, block-table pages to [0, max_pages - 1] with max_pages >= 1 checked by the op, tokens by the grid), so
-# TileLang's per-access guards are off: they were ~15 of the load loop's ~30 instructions per key (ncu, H100).
+# TileLang's per-access guards are off (they were half of the load loop's instructions).
 _TOPK_PASS_CONFIGS = {"tl.disable_thread_storage_sync": True, "tl.disable_safe_memory_legalize": True}
 # Keys each thread loads before it uses any of them (registers), so the L2 latency of a pass is paid once
 # per 8 keys, and the next 8 load while these are counted (next_keys).
@@ -285,8 +275,7 @@ def _resident_select(T, *, threads: int, topk: int, to_key, slot):
     then the candidates are collected. A threshold bin larger than CAND_MAX (heavy ties) runs the same two passes
     and collection over the whole row instead, restricted to the bin: exact for any distribution.
     The walks that place columns count each thread's items first and take output slots once per warp and class
-    (warp_slots), then place them: a ballot, an atomic and a shuffle per key and class were ~70 instructions per
-    32 keys, 40% of the kernel (ncu, 16K keys, H100, 2026-11-24)."""
+    (warp_slots), then place them (a ballot, an atomic and a shuffle per key and class cost far more)."""
     U = LOADS_IN_FLIGHT
     scan_wide = _scan_wide(T, threads)
     warp_slots = _warp_slots(T)
@@ -318,7 +307,7 @@ def _resident_select(T, *, threads: int, topk: int, to_key, slot):
             s_cnt[1] = 0
         T.sync_threads()
         # the row lands in skeys; its top FIRST_BITS bits counted with plain shared atomics (the streamed
-        # select's warp aggregation, match_any, made this slower here: sweep_topk, H100, 2026-11-24)
+        # select's warp aggregation, match_any, is slower here)
         for i in T.serial(T.ceildiv(n, threads * U)):
             for u in T.unroll(U):
                 vals[u] = logits[bx, lo + T.min((i * U + u) * threads + tx, n - 1)]
@@ -432,7 +421,7 @@ def build_topk(*, topk: int, page_size: int, threads: int, resident: int):
         i + 1's loads are issued into vals, so they fly while this iteration's keys are counted. The loads
         land in registers before any conversion: converting a load's value in place made TileLang re-load it
         in both arms of to_key's select, branches that kept nvcc from overlapping the loads (one L2 round
-        trip per key, ~0.3 ns per key and pass on the H100, 2026-11-23)."""
+        trip per key)."""
         for u in T.unroll(U):
             keys[u] = to_key(vals[u])
         if (i + 1) * U * threads < n:
@@ -590,15 +579,9 @@ class IndexerTopkSpec(KernelSpec):
 # =============================================================================================
 MAX_SPLITS = 16
 # (threads, longest row selected in one CTA from shared memory) of the split kernel, by its splits: longer rows are
-# split over CTAs. Measured with the two-level resident select (sweep_topk and an ab probe, graph us per call
-# incl. the workspace memset, H100, 2026-11-24):
-#   16 splits (the fewest rows): 512 threads / 8K keys against 1,024 / 16K: 8K context 6.0 / 7.5 against 7.4 / 8.2
-#     (batch 1 / 8), 64K 10.3-11.0 / 12.7-13.2 against 10.9-11.0 / 11.1-11.8, 256K 12.5 / 12.7 against
-#     14.5 / 15.0: 512 threads stream a 64K-column row faster over 16 CTAs (threads x LOADS_IN_FLIGHT columns a
-#     step, so 1,024 threads left half the CTAs idle), and small rows pay less for their barriers;
-#   2, 4, 8 splits: 1,024 / 16K wins at 8 rows: 64K context 11.0-11.1 against 12.6-17.6 (512 threads stream
-#     16K columns over 2-8 CTAs or select them from shared memory in 12.7), 256K 44.7 / 27.5 / 18.9 against
-#     51.5 / 30.4 / 20.0.
+# split over CTAs. At 16 splits (the fewest rows) 512 threads stream a long row faster (threads x LOADS_IN_FLIGHT
+# columns a step: 1,024 threads left half the CTAs idle) and small rows pay less for their barriers; at 2-8 splits
+# 1,024 threads with a 16K-key resident row win (sweep_topk).
 SPLIT_THREADS = 512
 SPLIT_RESIDENT_MAX = 8192
 FEW_SPLITS_THREADS = 1024
@@ -613,8 +596,7 @@ def split_schedule(splits: int) -> tuple[int, int]:
 
 def topk_splits(num_tokens: int, num_sms: int) -> int:
     """CTAs per row: the largest power of two <= 16 that keeps rows x CTAs within the SM count; 1 (the one-CTA
-    kernel) once the rows alone fill the GPU. One CTA per row left 131 of 132 SMs idle at batch 1 and read a
-    64K-column row five times from one SM (~86 us at 256K context on the H100, 2026-11-23)."""
+    kernel) once the rows alone fill the GPU (one CTA per row leaves all but one SM idle at batch 1)."""
     s = 1
     while s * 2 <= MAX_SPLITS and num_tokens * s * 2 <= num_sms:
         s *= 2
@@ -629,7 +611,7 @@ def topk_split_smem_bytes(p: Mapping[str, Any]) -> int:
 
 # The split kernel's workspace, int32 [T, ROW_WS] (ws): all zeros before the first launch, and every launch leaves
 # it all zeros again (the last of a row's CTAs to leave clears what the row used), so no memset runs before each
-# launch (a graph memset node was ~1.8 us of a 64K x 8 indexer step, H100, 2026-11-24). Per row:
+# launch (a graph memset node is a sizeable part of a small indexer step). Per row:
 WS_G0 = 0                                  # resident slices: the row's histogram of the keys' top FIRST_BITS bits
 WS_G1 = WS_G0 + WIDE_BINS + 1              # ... of bits 10..20 within the threshold bin (heavy-tie branch)
 WS_G2 = WS_G1 + WIDE_BINS + 1              # ... of bits 0..9 (heavy-tie branch)
@@ -640,9 +622,7 @@ WS_CC = WS_CNT + 8                         # resident slices: the threshold bin'
 WS_CK = WS_CC + CAND_MAX                   # ... and their keys
 ROW_WS = WS_CK + CAND_MAX
 # Rows up to this many columns (and the resident size) are selected by one CTA from shared memory (no row barriers)
-# when the split kernel runs; longer rows are split over the row's CTAs. sweep_topk.py, kernel us, H100, every output
-# checked (2026-11-25): 8,192-column rows (32K context) at batch 1 / 8 took 7.2 / 7.3 in one CTA of 512 threads and
-# 6.7 / 6.8 of 1,024, split over 2-16 CTAs 7.4-9.0 / 7.8-9.6; 4,096-column rows 5.5 in one CTA against 7.1-8.8 split.
+# when the split kernel runs (faster than splitting them: sweep_topk); longer rows are split over the row's CTAs.
 SOLO_MAX = 8192
 
 
@@ -1063,75 +1043,3 @@ class IndexerTopkSplitSpec(KernelSpec):
 
     def pass_configs(self, variant: Variant) -> dict[str, Any]:
         return {**get_profile(variant.schedule).pass_configs, **_TOPK_PASS_CONFIGS}
-
-
-# =============================================================================================
-# SWA index preparation
-# =============================================================================================
-SWA_THREADS = 128
-
-
-def build_swa_indices(*, window: int, page_size: int, threads: int):
-    import tilelang.language as T
-
-    P, W = page_size, window
-    TB = max(1, threads * 4 // W)      # tokens per CTA: 4 entries per thread
-    num_tokens = T.dynamic("num_tokens")
-    batch = T.dynamic("batch")
-    max_pages = T.dynamic("max_pages")
-
-    @T.prim_func
-    def indexer_swa_indices(
-        positions: T.Tensor[(num_tokens,), "int32"],
-        req_idx: T.Tensor[(num_tokens,), "int32"],
-        block_table: T.Tensor[(batch, max_pages), "int32"],
-        swa_indices: T.Tensor[(num_tokens, W), "int32"],
-        swa_lengths: T.Tensor[(num_tokens,), "int32"],
-    ):
-        with T.Kernel(T.ceildiv(num_tokens, TB), threads=threads) as bx:
-            for tb, w in T.Parallel(TB, W):
-                if bx * TB + tb < num_tokens:
-                    swa_indices[bx * TB + tb, w] = T.if_then_else(
-                        w < T.min(W, T.max(positions[bx * TB + tb] + 1, 0)),
-                        T.if_then_else(
-                            block_table[T.min(T.max(req_idx[bx * TB + tb], 0), batch - 1),
-                                        T.min(T.max(T.floordiv(positions[bx * TB + tb] - T.min(W, T.max(positions[bx * TB + tb] + 1, 0)) + 1 + w, P), 0), max_pages - 1)] < 0,
-                            -1,
-                            block_table[T.min(T.max(req_idx[bx * TB + tb], 0), batch - 1),
-                                        T.min(T.max(T.floordiv(positions[bx * TB + tb] - T.min(W, T.max(positions[bx * TB + tb] + 1, 0)) + 1 + w, P), 0), max_pages - 1)] * P
-                            + T.floormod(positions[bx * TB + tb] - T.min(W, T.max(positions[bx * TB + tb] + 1, 0)) + 1 + w, P)),
-                        -1)
-            for tb in T.Parallel(TB):
-                if bx * TB + tb < num_tokens:
-                    swa_lengths[bx * TB + tb] = T.min(W, T.max(positions[bx * TB + tb] + 1, 0))
-
-    return indexer_swa_indices
-
-
-@register
-class IndexerSwaIndicesSpec(KernelSpec):
-    """Sliding-window index lists over a paged SWA cache. Statics: window, page_size."""
-    name = "indexer_swa_indices"
-    arg_names = ("positions", "req_idx", "block_table", "swa_indices", "swa_lengths")
-
-    def static_params(self, model, parallel) -> dict[str, Any]:
-        return {"window": int(model.sliding_window)}  # page_size per call site (family.uses)
-
-    def select(self, arch: ArchProfile, static: Mapping[str, Any], num_tokens: int) -> Variant:
-        check_arch(self.name, arch)
-        self.check_tokens(num_tokens)
-        window = int_param(self.name, static, "window")
-        if window % 32 or window > 4096:
-            raise ValueError(f"{self.name}: window={window} must be a multiple of 32 up to 4096")
-        page_size = int_param(self.name, static, "page_size", (16, 32, 64, 128, 256))
-        p = {"window": window, "page_size": page_size, "threads": SWA_THREADS}
-        return Variant.make(self.name, p, arch, schedule_name(arch))
-
-    def smem_bytes(self, variant: Variant) -> int:
-        return 0  # registers only
-
-    def build(self, variant: Variant):
-        return build_swa_indices(**variant.p)
-
-    def pass_configs(self, variant: Variant) -> dict[str, Any]:
-        return dict(get_profile(variant.schedule).pass_configs)
