@@ -212,9 +212,9 @@ def test_gemm_select_ladder_and_split():
                     st = gops.gemm_static(s["n"], s["k"], s["groups"])
                     seen = {spec.select(arch, st, t) for t in range(1, 16385)}
                     # (large M's 64 x 128 tile can equal the batched-decode variant where that one needs no split)
-                    # (Hopper: the 128-row WGMMA tile with split-K at 129-256 rows, and past 256 rows up to three
-                    # N tiles a CTA: 1, 2, 4 as M grows)
-                    assert 2 <= len(seen) <= (7 if arch.has_wgmma else 4), [v.name for v in seen]
+                    # (Hopper: the 128-row WGMMA tile with split-K at 129-256 rows, and past 256 rows the 64 x 64
+                    # tile while 128 x 128 tiles fill at most half the SMs, then up to three N tiles a CTA)
+                    assert 2 <= len(seen) <= (8 if arch.has_wgmma else 4), [v.name for v in seen]
                     kb = s["k"] // 128
                     for t in (1, 16, 17, 64):
                         p = spec.select(arch, st, t).p
@@ -230,6 +230,11 @@ def test_gemm_select_ladder_and_split():
                     if arch.has_wgmma:   # N tiles a CTA divide the row; from 4 waves up never fewer CTAs than
                         for t in (257, 1000, 2049, 8192):   # SMs, below that the fewest waves x (K blocks + fill)
                             p = spec.select(arch, st, t).p
+                            wide = -(-t // 128) * s["groups"] * s["n"] // 128
+                            if p["block_m"] == 64:   # 128 x 128 tiles would fill at most half the SMs
+                                assert 2 * wide <= arch.num_sms_hint and (p["block_n"], p["split"]) == (64, 1)
+                                continue
+                            assert 2 * wide > arch.num_sms_hint or s["n"] % 64
                             nt, tpc = s["n"] // p["block_n"], p["tiles_per_cta"]
                             assert nt % tpc == 0 and tpc in (1, 2, 4)
                             tiles, sms = -(-t // 128) * s["groups"] * nt, arch.num_sms_hint
@@ -240,8 +245,11 @@ def test_gemm_select_ladder_and_split():
                                     return -(-(tiles // u) // sms) * (u * kb + gemm_kernel._TILE_FILL_BLOCKS)
                                 assert cost(tpc) == min(cost(u) for u in (1, 2, 4) if nt % u == 0)
                     big = spec.select(arch, st, 257).p
-                    if arch.has_wgmma:   # Hopper: TMA + WGMMA, a producer and two consumer warp groups
-                        assert (big["split"], big["block_m"], big["threads"], big["wgmma"]) == (1, 128, 256, True)
+                    if arch.has_wgmma:   # Hopper: TMA + WGMMA, a producer and two consumer warp groups (one
+                        # where 128 x 128 tiles would fill at most half the SMs: the 64 x 64 tile)
+                        narrow = 2 * 3 * s["groups"] * s["n"] // 128 <= arch.num_sms_hint and s["n"] % 64 == 0
+                        assert (big["split"], big["block_m"], big["threads"], big["wgmma"]) == (
+                            (1, 64, 128, True) if narrow else (1, 128, 256, True))
                     else:
                         assert (big["split"], big["block_m"], big["threads"]) == (1, 64, 128) and big["stages"] <= 4
                         assert "wgmma" not in big
@@ -416,3 +424,17 @@ def test_hopper_tiles_per_cta_saves_a_wave_below_four():
     assert tpc(8, 1024, 132, 32) == 2      # grouped wo_a at M 8,192: a row of 8 tiles takes 2 (4 needs 16)
     hopper = get_profile("sm_90a")
     assert gemm_kernel.gemm_params(hopper, 1536, 4096, 2048)["tiles_per_cta"] == 2
+
+
+def test_hopper_small_tile_where_wide_tiles_fill_half_the_sms():
+    """Past 256 rows, the 64 x 64 WGMMA tile while 128 x 128 tiles would fill at most half the SMs, else the 128 x 128 tile."""
+    hopper = get_profile("sm_90a")
+    small = lambda n, k, m, g=1: gemm_kernel.gemm_params(hopper, n, k, m, g)["block_m"] == 64  # noqa: E731
+    assert small(768, 7168, 512) and small(768, 7168, 1024) and not small(768, 7168, 2048)   # V4-Pro TP 8 shared w1+w3
+    assert small(2048, 7168, 512) and not small(2048, 7168, 1024)                          # V4-Pro TP 8 wq_a + wkv
+    assert small(1024, 4096, 512, 2) and small(1536, 4096, 512) and not small(4096, 2048, 512)
+    p = gemm_kernel.gemm_params(hopper, 768, 7168, 1024)
+    assert (p["block_n"], p["threads"], p["split"], p["wgmma"]) == (64, 128, 1, True) and "tiles_per_cta" not in p
+    # SM12x keeps its mma.sync large-M tile
+    assert gemm_kernel.gemm_params(get_profile("sm_120a"), 768, 7168, 1024)["block_m"] == 64
+    assert "wgmma" not in gemm_kernel.gemm_params(get_profile("sm_120a"), 768, 7168, 1024)

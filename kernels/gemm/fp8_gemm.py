@@ -159,6 +159,10 @@ def wgmma_params(n: int, k: int, kb: int, groups: int, num_tokens: int, decode_b
         tiles = -(-num_tokens // block_m) * groups * n // block_n
         if num_tokens <= SPLIT_MAX_M:   # partial bytes split * SPLIT_MAX_M * N * 4 <= weight bytes N * K
             split = decode_split(tiles, kb, num_sms, k // (4 * SPLIT_MAX_M))
+        elif 2 * tiles <= num_sms and n % 64 == 0:
+            # 128 x 128 tiles would fill at most half the SMs: the 64 x 64 tile (two CTAs an SM) gives 8x the
+            # CTAs; past half the SMs the 128 x 128 tile wins (benchmarks/gemm/sweep_gemm_large_m.py --small-tile)
+            block_m, block_n, threads, split = DECODE_MAX_M, 64, 128, 1
         else:
             split = 1
             extra = {"tiles_per_cta": tiles_per_cta(n // block_n, tiles, num_sms, kb)}
