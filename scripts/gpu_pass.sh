@@ -52,6 +52,7 @@ run() {
   else
     echo "  $log: ok"
   fi
+  return "$rc"
 }
 begin() {
   if [ "$mode" = list ]; then echo "$1 (budget $2 s)"; else echo "== $1 (budget $2 s, pass at $((SECONDS - t_pass)) s)"; fi
@@ -82,7 +83,7 @@ if step compile; then
   fi
   run bench_floor 185 python3 benchmarks/bench_floor.py --out "$P/bench_floor.json"
   run mma_peak 35 python3 benchmarks/bench_mma_peak.py --out "$P/mma_peak.json"
-  [ "$mode" = list ] || wait "$compile_pid"
+  [ "$mode" = list ] || wait "$compile_pid" || status=1   # the background step's own status is its exit code
   end compile
 fi
 
