@@ -31,8 +31,8 @@ P=$OUT/gpu_pass
 STEPS=${STEPS:-"env compile tests bench scoreboard"}
 J=${JOBS:-$(nproc)}
 CJ=$(( J > 4 ? J - 2 : J ))        # compile workers: two cores stay with the GPU's timing meanwhile
-# time budgets in seconds; the defaults sum to 585 (one device call runs at most 600)
-B_env=${B_env:-5} B_compile=${B_compile:-230} B_tests=${B_tests:-150} B_bench=${B_bench:-190} B_scoreboard=${B_scoreboard:-10}
+# time budgets in seconds; the defaults sum to 590 (one device call runs at most 600)
+B_env=${B_env:-10} B_compile=${B_compile:-230} B_tests=${B_tests:-150} B_bench=${B_bench:-190} B_scoreboard=${B_scoreboard:-10}
 B_container=${B_container:-300} B_plugin=${B_plugin:-200} B_warm_load=${B_warm_load:-60} B_host=${B_host:-60}
 export PYTHONUNBUFFERED=1 DSV4_JIT_CACHE_DIR=${DSV4_JIT_CACHE_DIR:-/tmp/dsv4-jit-cache} DSV4_JIT_BENCH_REP_MS=${DSV4_JIT_BENCH_REP_MS:-50}
 status=0
