@@ -55,10 +55,12 @@ def goal(family: str, key: dict) -> Goal:
 
 
 def load(path: Path) -> dict | None:
+    """A benchmark's JSON document, or None (unreadable, or not an object: e.g. the pass's variant list)."""
     try:
-        return json.loads(path.read_text())
+        doc = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+    return doc if isinstance(doc, dict) else None
 
 
 def family_of(doc: dict) -> str | None:

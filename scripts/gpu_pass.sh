@@ -31,8 +31,8 @@ P=$OUT/gpu_pass
 STEPS=${STEPS:-"env compile tests bench scoreboard"}
 J=${JOBS:-$(nproc)}
 CJ=$(( J > 4 ? J - 2 : J ))        # compile workers: two cores stay with the GPU's timing meanwhile
-# time budgets in seconds; the defaults sum to 585 (one device call runs at most 600)
-B_env=${B_env:-5} B_compile=${B_compile:-230} B_tests=${B_tests:-150} B_bench=${B_bench:-190} B_scoreboard=${B_scoreboard:-10}
+# time budgets in seconds; the defaults sum to 590 (one device call runs at most 600)
+B_env=${B_env:-10} B_compile=${B_compile:-230} B_tests=${B_tests:-150} B_bench=${B_bench:-190} B_scoreboard=${B_scoreboard:-10}
 B_container=${B_container:-300} B_plugin=${B_plugin:-200} B_warm_load=${B_warm_load:-60} B_host=${B_host:-60}
 export PYTHONUNBUFFERED=1 DSV4_JIT_CACHE_DIR=${DSV4_JIT_CACHE_DIR:-/tmp/dsv4-jit-cache} DSV4_JIT_BENCH_REP_MS=${DSV4_JIT_BENCH_REP_MS:-50}
 status=0
@@ -52,6 +52,7 @@ run() {
   else
     echo "  $log: ok"
   fi
+  return "$rc"
 }
 begin() {
   if [ "$mode" = list ]; then echo "$1 (budget $2 s)"; else echo "== $1 (budget $2 s, pass at $((SECONDS - t_pass)) s)"; fi
@@ -82,7 +83,7 @@ if step compile; then
   fi
   run bench_floor 185 python3 benchmarks/bench_floor.py --out "$P/bench_floor.json"
   run mma_peak 35 python3 benchmarks/bench_mma_peak.py --out "$P/mma_peak.json"
-  [ "$mode" = list ] || wait "$compile_pid"
+  [ "$mode" = list ] || wait "$compile_pid" || status=1   # the background step's own status is its exit code
   end compile
 fi
 

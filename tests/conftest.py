@@ -58,7 +58,7 @@ def gpu_store(tmp_path_factory):
 # ---- compile tiers ---------------------------------------------------------------------------------
 # CI (2 cores, no GPU) cross-compiles one representative variant per kernel and arch, and runs the cheap
 # pre-nvcc shared-memory check on every variant; `full` compiles every variant `select` can return for
-# every shipped model (run it on demand and before each GPU pass: README "Tests").
+# every shipped model (run it on demand and before each GPU pass: docs/testing.md).
 COMPILE_TIERS = ("ci", "full", "none")
 
 

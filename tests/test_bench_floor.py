@@ -166,6 +166,7 @@ def test_results_md_names_every_source_and_summarises_each_family_and_schedule(p
          "worst_per_token_rel_err": {"c": [1.9e-3, 64]}, "variants": 3},
         {"family": "gemm", "model": "deepseek-v4-pro", "case": "fp8_gemm", "tp": 8,
          "schedule": "sm_120a on sm_90a", "worst_per_token_rel_err": {"c": [2.5e-3, 7]}, "variants": 3})) + "\n")
+    (tmp_path / "variants.json").write_text("[]")   # the pass's variant list sits beside the benchmarks' files
     md = res.render(tmp_path)
     assert "python3 benchmarks/mhc/bench_mhc.py --out bench_out/bench_mhc.json" in md and "2026-11-26 10:05 UTC" in md
     status = md[md.index("## Status"):md.index("## Scoreboard")]

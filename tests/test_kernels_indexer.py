@@ -189,7 +189,7 @@ def _variants(spec_name, static, arch):
 
 
 def test_sm120_shared_memory_figures():
-    """Pre-nvcc figures of every SM12x variant (the lowered figures match: README table)."""
+    """Pre-nvcc figures of every SM12x variant (the lowered figures match: docs/kernels.md)."""
     m = load_model_config("deepseek-v4-flash")
     got = {}
     for use in family._uses(m, ParallelConfig()):

@@ -256,7 +256,7 @@ def test_gemm_select_ladder_and_split():
 
 
 def test_sm120_shared_memory_figures():
-    """The pre-nvcc formulas of the SM12x schedules (lowered figures measured: README)."""
+    """The pre-nvcc formulas of the SM12x schedules (lowered figures measured: docs/kernels.md)."""
     spec = get_spec("fp8_gemm")
     st = gops.gemm_static(4096, 8192)
     # decode: the ring, 2 K blocks per stage (4 stages at M <= 16, 2 at M <= 64) + the split's scale products
@@ -414,7 +414,7 @@ def test_families_registered_with_their_ops():
 
 
 def test_hopper_tiles_per_cta_saves_a_wave_below_four():
-    """The 2026-11-26 H100 sweep's changed points (README): below 4 waves of single tiles the count with the fewest
+    """The H100 sweep's changed points (benchmarks/gemm/sweep_gemm_large_m.py, 2026-11-26): below 4 waves of single tiles the count with the fewest
     waves, even with SMs left idle; from 4 waves the old rule."""
     tpc = gemm_kernel.tiles_per_cta
     assert tpc(12, 192, 132, 32) == 2      # V4-Flash wq_a + wkv at M 2,048: 96 CTAs in one wave, not 192 in two

@@ -9,8 +9,8 @@ Each implementation's output is checked against the float64 reference at every p
 
 Time per call: one CUDA graph runs the op over --layers (default 8) distinct input sets, as a decode step's
 successive layers do (each call reads its own bytes), replayed with L2 flushed before each replay, divided
-by the number of calls. "one_call_us" in the JSON is a single call per replay (the 2026-11-23 README figures
-were taken that way; every point had a ~24 us floor there, likely the replay's launch latency).
+by the number of calls. "one_call_us" in the JSON is a single call per replay (it carries the replay's own
+latency, ~24 us a point on an H100).
 
   python benchmarks/attention/bench_attention.py --out bench_out/attention.json
 """

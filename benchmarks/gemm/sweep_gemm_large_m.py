@@ -1,7 +1,7 @@
 """Schedule sweep on the GPU for Hopper's large-M `fp8_gemm` (M > 256, WGMMA): N tile width x N tiles a CTA, for
 every FP8 weight shape of V4-Flash TP 1 and V4-Pro TP 8 (kernels/gemm/family.py: gemm_shapes), each candidate
 checked against the float64 reference (M <= 2,048) and timed as one CUDA-graph replay with L2 flushed.
-`<- select` marks what `gemm_params` picks. The 2026-11-26 run (H100) set `tiles_per_cta`'s wave rule (README).
+`<- select` marks what `gemm_params` picks. Its run on an H100 (2026-11-26) set `tiles_per_cta`'s wave rule.
 
     python benchmarks/gemm/sweep_gemm_large_m.py --m 2048 8192 -j 16 --out bench_out/sweep_gemm_large_m.json
 """

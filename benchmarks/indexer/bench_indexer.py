@@ -18,7 +18,7 @@ small contexts are not served from L2 across repeated calls; a step that cannot 
                              (benchmarks/peers/vllm_indexer.py; NOT what vLLM runs on SM12x: DeepGEMM SM120 +
                              persistent_topk). Missing peer: the reason is printed and the column is empty.
   Each top-k call is given its own persistent workspace (zeroed once, left zeroed by every launch), as an engine's
-  CUDA graph holds it: no memset runs in the timed graphs (before 2026-11-25 the op zeroed it every call).
+  CUDA graph holds it: no memset runs in the timed graphs.
   ours logits/L, +topk/L      per layer: one CUDA graph runs ours over --layers (default 8) distinct input sets
                              (caches, tables, q, outputs), as a decode step's successive ratio-4 layers do, L2
                              flushed before each replay, graph time / layers. The one-call columns carry the

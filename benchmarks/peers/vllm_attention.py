@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 VERSION = "0.33.0"
-PEERS_DIR = Path(__file__).resolve().parents[1] / ".peers" / f"vllm-{VERSION}"
+PEERS_DIR = Path(__file__).resolve().parents[2] / ".peers" / f"vllm-{VERSION}"
 OPS_FILE = "vllm/v1/attention/ops/rocm_aiter_mla_sparse.py"
 TOPK_FILE = "vllm/model_executor/layers/indexer_topk.py"
 

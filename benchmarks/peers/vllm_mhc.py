@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 VERSION = "0.33.0"
-PEERS_DIR = Path(__file__).resolve().parents[1] / ".peers" / f"vllm-{VERSION}"
+PEERS_DIR = Path(__file__).resolve().parents[2] / ".peers" / f"vllm-{VERSION}"
 
 # packages whose real __init__ must not run (vllm/__init__ pulls in the whole engine and its deps;
 # kernels/mhc/__init__ imports the aiter/cpu/triton backends); each becomes an empty package whose
