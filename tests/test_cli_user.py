@@ -172,10 +172,12 @@ def _op_behind(name: str):
     """The kernels/*/ops.py function a dsv4_jit wrapper forwards to (the wrapper itself takes **kw)."""
     import importlib
     import dsv4_jit
-    src = inspect.getsource(getattr(dsv4_jit, name))
+    wrapper = getattr(dsv4_jit, name)
+    src = inspect.getsource(wrapper)
     m = re.search(r"from \.kernels\.(\w+) import ops", src)
-    if m is None:
-        return getattr(dsv4_jit, name)
+    takes_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in inspect.signature(wrapper).parameters.values())
+    if m is None or not takes_kw:   # a wrapper with its own full signature is what the caller binds to
+        return wrapper
     return getattr(importlib.import_module(f"dsv4_jit.kernels.{m.group(1)}.ops"), name)
 
 

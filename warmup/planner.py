@@ -18,7 +18,7 @@ from .shapes import EngineShapes
 PLAN_SCHEMA = 1
 # Measured cost of one variant on one core of the 2-core dev/CI machine, through `dsv4-jit warmup`
 # (worker start, TileLang elaboration + lowering, nvcc, publish): V4-Flash on vLLM defaults, 16
-# variants in 173 s at -j 1 (benchmarks/bench_warmup.py --measure). Used only for estimates.
+# variants in 173 s at -j 1 (benchmarks/cache/bench_warmup.py --measure). Used only for estimates.
 SECONDS_PER_VARIANT_PER_CORE = 11.0
 
 
