@@ -328,9 +328,10 @@ def indexer_decode_topk(q, q_scale, weights, kv_cache, seq_lens, block_table, *,
 # =============================================================================================
 def indexer_swa_indices(positions, req_idx, block_table, *, window: int, page_size: int, arch, get_kernel,
                         out=None):
-    """Sliding-window slots of every query token over a paged SWA cache (see topk.py). positions [T] int32
+    """Sliding-window slots of every query token over a paged SWA cache. positions [T] int32
     (absolute, 0-based), req_idx [T] int32, block_table [batch, max_pages] int32 over token positions (-1 for
-    freed pages outside the window is fine). Returns (swa_indices [T, window] int32, swa_lengths [T] int32)."""
+    freed pages outside the window is fine). Returns (swa_indices [T, window] int32, swa_lengths [T] int32); see
+    swa.py."""
     import torch
     from dsv4_jit.validate import check_tensor
 
