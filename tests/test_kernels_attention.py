@@ -114,9 +114,9 @@ def test_softmax_row_groups_fit_every_selected_variant_and_bad_ones_are_refused(
                                     n_splits=1, softmax_scale=SCALE)
 
 
-def test_fp8_gather_is_the_cp_async_ring_and_one_token_steps_take_32_head_ctas():
+def test_fp8_gather_is_the_cp_async_ring_and_small_steps_take_32_head_ctas():
     # the 1-stage cp.async ring everywhere it fits (SM12x at 32 heads included: 91,648 B of 101,376); where 64
-    # heads a CTA would gather through registers (64 splits: a token or two), select takes 32-head ring CTAs
+    # heads a CTA would split a list 16+ ways (registers at 64 splits included), select takes 32-head ring CTAs
     for arch in sorted(PROFILES):
         prof = get_profile(arch)
         for heads in (8, 16, 32, 64, 128):
@@ -132,7 +132,10 @@ def test_fp8_gather_is_the_cp_async_ring_and_one_token_steps_take_32_head_ctas()
     assert sparse_mla.kv_stages(64, 32, hopper, 64) == 0      # what 64-head CTAs would run at one token
     one = FWD.select(hopper, {"heads": 64, "softmax_scale": SCALE}, 1).p
     assert (one["head_block"], one["n_splits"], one["threads"]) == (32, 64, 256) and "score_chains" not in one
-    assert FWD.select(hopper, {"heads": 64, "softmax_scale": SCALE}, 3).p["head_block"] == 64
+    # 32-head CTAs wherever 64-head ones would split a list 16+ ways: up to 8 tokens at 64 heads, 4 at 128
+    for heads, tokens, hb in ((64, 8, 32), (64, 9, 64), (64, 16, 64), (128, 4, 32), (128, 5, 64)):
+        assert FWD.select(hopper, {"heads": heads, "softmax_scale": SCALE}, tokens).p["head_block"] == hb, (heads, tokens)
+    assert FWD.select(hopper, {"heads": 64, "softmax_scale": SCALE, "kv_format": "bf16"}, 1).p["head_block"] == 64
     assert sparse_mla.smem_bytes_for(32, 32, 1) == 91_648
     assert sparse_mla.smem_bytes_for(32, 32, 2) > get_profile("sm_120a").max_smem_per_block  # why one stage on SM12x
     pytest.importorskip("tilelang")

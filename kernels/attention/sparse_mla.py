@@ -69,7 +69,7 @@ def kv_stages(hb: int, bi: int, arch: ArchProfile, n_splits: int) -> int:
     tile is multiplied, no register held), or 0: through registers. The ring beats registers wherever a CTA has
     tiles to pipeline, and one stage matches or beats two or three (sweep_attention_schedules). Registers stay where
     a CTA has almost nothing to pipeline and 64 heads fill its registers (64 splits, 0-2 tiles a CTA); select then
-    takes 32-head CTAs through the ring instead (RING_HEAD_BLOCK)."""
+    takes 32-head CTAs through the ring instead (SMALL_STEP_HEAD_BLOCK)."""
     if hb >= 64 and n_splits >= SPLITS[-1]:
         return 0
     return 1 if smem_bytes_for(hb, bi, 1) <= arch.max_smem_per_block else 0
@@ -95,7 +95,11 @@ def num_splits(num_tokens: int, head_blocks: int, num_sms: int, per_sm: int = 1)
     return s
 
 
-RING_HEAD_BLOCK = 32  # heads a CTA where 64 would leave the fp8 gather to registers (one-token steps)
+# Heads a CTA of the fp8 decode where 64-head CTAs would split a token's list SMALL_STEP_SPLITS or more ways (a few
+# tokens: up to 8 at 64 heads on 132 SMs, 4 at 128), registers gathering for them included (sweep of both on the H100:
+# 10-24% faster up to there, slower at 8 splits)
+SMALL_STEP_HEAD_BLOCK = 32
+SMALL_STEP_SPLITS = 16
 
 
 def _schedule(arch: ArchProfile, heads: int, hb: int, fmt: str, num_tokens: int) -> tuple[int, bool, int, int, int]:
@@ -165,10 +169,10 @@ class SparseMlaSpec(KernelSpec):
         heads, scale, fmt = _static_heads_scale(self.name, static)
         hb = head_block(heads, arch)
         threads, wgmma_cta, n_splits, stages, bi = _schedule(arch, heads, hb, fmt, num_tokens)
-        if fmt == "fp8_ds_mla" and stages == 0 and hb > RING_HEAD_BLOCK:
-            # a step of a token or two at 64+ heads: 32-head CTAs through the cp.async ring (twice the CTAs a token,
-            # each with half of Q and O to move) beat 64-head CTAs gathering through registers
-            hb = RING_HEAD_BLOCK
+        if fmt == "fp8_ds_mla" and hb > SMALL_STEP_HEAD_BLOCK and n_splits >= SMALL_STEP_SPLITS:
+            # a few tokens at 64+ heads: 32-head CTAs (twice the CTAs a token, each moving half of Q and of the
+            # partial O, all through the cp.async ring) beat 64-head CTAs that split each list 16+ ways
+            hb = SMALL_STEP_HEAD_BLOCK
             threads, wgmma_cta, n_splits, stages, bi = _schedule(arch, heads, hb, fmt, num_tokens)
         params = {"heads": heads, "head_block": hb, "block_i": bi, "threads": threads, "kv_format": fmt,
                   "n_splits": n_splits, "softmax_scale": scale}
