@@ -114,9 +114,9 @@ def test_softmax_row_groups_fit_every_selected_variant_and_bad_ones_are_refused(
                                     n_splits=1, softmax_scale=SCALE)
 
 
-def test_fp8_gather_pipeline_choice_fits_and_registers_stay_only_for_one_token_64_head_ctas():
-    # the 1-stage cp.async ring wherever a CTA has tiles to pipeline and it fits (SM12x at 32 heads included:
-    # 91,648 B of 101,376); registers (stages absent) only at 64 heads a CTA with 64 splits
+def test_fp8_gather_is_the_cp_async_ring_and_small_steps_take_32_head_ctas():
+    # the 1-stage cp.async ring everywhere it fits (SM12x at 32 heads included: 91,648 B of 101,376); where 64
+    # heads a CTA would split a list 16+ ways (registers at 64 splits included), select takes 32-head ring CTAs
     for arch in sorted(PROFILES):
         prof = get_profile(arch)
         for heads in (8, 16, 32, 64, 128):
@@ -124,12 +124,18 @@ def test_fp8_gather_pipeline_choice_fits_and_registers_stay_only_for_one_token_6
                 v = FWD.select(prof, {"heads": heads, "softmax_scale": SCALE}, t)
                 p = v.p
                 assert FWD.smem_bytes(v) <= prof.max_smem_per_block
-                if p["head_block"] >= 64 and p["n_splits"] == 64:
-                    assert "stages" not in p
-                else:
-                    assert p["stages"] == 1, (arch, heads, t, p)
+                assert p["stages"] == 1, (arch, heads, t, p)
+                assert sparse_mla.kv_stages(p["head_block"], 32, prof, p["n_splits"]) == 1
                 bf16 = FWD.select(prof, {"heads": heads, "softmax_scale": SCALE, "kv_format": "bf16"}, t).p
                 assert "stages" not in bf16
+    hopper = get_profile("sm_90a")
+    assert sparse_mla.kv_stages(64, 32, hopper, 64) == 0      # what 64-head CTAs would run at one token
+    one = FWD.select(hopper, {"heads": 64, "softmax_scale": SCALE}, 1).p
+    assert (one["head_block"], one["n_splits"], one["threads"]) == (32, 64, 256) and "score_chains" not in one
+    # 32-head CTAs wherever 64-head ones would split a list 16+ ways: up to 8 tokens at 64 heads, 4 at 128
+    for heads, tokens, hb in ((64, 8, 32), (64, 9, 64), (64, 16, 64), (128, 4, 32), (128, 5, 64)):
+        assert FWD.select(hopper, {"heads": heads, "softmax_scale": SCALE}, tokens).p["head_block"] == hb, (heads, tokens)
+    assert FWD.select(hopper, {"heads": 64, "softmax_scale": SCALE, "kv_format": "bf16"}, 1).p["head_block"] == 64
     assert sparse_mla.smem_bytes_for(32, 32, 1) == 91_648
     assert sparse_mla.smem_bytes_for(32, 32, 2) > get_profile("sm_120a").max_smem_per_block  # why one stage on SM12x
     pytest.importorskip("tilelang")
@@ -207,7 +213,7 @@ def test_wide_tiles_only_on_wgmma_64_head_ctas_with_long_shares():
     assert FWD.select(hopper, {"heads": 64, "softmax_scale": SCALE}, 64).p["block_i"] == 64
     assert FWD.select(hopper, {"heads": 64, "softmax_scale": SCALE}, 8).p["block_i"] == 32
     assert FWD.select(hopper, {"heads": 64, "softmax_scale": SCALE, "kv_format": "bf16"}, 2049).p["block_i"] == 64
-    assert FWD.select(hopper, {"heads": 64, "softmax_scale": SCALE}, 1).p["block_i"] == 32   # fp8 registers
+    assert FWD.select(hopper, {"heads": 64, "softmax_scale": SCALE}, 1).p["block_i"] == 32   # 32-head CTAs
     assert FWD.select(get_profile("sm_120a"), {"heads": 64, "softmax_scale": SCALE}, 64).p["block_i"] == 32
     assert sparse_mla.smem_bytes_for(64, 64, 1) == 195_584
     assert sparse_mla.smem_bytes_for(64, 64, 0) == 160_256

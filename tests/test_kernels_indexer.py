@@ -583,3 +583,53 @@ def test_logits_builder_rejects_one_stage():
         build_logits(stages=1, **kw)
     with pytest.raises(ValueError, match="operand"):
         build_logits(stages=2, operand="bfloat16", **kw)
+
+
+# ------------------------------------------------------------------------------- padded page strides
+def test_page_size_of_a_padded_page_is_vllms():
+    # vLLM 0.33 rounds an index-K page up to a multiple of 576 B: 64 x 132 = 8,448 -> 8,640
+    assert ops._page_size_of(8_640, 132, None) == 64
+    assert ops._page_size_of(8_448, 132, None) == 64
+    assert ops._page_size_of(-(-32 * 132 // 576) * 576, 132, None) == 32
+    assert ops._page_size_of(9_000, 132, 64) == 64            # an explicit page size wins
+    with pytest.raises(ValueError, match="kv_cache"):
+        ops._page_size_of(8_448 + 576, 132, None)             # more padding than vLLM's rule: ambiguous
+    with pytest.raises(ValueError, match="page_size"):
+        ops._page_size_of(8_640, 132, 48)
+
+
+@pytest.mark.parametrize("cache,why", [
+    (torch.zeros(4, 8_648, dtype=torch.uint8), "multiple of"),            # 8,648 B: not a multiple of 16
+    (torch.zeros(4, 64, 1, 131, dtype=torch.uint8), "kv_cache: expected shape"),
+    (torch.zeros(4, 64, 2, 132, dtype=torch.uint8)[:, :, :1], "contiguous"),   # a page's bytes not contiguous
+    (torch.zeros(4, 48, 1, 132, dtype=torch.uint8), "not supported"),
+])
+def test_index_cache_geometry_is_checked_before_anything_runs(cache, why):
+    with pytest.raises(ValueError, match=why):
+        ops._kv_cache_views(cache, 128, None)
+
+
+def test_padded_index_caches_pass_the_geometry_checks():
+    # vLLM's 2-D buffer and a [pages, 64, 1, 132] view of its pages both reach the device check (CPU tensors here)
+    buf = torch.zeros(4, 8_640, dtype=torch.uint8)
+    for cache in (buf, buf[:, :8_448].unflatten(1, (64, 1, 132)), buf[:, :8_448].unflatten(1, (64, 132))):
+        with pytest.raises(ValueError, match="kv_cache: must be a CUDA tensor"):
+            ops._kv_cache_views(cache, 128, None)
+
+
+@pytest.mark.gpu
+def test_padded_index_cache_views_are_the_pages_bytes():
+    # the kernel's two views of a vLLM-padded cache land on each page's K rows and scales (garbage padding unread)
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    g = torch.Generator().manual_seed(3)
+    k = torch.randint(0, 256, (4 * 64, 128), generator=g, dtype=torch.uint8)
+    sc = torch.rand(4 * 64, generator=g) + 0.5
+    compact = reference.pack_paged_cache(k.view(torch.float8_e4m3fn), sc, 64)
+    buf = torch.randint(0, 256, (4, 8_640), generator=g, dtype=torch.uint8)
+    buf[:, :8_448] = compact
+    for cache in (buf.cuda(), buf.cuda()[:, :8_448].unflatten(1, (64, 1, 132))):
+        p, kv_f32, kv_fp8 = ops._kv_cache_views(cache, 128, cache.device)
+        assert p == 64 and kv_fp8.stride() == (8_640, 128, 1) and kv_f32.shape == (4, 540, 4)
+        assert torch.equal(kv_fp8.view(torch.uint8).cpu().reshape(-1, 128), k)
+        assert torch.equal(kv_f32.reshape(4, -1)[:, 2_048:2_048 + 64].cpu().reshape(-1), sc)

@@ -209,7 +209,9 @@ def tile_macros(T, *, heads: int, head_block: int, block_i: int, threads: int, n
                 if hb * HB + h < H:
                     hh = T.min(hb * HB + h, H - 1)
                     ref = T.if_then_else(m_s[h] == neg_inf, T.float32(0), m_s[h])
-                    out[t, hh, d] = T.Cast("bfloat16", acc_o[h, d] / (l_s[h] + T.exp2(sink[hh] * LOG2E - ref)))
+                    # a row with no candidate is 0 (softmax over the sink alone), also where e^sink underflows
+                    out[t, hh, d] = T.Cast("bfloat16", T.if_then_else(
+                        l_s[h] > 0, acc_o[h, d] / (l_s[h] + T.exp2(sink[hh] * LOG2E - ref)), T.float32(0)))
         else:
             # a row with no candidate in this split writes only lse = -inf (the combine skips it)
             for h, d in T.Parallel(HB, D):

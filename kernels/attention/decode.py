@@ -18,7 +18,8 @@ Two gather pipelines (`stages`, chosen by select), on top of common.py's shared 
     64-candidate tiles).
   - stages = 0, through registers: + 4*BI*(3 + 8) page / offset / validity and 8 fp32 scales per row; tile
     k+1's bytes are loaded into registers (every load issued before any is used) while tile k is dequantized
-    and multiplied. Kept for one-token steps at 64 heads on Hopper (64 splits, 0-2 tiles a CTA).
+    and multiplied. select no longer picks it (a one-token step at 64 heads runs 32-head ring CTAs instead);
+    the schedule sweep still can.
 The fp8 NoPE bytes become bf16 8 at a time by bit placement and two bf16x2 multiplies (DEQUANT8_SRC).
 """
 # No `from __future__ import annotations`: TileLang evaluates the T.Tensor annotations.

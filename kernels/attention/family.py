@@ -195,6 +195,53 @@ def _prefill_case(m, tp: int, ctx: int) -> GpuCase:
                    {"out": TOLERANCE}, tokens=PREFILL_TOKENS, tp_size=tp)
 
 
+def _empty_rows_case(m) -> GpuCase:
+    """64 heads a rank, the sink at -1e4 for every head, and a third of the tokens with no candidate (length 0 in
+    both lists), a third whose candidates are all holes (-1): those rows must be 0, split (T = 1, 8) or not
+    (T = 80), where e^sink underflows the denominator."""
+    import torch
+    from . import ops, reference
+    tp = max(1, m.num_attention_heads // 64)
+    heads = m.num_attention_heads // tp
+
+    def make_inputs(t, device, g):
+        w, n2 = m.sliding_window, m.index_topk
+        p1, p2 = 4, 16
+        idx1 = torch.randint(0, p1 * SWA_BLOCK, (t, w), generator=g, dtype=torch.int32)
+        idx2 = torch.randint(0, p2 * COMP_BLOCK, (t, n2), generator=g, dtype=torch.int32)
+        len1 = torch.randint(1, w + 1, (t,), generator=g, dtype=torch.int32)
+        len2 = torch.randint(1, n2 + 1, (t,), generator=g, dtype=torch.int32)
+        kind = torch.arange(t) % 3
+        len1[kind == 0], len2[kind == 0] = 0, 0
+        idx1[kind == 1], idx2[kind == 1] = -1, -1
+        d = {"q": (torch.randn(t, heads, sparse_mla.D, generator=g) * 3).to(torch.bfloat16),
+             "idx1": idx1, "len1": len1, "idx2": idx2, "len2": len2,
+             "sink": torch.full((heads,), -1e4),
+             "cache1": reference.pack_fp8_ds_mla(_kv_rows(p1 * SWA_BLOCK, g), torch.arange(p1 * SWA_BLOCK), p1,
+                                                 SWA_BLOCK),
+             "cache2": reference.pack_fp8_ds_mla(_kv_rows(p2 * COMP_BLOCK, g), torch.arange(p2 * COMP_BLOCK), p2,
+                                                 COMP_BLOCK)}
+        return {k: v.to(device) for k, v in d.items()}
+
+    def make_outputs(inp, arch):
+        return {"out": torch.empty(inp["q"].shape, dtype=torch.bfloat16, device=inp["q"].device)}
+
+    def launch(inp, out, arch, get_kernel):
+        ops.sparse_mla_decode(inp["q"], inp["cache1"], inp["idx1"], inp["len1"], inp["sink"], block_size=SWA_BLOCK,
+                              extra_kv_cache=inp["cache2"], extra_indices=inp["idx2"], extra_lengths=inp["len2"],
+                              extra_block_size=COMP_BLOCK, softmax_scale=m.head_dim ** -0.5, out=out["out"],
+                              arch=arch, get_kernel=get_kernel)
+
+    def ref(inp, out):
+        return {"out": reference.ref_sparse_mla(inp["q"], reference.unpack_fp8_ds_mla(inp["cache1"], SWA_BLOCK),
+                                                inp["idx1"], inp["len1"],
+                                                reference.unpack_fp8_ds_mla(inp["cache2"], COMP_BLOCK), inp["idx2"],
+                                                inp["len2"], inp["sink"], m.head_dim ** -0.5)}
+
+    return GpuCase(f"sparse_mla_decode[tp={tp},empty_rows,sink=-1e4]", make_inputs, make_outputs, launch, ref,
+                   {"out": TOLERANCE}, tokens=(1, 8, 80), tp_size=tp)
+
+
 def _tps(m) -> tuple[int, ...]:
     """TP 1, 2, 4: V4-Flash's 64 heads run as 64, 32 and 16 per rank, V4-Pro's 128 as 128, 64, 32."""
     return tuple(tp for tp in (1, 2, 4) if m.num_attention_heads % tp == 0)
@@ -206,6 +253,7 @@ def _gpu_cases(m) -> list[GpuCase]:
         cases += [_decode_case(m, tp, 0, 1024), _decode_case(m, tp, 4, 1024), _decode_case(m, tp, 128, 8192),
                   _decode_case(m, tp, 4, 65536), _decode_case(m, tp, 128, 262144)]
         cases.append(_prefill_case(m, tp, 8192))
+    cases.append(_empty_rows_case(m))
     return cases
 
 

@@ -68,8 +68,8 @@ def kv_stages(hb: int, bi: int, arch: ArchProfile, n_splits: int) -> int:
     """The fp8 gather's pipeline: a 1-stage cp.async ring (the next tile's bytes go global -> shared while this
     tile is multiplied, no register held), or 0: through registers. The ring beats registers wherever a CTA has
     tiles to pipeline, and one stage matches or beats two or three (sweep_attention_schedules). Registers stay where
-    a CTA has almost nothing to pipeline and 64 heads fill its registers: one-token steps on Hopper (64 splits, 0-2
-    tiles a CTA)."""
+    a CTA has almost nothing to pipeline and 64 heads fill its registers (64 splits, 0-2 tiles a CTA); select then
+    takes 32-head CTAs through the ring instead (SMALL_STEP_HEAD_BLOCK)."""
     if hb >= 64 and n_splits >= SPLITS[-1]:
         return 0
     return 1 if smem_bytes_for(hb, bi, 1) <= arch.max_smem_per_block else 0
@@ -93,6 +93,30 @@ def num_splits(num_tokens: int, head_blocks: int, num_sms: int, per_sm: int = 1)
     while s * 2 <= min(per, SPLITS[-1]):
         s *= 2
     return s
+
+
+# Heads a CTA of the fp8 decode where 64-head CTAs would split a token's list SMALL_STEP_SPLITS or more ways (a few
+# tokens: up to 8 at 64 heads on 132 SMs, 4 at 128), registers gathering for them included (sweep of both on the H100:
+# 10-24% faster up to there, slower at 8 splits)
+SMALL_STEP_HEAD_BLOCK = 32
+SMALL_STEP_SPLITS = 16
+
+
+def _schedule(arch: ArchProfile, heads: int, hb: int, fmt: str, num_tokens: int) -> tuple[int, bool, int, int, int]:
+    """(threads, WGMMA CTA, splits, fp8 stages, candidates a tile) of `hb` heads a CTA."""
+    # 8 warps hide the gather's latency; a 16-row head block splits over 4 (mma.sync needs 16 rows x 8
+    # columns per warp, and the 32-wide score tile has only 4 such column blocks)
+    threads = 128 if hb == 16 else 256
+    # T.gemm lowers to WGMMA where the GPU has it and a CTA's head block fills a warp group's 64 rows
+    wgmma_cta = arch.has_wgmma and hb >= 64
+    # the split count as the ring would run with 32-candidate tiles; where registers take over, their
+    # footprint holds at least as many CTAs an SM (the count stands), and a 64-candidate tile is chosen
+    # only where one CTA an SM runs either way (64 heads on Hopper)
+    ring = 1 if fmt == "fp8_ds_mla" else 0
+    per_sm = ctas_per_sm(arch, smem_bytes_for(hb, 32, ring), threads)
+    n_splits = num_splits(num_tokens, math.ceil(heads / hb), arch.num_sms_hint, per_sm)
+    stages = kv_stages(hb, 32, arch, n_splits) if fmt == "fp8_ds_mla" else 0
+    return threads, wgmma_cta, n_splits, stages, kv_tile(wgmma_cta, n_splits, stages > 0)
 
 
 def build_sparse_mla(heads: int, head_block: int, block_i: int, threads: int, kv_format: str, n_splits: int,
@@ -144,20 +168,12 @@ class SparseMlaSpec(KernelSpec):
         self.check_tokens(num_tokens)
         heads, scale, fmt = _static_heads_scale(self.name, static)
         hb = head_block(heads, arch)
-        nhb = math.ceil(heads / hb)
-        # 8 warps hide the gather's latency; a 16-row head block splits over 4 (mma.sync needs 16 rows x 8
-        # columns per warp, and the 32-wide score tile has only 4 such column blocks)
-        threads = 128 if hb == 16 else 256
-        # T.gemm lowers to WGMMA where the GPU has it and a CTA's head block fills a warp group's 64 rows
-        wgmma_cta = arch.has_wgmma and hb >= 64
-        # the split count as the ring would run with 32-candidate tiles; where registers take over, their
-        # footprint holds at least as many CTAs an SM (the count stands), and a 64-candidate tile is chosen
-        # only where one CTA an SM runs either way (64 heads on Hopper)
-        ring = 1 if fmt == "fp8_ds_mla" else 0
-        per_sm = ctas_per_sm(arch, smem_bytes_for(hb, 32, ring), threads)
-        n_splits = num_splits(num_tokens, nhb, arch.num_sms_hint, per_sm)
-        stages = kv_stages(hb, 32, arch, n_splits) if fmt == "fp8_ds_mla" else 0
-        bi = kv_tile(wgmma_cta, n_splits, stages > 0)
+        threads, wgmma_cta, n_splits, stages, bi = _schedule(arch, heads, hb, fmt, num_tokens)
+        if fmt == "fp8_ds_mla" and hb > SMALL_STEP_HEAD_BLOCK and n_splits >= SMALL_STEP_SPLITS:
+            # a few tokens at 64+ heads: 32-head CTAs (twice the CTAs a token, each moving half of Q and of the
+            # partial O, all through the cp.async ring) beat 64-head CTAs that split each list 16+ ways
+            hb = SMALL_STEP_HEAD_BLOCK
+            threads, wgmma_cta, n_splits, stages, bi = _schedule(arch, heads, hb, fmt, num_tokens)
         params = {"heads": heads, "head_block": hb, "block_i": bi, "threads": threads, "kv_format": fmt,
                   "n_splits": n_splits, "softmax_scale": scale}
         if stages:

@@ -120,6 +120,23 @@ def _decode_inputs(m, next_n: int, t: int, device, g, max_ctx: int = MAX_CONTEXT
             "seq_lens": torch.tensor(ctx, dtype=torch.int32, device=device), "block_table": bt, "width": width}
 
 
+VLLM_PAGE_ALIGN = 576   # vLLM 0.33 rounds an index-K page up to a multiple of this (fp8_ds_mla)
+
+
+def _vllm_pages(d: dict, g, four_d: bool) -> dict:
+    """The cache as vLLM 0.33 lays it out: each page's [P*D fp8 | P fp32 scales] at the start of a stride rounded
+    up to a multiple of 576 B (64 x 132 = 8,448 -> 8,640 B), garbage in the padding; as the 2-D buffer, or a
+    [pages, P, 1, D + 4] view of its pages. The compact cache stays for the reference."""
+    import torch
+    compact = d["kv_cache"]
+    pages, page_bytes = compact.shape
+    stride = -(-page_bytes // VLLM_PAGE_ALIGN) * VLLM_PAGE_ALIGN
+    buf = torch.randint(0, 256, (pages, stride), generator=g, dtype=torch.uint8).to(compact.device)
+    buf[:, :page_bytes] = compact
+    cache = buf[:, :page_bytes].unflatten(1, (INDEX_PAGE_SIZE, 1, page_bytes // INDEX_PAGE_SIZE)) if four_d else buf
+    return {**d, "kv_cache": cache, "kv_ref": compact}
+
+
 def _f64_of_int(x, poison: int):
     import torch
     y = x.double()
@@ -154,9 +171,14 @@ def _logits_ref(lg, info) -> dict:
     return {"logits": torch.where(inf, torch.zeros_like(lg), lg), "masked": inf.double(), "row_info": info.double()}
 
 
-def _decode_logits_case(m, next_n: int) -> GpuCase:
+def _decode_logits_case(m, next_n: int, vllm_pages: str = "") -> GpuCase:
+    """vllm_pages "2d" / "4d": the cache in vLLM 0.33's padded page layout (_vllm_pages)."""
     import torch
     from . import ops, reference
+
+    def make_inputs(t, d, g):
+        inp = _decode_inputs(m, next_n, t, d, g)
+        return _vllm_pages(inp, g, vllm_pages == "4d") if vllm_pages else inp
 
     def launch(inp, out, arch, get_kernel):
         t, w = inp["q"].shape[0], inp["width"]
@@ -168,14 +190,14 @@ def _decode_logits_case(m, next_n: int) -> GpuCase:
         _store_logits(out, lg, info)
 
     def ref(inp, out):
-        lg, info = reference.ref_decode_logits(inp["q"], inp["q_scale"],
-                                               inp["weights"], inp["kv_cache"], inp["seq_lens"], inp["block_table"],
-                                               next_n, inp["width"], RATIO)
+        lg, info = reference.ref_decode_logits(inp["q"], inp["q_scale"], inp["weights"],
+                                               inp.get("kv_ref", inp["kv_cache"]), inp["seq_lens"],
+                                               inp["block_table"], next_n, inp["width"], RATIO)
         return _logits_ref(lg, info)
 
-    return GpuCase(f"indexer_decode_logits[next_n={next_n}]", lambda t, d, g: _decode_inputs(m, next_n, t, d, g),
-                   _logits_outputs, launch, ref, {"logits": LOGITS_TOL, "masked": 0.0, "row_info": 0.0},
-                   tokens=tuple(b * next_n for b in (1, 8, 64)))
+    layout = f",vllm_pages={vllm_pages}" if vllm_pages else ""
+    return GpuCase(f"indexer_decode_logits[next_n={next_n}{layout}]", make_inputs, _logits_outputs, launch, ref,
+                   {"logits": LOGITS_TOL, "masked": 0.0, "row_info": 0.0}, tokens=tuple(b * next_n for b in (1, 8, 64)))
 
 
 def _topk_check(inp, got, lg, info) -> dict:
@@ -195,12 +217,14 @@ def _topk_outputs(inp, arch):
             "lengths": torch.empty(t, dtype=torch.float64, device=dev)}
 
 
-def _decode_topk_case(m, next_n: int) -> GpuCase:
+def _decode_topk_case(m, next_n: int, vllm_pages: bool = False) -> GpuCase:
     import torch
     from . import ops
 
     def make_inputs(t, device, g):
         d = _decode_inputs(m, next_n, t, device, g)
+        if vllm_pages:
+            d = _vllm_pages(d, g, False)
         d.update(topk=m.index_topk, page_size=INDEX_PAGE_SIZE)
         # the second request's logits all 0: a row of equal keys (the split top-k's heavy-tie branch, on the
         # kernel's own logits)
@@ -226,7 +250,8 @@ def _decode_topk_case(m, next_n: int) -> GpuCase:
         got = out["indices"].nan_to_num(-2).long()
         return _topk_check(inp, got, inp["_logits"], inp["_row_info"].long())
 
-    return GpuCase(f"indexer_decode_topk[next_n={next_n}]", make_inputs, _topk_outputs, launch, ref,
+    layout = ",vllm_pages=2d" if vllm_pages else ""
+    return GpuCase(f"indexer_decode_topk[next_n={next_n}{layout}]", make_inputs, _topk_outputs, launch, ref,
                    {"indices": 0.0, "lengths": 0.0}, tokens=tuple(b * next_n for b in (1, 8, 64)))
 
 
@@ -388,6 +413,7 @@ def _gpu_cases(m) -> list[GpuCase]:
     if RATIO in m.layer_ratios:
         cases += [_decode_logits_case(m, nn) for nn in NEXT_NS]
         cases += [_decode_topk_case(m, nn) for nn in NEXT_NS]
+        cases += [_decode_logits_case(m, 1, "2d"), _decode_logits_case(m, 2, "4d"), _decode_topk_case(m, 1, True)]
         cases += [_prefill_logits_case(m), _topk_case(m)]
     cases.append(_swa_case(m))
     return cases

@@ -19,8 +19,10 @@ is most of the row's bytes when W is sized for the longest context.
   t = b * next_n + g. `seq_lens[b]` is the request's length in (uncompressed) tokens including this step's
   next_n tokens, so token g sits at position p = seq_lens[b] - next_n + g and sees the compressed positions
   j < (p + 1) // ratio (causal, ref `Indexer.forward`). Index-K cache, DeepGEMM/vLLM fp8 paged layout: page
-  bytes [page_size * D fp8 values | page_size * 4 B fp32 scales] (132 B per position for D = 128); the kernel
-  takes the same memory twice, as fp8 [num_pages, page_size*(D+4)] and as fp32 [num_pages, page_size*(D+4)/4].
+  bytes [page_size * D fp8 values | page_size * 4 B fp32 scales] (132 B per position for D = 128) at the start
+  of each page; a page may be padded (any stride >= page_size * (D + 4) B in a multiple of 16: vLLM rounds it up
+  to a multiple of 576 B). The kernel takes the same memory twice, as fp32 rows [num_pages, stride/16, 4] and as
+  strided fp8 K rows [num_pages, page_size, D].
   block_table[b, i] is the physical page of compressed positions [i*page_size, (i+1)*page_size); entries past
   the request's length may be -1 (never read: the tile loop stops at the length, and tails are clamped).
 * prefill (ragged): k [Nk, D] fp8 + k_scale [Nk] fp32 contiguous (the engine's gathered compressed K);
@@ -35,10 +37,7 @@ reaches (past the request's length) is written -inf without reading K, so the gr
 graph capture) while the work follows each request's length (the public SM12x fix: 433 -> 29 us at 28K context).
 Small CTAs (4 warps, 64-column tiles), several per SM, each with a 2-3 stage cp.async ring written out by hand
 (T.async_copy + constant ptx_wait_group): TileLang 0.1.15's T.Pipelined cannot take the loop's dynamic trip
-count. The cache is read through a row view [pages * (P + 4P/D), D] so a tile's rows are one copy region (page
-sizes with 4P % D == 0: 32-256 at D = 128). The previous
-layout (one 256-column tile per 512-thread CTA, 128 registers: one CTA per SM, 2,048 CTAs at W = 65,600 and
-8 tokens) ran in 16 waves, 30 us at 64K context x 8 (19.5% of copy bandwidth, H100, 2026-11-24).
+count. A tile's rows of one page are one copy region of the strided K view.
 
 Also written: row_info [T, 3] int32 = (lo_t, hi_t, request index) by the CTAs of column chunk 0, which the
 top-k kernel (topk.py) reads: its columns, and the block-table row to translate them through.
@@ -172,8 +171,11 @@ def build_logits(*, paged: bool, heads: int, dim: int, group: int, block_n: int,
     batch = T.dynamic("batch")
     max_pages = T.dynamic("max_pages")
     num_k = T.dynamic("num_k")
-    PB = max(P, 1) * (D + SCALE_BYTES)       # bytes per page (paged)
-    SCALE_OFF = P * D // SCALE_BYTES         # first fp32 scale of a page, in fp32 elements
+    # paged: a page's stride is the cache's own, page_rows x 16 B (>= P * (D + 4) B: vLLM pads pages), and the
+    # kernel reads the same bytes as K rows [pages, P, D] fp8 (strided; 16-byte aligned rows, so cp.async stays
+    # 16 B wide) and as 16-byte rows of fp32 [pages, page_rows, 4], the scales from row SCALE_ROW on
+    page_rows = T.dynamic("page_rows")
+    SCALE_ROW = P * D // 16
 
     num_tiles = T.ceildiv(width, BN)
     grid_x = grid_columns(T.ceildiv(num_tokens, G), num_tiles, target_ctas, slots, max_tiles, ops=T)
@@ -194,9 +196,9 @@ def build_logits(*, paged: bool, heads: int, dim: int, group: int, block_n: int,
 
     R = min(BN, P) if paged else BN            # rows per async copy (one page's share of a tile)
     NPT = BN // R                               # async copies per tile
-    RPP = PB // D if paged else 0               # D-byte rows per page in the row view of the cache
-    if paged:
-        assert PB % D == 0 and BN % R == 0, (P, D, BN)
+
+    def scale_at(ks_shared, st, n):
+        return ks_shared[st, n // 4, n % 4] if paged else ks_shared[st, n]
 
     @T.macro
     def issue_tile(k_rows, k_b, src_b, bg, tile, k_shared, ks_shared, st):
@@ -204,10 +206,11 @@ def build_logits(*, paged: bool, heads: int, dim: int, group: int, block_n: int,
         for j in T.unroll(NPT):
             if paged:
                 pg = T.min(page_of(src_b, bg, tile * BN + j * R), num_pages - 1)
-                T.async_copy(k_rows[pg * RPP + T.floormod(tile * BN + j * R, P): pg * RPP + T.floormod(tile * BN + j * R, P) + R, 0:D],
+                T.async_copy(k_rows[pg, T.floormod(tile * BN + j * R, P): T.floormod(tile * BN + j * R, P) + R, 0:D],
                              k_shared[st, j * R: j * R + R, 0:D])
-                T.async_copy(k_b[pg, SCALE_OFF + T.floormod(tile * BN + j * R, P): SCALE_OFF + T.floormod(tile * BN + j * R, P) + R],
-                             ks_shared[st, j * R: j * R + R])
+                T.async_copy(k_b[pg, SCALE_ROW + T.floordiv(T.floormod(tile * BN + j * R, P), 4):
+                                 SCALE_ROW + T.floordiv(T.floormod(tile * BN + j * R, P), 4) + R // 4, 0:4],
+                             ks_shared[st, j * R // 4: j * R // 4 + R // 4, 0:4])
             else:
                 T.async_copy(k_rows[tile * BN: tile * BN + BN, 0:D], k_shared[st, 0:BN, 0:D])
                 T.async_copy(k_b[tile * BN: tile * BN + BN], ks_shared[st, 0:BN])
@@ -218,7 +221,7 @@ def build_logits(*, paged: bool, heads: int, dim: int, group: int, block_n: int,
             q_shared = T.alloc_shared([G * H, D], OP)
             k_shared = T.alloc_shared([NS, BN, D], FP8)
             k_op = T.alloc_shared([BN, D], OP) if CONVERT else None
-            k_rows = T.view(k_a, (num_pages * RPP, D)) if paged else k_a
+            k_rows = k_a
             ks_frag = T.alloc_fragment([BN], acc)
             w_frag = T.alloc_fragment([G, H], acc)
             s = T.alloc_fragment([BN, G * H], acc)
@@ -226,7 +229,7 @@ def build_logits(*, paged: bool, heads: int, dim: int, group: int, block_n: int,
             l_frag = T.alloc_fragment([BN, G], acc)
             lo_min = T.alloc_local([1], "int32")
             hi_max = T.alloc_local([1], "int32")
-            ks_shared = T.alloc_shared([NS, BN], acc)
+            ks_shared = T.alloc_shared([NS, BN // 4, 4] if paged else [NS, BN], acc)
             # registers capped for several resident CTAs (unbounded, nvcc took 238 at 128 threads: 2 per SM)
             T.annotate_min_blocks_per_sm(min_blocks(G * H))
             if paged:
@@ -292,7 +295,7 @@ def build_logits(*, paged: bool, heads: int, dim: int, group: int, block_n: int,
                         T.ptx_wait_group(0)
                     T.sync_threads()
                     for n in T.Parallel(BN):
-                        ks_frag[n] = ks_shared[T.floormod(i, NS), n]
+                        ks_frag[n] = scale_at(ks_shared, T.floormod(i, NS), n)
                     for n, d in T.Parallel(BN, D):
                         k_op[n, d] = T.Cast(OP, k_shared[T.floormod(i, NS), n, d])
                     T.sync_threads()
@@ -310,7 +313,7 @@ def build_logits(*, paged: bool, heads: int, dim: int, group: int, block_n: int,
                         issue_tile(k_rows, k_b, src_b, bg, t_lo + bc + (i + NS - 1) * gx,
                                    k_shared, ks_shared, T.floormod(i + NS - 1, NS))
                     for n in T.Parallel(BN):
-                        ks_frag[n] = ks_shared[T.floormod(i, NS), n]
+                        ks_frag[n] = scale_at(ks_shared, T.floormod(i, NS), n)
                     T.gemm(k_shared[T.floormod(i, NS), :, :], q_shared, s, transpose_B=True, clear_accum=True,
                            policy=T.GemmWarpPolicy.FullRow)
                 for n, g, h in T.Parallel(BN, G, H):
@@ -330,8 +333,8 @@ def build_logits(*, paged: bool, heads: int, dim: int, group: int, block_n: int,
             q: T.Tensor[(num_tokens, H, D), FP8],
             q_scale: T.Tensor[(num_tokens,), "float32"],
             weights: T.Tensor[(num_tokens, H), "float32"],
-            kv_fp8: T.Tensor[(num_pages, PB), FP8],
-            kv_f32: T.Tensor[(num_pages, PB // SCALE_BYTES), "float32"],
+            kv_f32: T.Tensor[(num_pages, page_rows, 4), "float32"],
+            kv_fp8: T.StridedTensor[(num_pages, P, D), (page_rows * 16, D, 1), FP8],
             seq_lens: T.Tensor[(batch,), "int32"],
             block_table: T.Tensor[(batch, max_pages), "int32"],
             logits: T.Tensor[(num_tokens, width), "float32"],
@@ -402,7 +405,7 @@ class IndexerDecodeLogitsSpec(_LogitsSpec):
     ranges)."""
     name = "indexer_decode_logits"
     paged = True
-    arg_names = ("q", "q_scale", "weights", "kv_fp8", "kv_f32", "seq_lens", "block_table", "logits", "row_info")
+    arg_names = ("q", "q_scale", "weights", "kv_f32", "kv_fp8", "seq_lens", "block_table", "logits", "row_info")
 
     def static_params(self, model, parallel) -> dict[str, Any]:
         # next_n, page_size and clean are per call site: family.uses lists them

@@ -7,8 +7,9 @@ Every op here is TileLang end to end (no torch.topk, no torch math on the hot pa
 
 Tensor conventions (T query tokens, H = 64 index heads, D = 128, P = page size):
   q        [T, H, D] torch.float8_e4m3fn;  q_scale [T] fp32 (> 0);  weights [T, H] fp32
-  kv_cache uint8, [num_pages, P * (D + 4)] or [num_pages, P, 1, D + 4] (DeepGEMM's shape, same bytes): per
-           page P*D fp8 values, then P fp32 scales (> 0)
+  kv_cache uint8, [num_pages, page_bytes], [num_pages, P, D + 4] or [num_pages, P, 1, D + 4] (DeepGEMM's
+           shape): per page P*D fp8 values, then P fp32 scales (> 0), at a page stride >= P * (D + 4) B in a
+           multiple of 16 (vLLM pads it to a multiple of 576 B)
   decode:  T = batch * next_n; seq_lens [batch] int32 = request length in tokens INCLUDING this step's next_n
            tokens; block_table [batch, max_pages] int32 over compressed positions (-1 past the length is fine)
   logits   [T, W] fp32, -inf outside each token's range; W >= the longest compressed length (default
@@ -43,28 +44,66 @@ def _q_args(q, q_scale, weights):
     return tokens, heads, dim, dev
 
 
-def _kv_cache_views(kv_cache, dim: int, dev):
-    """(page_size, fp8 view [pages, P*(D+4)], fp32 view [pages, P*(D+4)/4]) of the paged index-K cache."""
+PAGE_SIZES = (16, 32, 64, 128, 256)
+PAGE_PAD_MAX = 576  # vLLM rounds an index-K page up to a multiple of 576 B (fp8_ds_mla)
+
+
+def _page_size_of(page_bytes: int, row: int, page_size) -> int:
+    """The page size of a 2-D cache [num_pages, page_bytes]: the caller's, else page_bytes / row when exact, else
+    the one supported size whose page vLLM's padding (< 576 B) rounds up to page_bytes."""
+    if page_size is not None:
+        return _int_arg("indexer_decode_logits", "page_size", page_size, PAGE_SIZES)
+    if page_bytes % row == 0:
+        return page_bytes // row
+    fits = [p for p in PAGE_SIZES if p * row <= page_bytes < p * row + PAGE_PAD_MAX]
+    if not fits:
+        raise ValueError(f"kv_cache: {page_bytes} bytes per page is not page_size * {row} (+ padding below "
+                         f"{PAGE_PAD_MAX} B) for a page size in {PAGE_SIZES}; pass page_size=")
+    return fits[0]
+
+
+def _kv_cache_views(kv_cache, dim: int, dev, page_size=None):
+    """(page_size, fp32 rows [pages, stride/16, 4], strided fp8 K rows [pages, P, D]) of the paged index-K cache:
+    per page P*D fp8 values then P fp32 scales, from the page's start; the page stride is the tensor's own
+    (>= P*(D+4) bytes, a multiple of 16)."""
     import torch
     from dsv4_jit.validate import check_tensor
-    if not isinstance(kv_cache, torch.Tensor) or kv_cache.dim() not in (2, 4) or kv_cache.dtype != torch.uint8:
-        raise ValueError("kv_cache: expected a uint8 [num_pages, page_size * (dim + 4)] or "
+    row = dim + SCALE_BYTES
+    if not isinstance(kv_cache, torch.Tensor) or kv_cache.dim() not in (2, 3, 4) or kv_cache.dtype != torch.uint8:
+        raise ValueError("kv_cache: expected a uint8 [num_pages, page_bytes], [num_pages, page_size, dim + 4] or "
                          "[num_pages, page_size, 1, dim + 4] tensor")
-    if kv_cache.dim() == 4:
-        if kv_cache.shape[2] != 1 or kv_cache.shape[3] != dim + SCALE_BYTES:
-            raise ValueError(f"kv_cache: expected shape [num_pages, page_size, 1, {dim + SCALE_BYTES}], "
-                             f"got {list(kv_cache.shape)}")
-        page_bytes = kv_cache.shape[1] * kv_cache.shape[3]
-    else:
-        page_bytes = kv_cache.shape[1]
-    check_tensor(kv_cache, "kv_cache", [None] * kv_cache.dim(), torch.uint8, dev)
-    if page_bytes % (dim + SCALE_BYTES):
-        raise ValueError(f"kv_cache: {page_bytes} bytes per page is not page_size * {dim + SCALE_BYTES}")
-    page_size = page_bytes // (dim + SCALE_BYTES)
     if kv_cache.shape[0] < 1:
         raise ValueError("kv_cache: needs at least one page")
-    flat = kv_cache.view(kv_cache.shape[0], page_bytes)
-    return page_size, flat.view(torch.float8_e4m3fn), flat.view(torch.float32)
+    if kv_cache.dim() == 2:
+        stride = kv_cache.shape[1]
+        p = _page_size_of(stride, row, page_size)
+    else:
+        shape = [None, None, row] if kv_cache.dim() == 3 else [None, None, 1, row]
+        if list(kv_cache.shape[2:]) != shape[2:]:
+            raise ValueError(f"kv_cache: expected shape [num_pages, page_size{', 1' if kv_cache.dim() == 4 else ''}, "
+                             f"{row}], got {list(kv_cache.shape)}")
+        p = kv_cache.shape[1]
+        if page_size is not None and page_size != p:
+            raise ValueError(f"kv_cache: page_size={page_size} but the cache's pages hold {p} positions")
+        if not kv_cache[0].is_contiguous():
+            raise ValueError("kv_cache: a page's bytes must be contiguous (only the page stride may be padded)")
+        stride = kv_cache.stride(0)
+    if p not in PAGE_SIZES:
+        raise ValueError(f"kv_cache: page_size {p} is not supported (supported: {list(PAGE_SIZES)})")
+    if stride < p * row or stride % 16:
+        raise ValueError(f"kv_cache: a page of {p} positions needs >= {p * row} B at a stride that is a multiple of "
+                         f"16 B; got {stride} B")
+    # the pages may sit at a padded stride (a view of a [num_pages, page_bytes] buffer): dim 0 alone may be
+    # non-contiguous
+    check_tensor(kv_cache, "kv_cache", [None] * kv_cache.dim(), torch.uint8, dev, contiguous=kv_cache.dim() == 2)
+    pages = kv_cache.shape[0]
+    try:
+        flat = torch.as_strided(kv_cache, (pages, stride), (stride, 1))
+    except RuntimeError as e:  # the last page's padding is outside the tensor's storage
+        raise ValueError(f"kv_cache: {pages} pages at a {stride} B stride overrun the tensor's storage ({e})") from None
+    kv_f32 = flat.view(torch.float32).view(pages, stride // 16, 4)
+    kv_fp8 = torch.as_strided(flat.view(torch.float8_e4m3fn), (pages, p, dim), (stride, dim, 1))
+    return p, kv_f32, kv_fp8
 
 
 def _out_2d(t, name: str, shape: tuple, dtype, dev):
@@ -111,13 +150,14 @@ def decode_static(heads: int, dim: int, next_n: int, page_size: int, ratio: int 
 
 def indexer_decode_logits(q, q_scale, weights, kv_cache, seq_lens, block_table, *, next_n: int, arch, get_kernel,
                           ratio: int = DEFAULT_RATIO, width: int | None = None, out=None, row_info=None,
-                          clean: bool = True):
+                          clean: bool = True, page_size: int | None = None):
     """Paged decode logits (see kernels/indexer/logits.py). Returns (logits [T, W] fp32, row_info [T, 3] int32).
 
     `out` / `row_info` may be preallocated (CUDA-graph capture); W is out.shape[1], else `width`, else
     max_pages * page_size. Rows of a request whose compressed length exceeds W are cut at W. clean=False (as
     DeepGEMM's clean_logits) leaves the columns outside the tiles a token group's ranges reach unwritten: for a
-    consumer that reads only row_info's [lo, hi) (indexer_topk does)."""
+    consumer that reads only row_info's [lo, hi) (indexer_topk does). page_size: positions per page, needed
+    only for a 2-D cache whose padded page stride does not tell it (vLLM's padding is inferred)."""
     import torch
     from dsv4_jit.validate import check_tensor
 
@@ -131,7 +171,7 @@ def indexer_decode_logits(q, q_scale, weights, kv_cache, seq_lens, block_table, 
     if tokens % next_n:
         raise ValueError(f"q: {tokens} tokens is not a multiple of next_n={next_n}")
     batch = tokens // next_n
-    page_size, kv_fp8, kv_f32 = _kv_cache_views(kv_cache, dim, dev)
+    page_size, kv_f32, kv_fp8 = _kv_cache_views(kv_cache, dim, dev, page_size)
     check_tensor(seq_lens, "seq_lens", [batch], torch.int32, dev)
     if not isinstance(block_table, torch.Tensor) or block_table.dim() != 2:
         raise ValueError(f"block_table: expected an int32 [{batch}, max_pages] tensor")
@@ -149,7 +189,7 @@ def indexer_decode_logits(q, q_scale, weights, kv_cache, seq_lens, block_table, 
         return out, row_info
     kernel = get_kernel(get_spec("indexer_decode_logits"), decode_static(heads, dim, next_n, page_size, ratio, clean),
                         tokens)
-    kernel(q, q_scale, weights, kv_fp8, kv_f32, seq_lens, block_table, out, row_info)
+    kernel(q, q_scale, weights, kv_f32, kv_fp8, seq_lens, block_table, out, row_info)
     return out, row_info
 
 
@@ -251,7 +291,8 @@ def indexer_topk_workspace_numel(num_tokens: int) -> int:
 
 
 def indexer_decode_topk(q, q_scale, weights, kv_cache, seq_lens, block_table, *, next_n: int, topk: int, arch,
-                        get_kernel, ratio: int = DEFAULT_RATIO, width: int | None = None, workspace=None, out=None):
+                        get_kernel, ratio: int = DEFAULT_RATIO, width: int | None = None, workspace=None, out=None,
+                        page_size: int | None = None):
     """One decode step of a ratio-4 layer's indexer: paged logits, then top-k with page-table translation.
 
     workspace = (logits [T, W] fp32, row_info [T, 3] int32[, top-k histograms: int32, indexer_topk_workspace_numel])
@@ -263,8 +304,8 @@ def indexer_decode_topk(q, q_scale, weights, kv_cache, seq_lens, block_table, *,
     # the top-k reads only each row's [lo, hi): no -inf past the request's length (clean=False)
     logits, row_info = indexer_decode_logits(q, q_scale, weights, kv_cache, seq_lens, block_table, next_n=next_n,
                                              arch=arch, get_kernel=get_kernel, ratio=ratio, width=width,
-                                             out=logits, row_info=row_info, clean=False)
-    page_size = _kv_cache_views(kv_cache, q.shape[2], q.device)[0]
+                                             out=logits, row_info=row_info, clean=False, page_size=page_size)
+    page_size = _kv_cache_views(kv_cache, q.shape[2], q.device, page_size)[0]
     return indexer_topk(logits, row_info, block_table, topk=topk, page_size=page_size, arch=arch,
                         get_kernel=get_kernel, out=out, workspace=hist)
 
@@ -274,9 +315,10 @@ def indexer_decode_topk(q, q_scale, weights, kv_cache, seq_lens, block_table, *,
 # =============================================================================================
 def indexer_swa_indices(positions, req_idx, block_table, *, window: int, page_size: int, arch, get_kernel,
                         out=None):
-    """Sliding-window slots of every query token over a paged SWA cache (see topk.py). positions [T] int32
+    """Sliding-window slots of every query token over a paged SWA cache. positions [T] int32
     (absolute, 0-based), req_idx [T] int32, block_table [batch, max_pages] int32 over token positions (-1 for
-    freed pages outside the window is fine). Returns (swa_indices [T, window] int32, swa_lengths [T] int32)."""
+    freed pages outside the window is fine). Returns (swa_indices [T, window] int32, swa_lengths [T] int32); see
+    swa.py."""
     import torch
     from dsv4_jit.validate import check_tensor
 
