@@ -14,6 +14,7 @@ from typing import Any, Mapping
 
 from dsv4_jit.arch import ArchProfile, check_arch, ctas_by_smem, schedule_name
 from dsv4_jit.spec import KernelSpec, Variant, register
+from dsv4_jit.validate import int_param
 
 from . import combine, common, decode, prefill
 from .combine import build_combine, combine_params
@@ -28,15 +29,6 @@ __all__ = ["D", "GROUP", "KV_FORMATS", "LOG2E", "NOPE", "ROPE", "SCALE_BYTES", "
            "SPLITS", "build_combine", "build_sparse_mla", "combine_params", "ctas_per_sm", "e4m3_bf16_bits",
            "head_block", "kv_stages", "kv_tile", "num_splits", "pass_configs_for", "smem_bytes_for",
            "SparseMlaCombineSpec", "SparseMlaSpec", "attention_statics"]
-
-
-def _int_static(name: str, static: Mapping[str, Any], key: str, lo: int, hi: int) -> int:
-    if not isinstance(static, Mapping) or key not in static:
-        raise ValueError(f"{name}: static params lack {key!r}")
-    v = static[key]
-    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-        raise ValueError(f"{name}: {key} must be an int in [{lo}, {hi}], got {v!r}")
-    return v
 
 
 def head_block(heads: int, arch: ArchProfile) -> int:
@@ -133,7 +125,7 @@ def build_sparse_mla(heads: int, head_block: int, block_i: int, threads: int, kv
 
 
 def _static_heads_scale(name: str, static: Mapping[str, Any]) -> tuple[int, float, str]:
-    heads = _int_static(name, static, "heads", 1, 256)
+    heads = int_param(name, static, "heads", lo=1, hi=256)
     scale = static.get("softmax_scale")
     if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 < float(scale) < 1:
         raise ValueError(f"{name}: softmax_scale must be a float in (0, 1), got {scale!r}")

@@ -49,6 +49,7 @@ from typing import Any, Mapping
 
 from dsv4_jit.arch import ArchProfile, check_arch, ctas_by_smem, get_profile, schedule_name
 from dsv4_jit.spec import KernelSpec, Variant, register
+from dsv4_jit.validate import int_param
 
 FP8 = "float8_e4m3"
 SCALE_BYTES = 4
@@ -81,19 +82,8 @@ MIN_BLOCKS = 4
 # Tiles one CTA walks at most: at large batch the CTAs per row grow past CTAS_PER_SM's share so no CTA walks more
 # than this many (valid or -inf) tiles. H100, 256K-context width (1,025 tiles), batch 64: 411 us with 9 CTAs per
 # row (114 tiles each), 320 us with 33 (32 each); batch 8 was fastest at CTAS_PER_SM 4 (50.6 us against 52.9 at
-# 8 and 55.5 at 16), 2026-11-24, benchmarks/sweep_indexer_logits.py.
+# 8 and 55.5 at 16), benchmarks/indexer/sweep_indexer_logits.py.
 MAX_TILES_PER_CTA = 32
-
-
-def int_param(name: str, static: Mapping[str, Any], key: str, allowed=None, lo: int = 1) -> int:
-    if not isinstance(static, Mapping) or key not in static:
-        raise ValueError(f"{name}: static params lack {key!r}")
-    v = static[key]
-    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-        raise ValueError(f"{name}: {key} must be an int >= {lo}, got {v!r}")
-    if allowed is not None and v not in allowed:
-        raise ValueError(f"{name}: {key}={v} is not supported (supported: {sorted(allowed)})")
-    return v
 
 
 class _IntOps:
@@ -369,8 +359,8 @@ class _LogitsSpec(KernelSpec):
     def _common(self, arch: ArchProfile, static: Mapping[str, Any], num_tokens: int) -> dict:
         check_arch(self.name, arch)
         self.check_tokens(num_tokens)
-        heads = int_param(self.name, static, "heads", (8, 16, 32, 64))
-        dim = int_param(self.name, static, "dim", (64, 128))
+        heads = int_param(self.name, static, "heads", allowed=(8, 16, 32, 64))
+        dim = int_param(self.name, static, "dim", allowed=(64, 128))
         block_n, stages, threads = SCHEDULES[arch.family]
         return {"heads": heads, "dim": dim, "block_n": block_n, "stages": stages, "threads": threads,
                 "operand": arch.fp8_mma_operand, "wgmma": arch.has_wgmma and arch.fp8_mma_operand != FP8,
@@ -413,8 +403,8 @@ class IndexerDecodeLogitsSpec(_LogitsSpec):
 
     def select(self, arch: ArchProfile, static: Mapping[str, Any], num_tokens: int) -> Variant:
         p = self._common(arch, static, num_tokens)
-        next_n = int_param(self.name, static, "next_n", (1, 2, 3, 4))
-        page_size = int_param(self.name, static, "page_size", (16, 32, 64, 128, 256))
+        next_n = int_param(self.name, static, "next_n", allowed=(1, 2, 3, 4))
+        page_size = int_param(self.name, static, "page_size", allowed=(16, 32, 64, 128, 256))
         ratio = int_param(self.name, static, "ratio")
         if p["block_n"] % page_size and page_size % p["block_n"]:
             raise ValueError(f"{self.name}: page_size={page_size} and block_n={p['block_n']} do not nest")

@@ -52,7 +52,7 @@ def _page_size_of(page_bytes: int, row: int, page_size) -> int:
     """The page size of a 2-D cache [num_pages, page_bytes]: the caller's, else page_bytes / row when exact, else
     the one supported size whose page vLLM's padding (< 576 B) rounds up to page_bytes."""
     if page_size is not None:
-        return _int_arg("indexer_decode_logits", "page_size", page_size, PAGE_SIZES)
+        return int_arg("page_size", page_size, op="indexer_decode_logits", allowed=PAGE_SIZES)
     if page_bytes % row == 0:
         return page_bytes // row
     fits = [p for p in PAGE_SIZES if p * row <= page_bytes < p * row + PAGE_PAD_MAX]

@@ -15,7 +15,8 @@ from typing import Any, Mapping
 from dsv4_jit.arch import ArchProfile, get_profile
 from dsv4_jit.spec import KernelSpec, Variant, register
 
-from .logits import check_arch, int_param, schedule_name
+from dsv4_jit.arch import check_arch, schedule_name
+from dsv4_jit.validate import int_param
 
 SWA_THREADS = 128
 
@@ -72,7 +73,7 @@ class IndexerSwaIndicesSpec(KernelSpec):
         window = int_param(self.name, static, "window")
         if window % 32 or window > 4096:
             raise ValueError(f"{self.name}: window={window} must be a multiple of 32 up to 4096")
-        page_size = int_param(self.name, static, "page_size", (16, 32, 64, 128, 256))
+        page_size = int_param(self.name, static, "page_size", allowed=(16, 32, 64, 128, 256))
         p = {"window": window, "page_size": page_size, "threads": SWA_THREADS}
         return Variant.make(self.name, p, arch, schedule_name(arch))
 

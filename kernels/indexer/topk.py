@@ -43,7 +43,8 @@ from typing import Any, Mapping
 from dsv4_jit.arch import SMEM_RESERVED_PER_CTA, ArchProfile, get_profile
 from dsv4_jit.spec import KernelSpec, Variant, register
 
-from .logits import check_arch, int_param, schedule_name
+from dsv4_jit.arch import check_arch, schedule_name
+from dsv4_jit.validate import int_param
 
 RADIX = 256
 PASSES = 4  # 8 bits each over the 32-bit key
@@ -558,7 +559,7 @@ class IndexerTopkSpec(KernelSpec):
         topk = int_param(self.name, static, "topk")
         if topk > 4096:
             raise ValueError(f"{self.name}: topk={topk} is out of range (1..4096)")
-        page_size = int_param(self.name, static, "page_size", (16, 32, 64, 128, 256))
+        page_size = int_param(self.name, static, "page_size", allowed=(16, 32, 64, 128, 256))
         p = {"topk": topk, "page_size": page_size, "threads": topk_threads(num_tokens, arch.num_sms_hint)}
         # many rows: two CTAs per SM, so the resident row is half an SM's shared memory
         p["resident"] = resident_keys(arch, topk_smem_bytes(p), ctas_per_sm=2)
@@ -1027,7 +1028,7 @@ class IndexerTopkSplitSpec(KernelSpec):
         topk = int_param(self.name, static, "topk")
         if topk > 4096:
             raise ValueError(f"{self.name}: topk={topk} is out of range (1..4096)")
-        page_size = int_param(self.name, static, "page_size", (16, 32, 64, 128, 256))
+        page_size = int_param(self.name, static, "page_size", allowed=(16, 32, 64, 128, 256))
         splits = max(2, topk_splits(num_tokens, arch.num_sms_hint))
         threads, cap = split_schedule(splits)
         p = {"topk": topk, "page_size": page_size, "threads": threads, "splits": splits}
