@@ -159,8 +159,9 @@ def test_wrappers_validate_gpu():
     with pytest.raises(ValueError, match="fn"):
         OPS.hc_head(r, torch.zeros(4, 1000, device="cuda"), torch.ones(1, device="cuda"),
                    torch.zeros(4, device="cuda"), rms_eps=1e-6, hc_eps=1e-6, **kw)
-    with pytest.raises(ValueError, match="hidden_size"):  # 200 is not a multiple of 256
-        OPS.mhc_post(x[:, :200].contiguous(), r[:, :, :200].contiguous(), p, c, **kw)
+    with pytest.raises(ValueError, match="hidden_size"):  # 200 is not a multiple of 256: select refuses it
+        OPS.mhc_post(x[:, :200].contiguous(), r[:, :, :200].contiguous(), p, c, arch=get_profile("sm_90a"),
+                     get_kernel=select_only_getter(get_profile("sm_90a")))
 
 
 def test_post_tile_by_token_count():
