@@ -226,6 +226,65 @@ def sglang_resolve(parser: argparse.ArgumentParser, requests: list[dict]) -> lis
     return out
 
 
+def vllm_resolve(parser: argparse.ArgumentParser, requests: list[dict]) -> list[dict]:
+    """vLLM 0.33.0's own resolution for each {"argv", "gpu_gib", "gpu_name", "capability_family"}: `EngineArgs.from_cli_args`,
+    `EngineArgs._set_default_max_num_seqs_and_batched_tokens_args` (batch defaults of that GPU, server usage),
+    `SchedulerConfig` (its checks), then `VllmConfig._set_cudagraph_sizes` on a stand-in holding the real
+    `SchedulerConfig` / `CompilationConfig` (a VllmConfig needs a ModelConfig, i.e. a model download). The
+    compilation-config glue of `create_engine_config` (the two size flags copied into it) is repeated here."""
+    import copy
+    from vllm.config import CompilationConfig, SchedulerConfig, VllmConfig
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.platforms import current_platform
+    from vllm.usage.usage_lib import UsageContext
+    out = []
+    for req in requests:
+        gib, name = req["gpu_gib"], req["gpu_name"]
+        current_platform.get_device_total_memory = lambda device_id=0, gib=gib: int(gib * 2**30)
+        current_platform.get_device_name = lambda device_id=0, name=name: name
+        current_platform.is_device_capability = lambda capability, device_id=0: False
+        family = req.get("capability_family")     # 100: datacenter Blackwell (B200 / B300)
+        current_platform.is_device_capability_family = lambda capability, device_id=0, f=family: capability == f
+        try:
+            ea = EngineArgs.from_cli_args(parser.parse_args(req["argv"]))
+            if ea.enable_chunked_prefill is None:
+                ea.enable_chunked_prefill = True          # create_engine_config's default before the batch defaults
+            mml = ea.max_model_len if ea.max_model_len and ea.max_model_len > 0 else 1048576
+            model = types.SimpleNamespace(max_model_len=mml, enforce_eager=bool(ea.enforce_eager),
+                                          is_multimodal_model=False)
+            ea._set_default_max_num_seqs_and_batched_tokens_args(
+                UsageContext.OPENAI_API_SERVER, model, types.SimpleNamespace(use_batched_dp_moe=False))
+            cc = copy.deepcopy(ea.compilation_config) or CompilationConfig()
+            if ea.cudagraph_capture_sizes is not None:
+                if cc.cudagraph_capture_sizes is not None:
+                    raise ValueError("cudagraph_capture_sizes and compilation_config.cudagraph_capture_sizes are "
+                                     "mutually exclusive")
+                cc.cudagraph_capture_sizes = ea.cudagraph_capture_sizes
+            if ea.max_cudagraph_capture_size is not None:
+                if cc.max_cudagraph_capture_size is not None:
+                    raise ValueError("max_cudagraph_capture_size and compilation_config.max_cudagraph_capture_size "
+                                     "are mutually exclusive")
+                cc.max_cudagraph_capture_size = ea.max_cudagraph_capture_size
+            chunked = bool(ea.enable_chunked_prefill)
+            sc = SchedulerConfig(max_num_seqs=ea.max_num_seqs, max_num_batched_tokens=ea.max_num_batched_tokens,
+                                 max_model_len=mml, is_encoder_decoder=False, enable_chunked_prefill=chunked)
+            spec = ea.speculative_config or {}
+            k = int(spec.get("num_speculative_tokens") or ea.spec_tokens or 0)
+            spec_obj = None if not k else types.SimpleNamespace(num_speculative_tokens=k,
+                                                                uses_dynamic_speculative_decoding=lambda: False)
+            stub = types.SimpleNamespace(model_config=model, compilation_config=cc, scheduler_config=sc,
+                                         speculative_config=spec_obj, performance_mode=ea.performance_mode,
+                                         uniform_decode_query_len=1 + k, num_speculative_tokens=k)
+            VllmConfig._set_cudagraph_sizes(stub)
+        except Exception as e:   # noqa: BLE001 - vLLM's refusal
+            out.append({"ok": False, "error": f"{type(e).__name__}: {e}"})
+            continue
+        out.append({"ok": True, "max_num_seqs": sc.max_num_seqs, "max_num_batched_tokens": sc.max_num_batched_tokens,
+                    "sizes": list(cc.cudagraph_capture_sizes or []),
+                    "max_cudagraph_capture_size": cc.max_cudagraph_capture_size})
+    return out
+
+
 WHEELS = {  # pure-Python files are all that is read; fixed tags, so any CI Python fetches the same files
     "vllm": ("vllm==0.33.0", ["--python-version", "3.12", "--platform", "manylinux_2_28_x86_64"]),
     "sglang": ("sglang==0.5.23", ["--python-version", "3.12", "--platform", "manylinux_2_34_x86_64"]),
@@ -269,8 +328,8 @@ def main(argv: list[str]) -> int:
     _setup(peers, engine)
     parser = vllm_parser() if engine == "vllm" else sglang_parser()
     answer = {"table": table(parser)}
-    if engine == "sglang" and request.get("resolve"):
-        answer["resolve"] = sglang_resolve(parser, request["resolve"])
+    if request.get("resolve"):
+        answer["resolve"] = (vllm_resolve if engine == "vllm" else sglang_resolve)(parser, request["resolve"])
     answer["parse"] = parse_all(parser, request.get("argvs", []))
     json.dump(answer, sys.stdout)
     return 0

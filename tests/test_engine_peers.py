@@ -93,6 +93,32 @@ SGLANG_ARGVS = [["--model-path", "m", *a] for a in [
     ["--tp"],
     ["--disable-cuda-graph-padding", "--cuda-graph-max-bs-decode", "8", "--port", "30000"],
 ]]
+H100, B200, L40 = (80, "NVIDIA H100 80GB HBM3", 90), (180, "NVIDIA B200", 100), (45, "NVIDIA L40S", 89)
+# (flags after the model, GPU) resolved by vLLM's own EngineArgs / SchedulerConfig / _set_cudagraph_sizes
+VLLM_RESOLVE = [
+    ([], H100), ([], B200), ([], L40), (["--max-num-seqs", "100"], H100), (["--max-num-seqs", "8"], H100),
+    (["--max-num-seqs", "256", "--max-num-batched-tokens", "2K"], H100),
+    (["--max-num-seqs", "256", "--max-num-batched-tokens", "16k"], H100),
+    (["--max-num-seqs", "48", "--max-num-batched-tokens", "100", "-sc", '{"method": "mtp", "num_speculative_tokens": 1}'],
+     H100),
+    (["--max-num-seqs", "40", "-sc", MTP2], H100), (["-sc", MTP2], H100),
+    (["--max-num-seqs", "2", "--max-num-batched-tokens", "3", "-sc", MTP2], H100),
+    (["--cudagraph-capture-sizes", "1", "2", "4", "8"], H100),
+    (["--max-num-seqs", "8", "--max-num-batched-tokens", "2048", "--cudagraph-capture-sizes", "1", "2", "3000"], H100),
+    (["--max-num-seqs", "8", "--max-num-batched-tokens", "64", "--cudagraph-capture-sizes", "128", "256"], H100),
+    (["--max-cudagraph-capture-size", "64"], H100), (["--max-cudagraph-capture-size", "100"], H100),
+    (["-cc", '{"max_cudagraph_capture_size": 200}'], H100),
+    (["--performance-mode", "interactivity", "--max-num-seqs", "16"], H100),
+    (["--performance-mode", "throughput"], H100),
+    (["--max-num-seqs", "300", "--max-num-batched-tokens", "256"], H100),          # refused by SchedulerConfig
+    (["--max-num-batched-tokens", "512"], H100),                                    # below the default 1024 seqs
+    (["--cudagraph-capture-sizes", "1", "2", "-cc", '{"cudagraph_capture_sizes": [4]}'], H100),
+    (["--disable-chunked-prefill", "--max-model-len", "4096", "--max-num-batched-tokens", "2048",
+      "--max-num-seqs", "64"], H100),                                              # refused by SchedulerConfig
+    (["--disable-chunked-prefill", "--max-model-len", "32k"], H100),
+    (["--max-num-seqs", "1000", "-sc", '{"method": "mtp", "num_speculative_tokens": 3}'], B200),
+]
+
 # (argv, GPU GiB) resolved by SGLang's own hooks; runner filters are no-ops here (tp < 4, no TBO / attention DP)
 SGLANG_RESOLVE = [
     ([], 80), (["--tp", "2"], 80), (["--cuda-graph-max-bs-decode", "48", "--tp", "2"], 80),
@@ -128,7 +154,8 @@ def _ask(engine: str, request: dict) -> dict:
 
 @pytest.fixture(scope="module")
 def vllm_answer():
-    return _ask("vllm", {"argvs": VLLM_ARGVS})
+    return _ask("vllm", {"argvs": VLLM_ARGVS, "resolve": [
+        {"argv": ["m", *a], "gpu_gib": g, "gpu_name": n, "capability_family": f} for a, (g, n, f) in VLLM_RESOLVE]})
 
 
 @pytest.fixture(scope="module")
@@ -209,3 +236,20 @@ def test_sglang_graph_resolution_is_sglangs(sglang_answer):
             assert list(s.piecewise_sizes) == ([] if pre["backend"] == "disabled" else sorted(pre["bs"])), argv
         else:
             assert s.piecewise_sizes == () and s.settings["cuda_graph_backend_prefill"] == "disabled", argv
+
+
+def test_vllm_sizes_and_limits_are_vllms(vllm_answer):
+    results = vllm_answer["resolve"]
+    assert len(results) == len(VLLM_RESOLVE) >= 20
+    for (argv, (gib, name, _)), want in zip(VLLM_RESOLVE, results, strict=True):
+        flags = [*argv, "--gpu-memory-gib", str(gib), "--gpu-name", name]
+        if not want["ok"]:
+            with pytest.raises(ConfigError):
+                parse_engine_args("vllm", flags)
+            continue
+        s = parse_engine_args("vllm", flags)
+        got = (s.settings["max_num_seqs"], s.settings["max_num_batched_tokens"], s.settings["config_capture_sizes"])
+        assert got == (want["max_num_seqs"], want["max_num_batched_tokens"], want["sizes"]), argv
+        if want["sizes"]:
+            assert max(want["sizes"]) == want["max_cudagraph_capture_size"]
+    assert sum(not r["ok"] for r in results) >= 3

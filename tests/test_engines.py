@@ -252,8 +252,6 @@ def test_vllm_no_cuda_graphs():
 # What vLLM 0.33 refuses stays refused, naming the flag.
 @pytest.mark.parametrize("flags,match", [
     ("--max-num-seqs 300 --max-num-batched-tokens 256", "--max-num-batched-tokens=256 is smaller than --max-num-seqs"),
-    ("--max-num-batched-tokens 512", "--max-num-batched-tokens=512 is smaller than --max-num-seqs=1024"),
-    ("--enable-expert-parallel -dp 2 --all2all-backend nixl_ep", "max-num-batched-tokens=256 is smaller"),
     (f"--max-num-seqs 2 --max-num-batched-tokens 2 {MTP2}", "no slot for a scheduled token"),
     (f"--enable-lora {ISSUE_8}", "--enable-lora with speculative decoding: vLLM refuses --max-num-batched-tokens=100"),
     ("--disable-chunked-prefill --max-model-len 4096 --max-num-batched-tokens 2048 --max-num-seqs 64",
@@ -280,6 +278,14 @@ def test_vllm_no_cuda_graphs():
 def test_vllm_refusals(flags, match):
     with pytest.raises(ConfigError, match=match):
         parse_engine_args("vllm", flags)
+
+
+def test_defaulted_max_num_seqs_follows_batched_tokens():
+    # vLLM 0.33 lowers a defaulted max_num_seqs to max_num_batched_tokens (it refuses only a given one)
+    s = parse_engine_args("vllm", "--max-num-batched-tokens 512")
+    assert s.settings["max_num_seqs"] == 512 and s.max_num_tokens == 512
+    s = parse_engine_args("vllm", "--enable-expert-parallel -dp 2 --all2all-backend nixl_ep")
+    assert s.settings["max_num_seqs"] == 256 and s.max_num_tokens == 256
 
 
 def test_spec_batched_tokens_from_defaults_is_a_note():
