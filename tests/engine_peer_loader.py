@@ -285,6 +285,46 @@ def vllm_resolve(parser: argparse.ArgumentParser, requests: list[dict]) -> list[
     return out
 
 
+def vllm_warmup_forwards(requests: list[dict]) -> list[list[int]]:
+    """The token count of every forward vLLM 0.33.0's own `warmup_kernels` (V2 model runner,
+    `v1/worker/gpu/warmup.py`, run between `kernel_warmup` and `capture_model`) hands the model, for each
+    {"max_num_seqs", "max_num_batched_tokens", "num_spec", "num_blocks"}: the real function driven with a
+    stand-in runner whose `execute_model` records `total_num_scheduled_tokens`."""
+    import torch
+    from vllm.platforms import current_platform
+    from vllm.platforms.interface import DeviceCapability
+    current_platform.get_device_capability = lambda device_id=0: DeviceCapability(9, 0)
+    runner_mod = types.ModuleType("vllm.v1.worker.gpu.model_runner")
+    runner_mod.GPUModelRunner = object                # a type annotation there; the runner is a stand-in
+    sys.modules.setdefault("vllm.v1.worker.gpu.model_runner", runner_mod)
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+    from vllm.v1.worker.gpu import warmup
+    torch.accelerator.synchronize = lambda *a, **k: None
+    out = []
+    for req in requests:
+        k = int(req["num_spec"])
+        spec = FullAttentionSpec(block_size=64, num_kv_heads=1, head_size=512, dtype=torch.bfloat16)
+        group = types.SimpleNamespace(kv_cache_spec=spec)
+        sched = types.SimpleNamespace(max_num_seqs=req["max_num_seqs"],
+                                      max_num_batched_tokens=req["max_num_batched_tokens"])
+        runner = types.SimpleNamespace(
+            adaptive_verification=None, rejection_sampler=None, speculative_config=object() if k else None,
+            vllm_config=types.SimpleNamespace(is_mm_encoder_only=False, num_lookahead_tokens=k),
+            num_speculative_steps=k, decode_query_len=1 + k, is_pooling_model=False, is_encoder_decoder=False,
+            model_state=types.SimpleNamespace(), max_model_len=1 << 20, max_num_reqs=req["max_num_seqs"],
+            kv_cache_config=types.SimpleNamespace(kv_cache_groups=[group], num_blocks=req.get("num_blocks", 1 << 20)),
+            block_tables=None, scheduler_config=sched, kv_block_zeroer=None, is_last_pp_rank=False,
+            kv_connector=types.SimpleNamespace(set_disabled=lambda flag: None))
+        seen: list[int] = []
+
+        def execute_model(scheduler_output, seen=seen):
+            if scheduler_output.total_num_scheduled_tokens:
+                seen.append(int(scheduler_output.total_num_scheduled_tokens))
+        warmup.warmup_kernels(runner, execute_model, lambda grammar_output: None)
+        out.append(seen)
+    return out
+
+
 WHEELS = {  # pure-Python files are all that is read; fixed tags, so any CI Python fetches the same files
     "vllm": ("vllm==0.33.0", ["--python-version", "3.12", "--platform", "manylinux_2_28_x86_64"]),
     "sglang": ("sglang==0.5.23", ["--python-version", "3.12", "--platform", "manylinux_2_34_x86_64"]),
@@ -328,6 +368,8 @@ def main(argv: list[str]) -> int:
     _setup(peers, engine)
     parser = vllm_parser() if engine == "vllm" else sglang_parser()
     answer = {"table": table(parser)}
+    if request.get("warmup_forwards"):
+        answer["warmup_forwards"] = vllm_warmup_forwards(request["warmup_forwards"])
     if request.get("resolve"):
         answer["resolve"] = (vllm_resolve if engine == "vllm" else sglang_resolve)(parser, request["resolve"])
     answer["parse"] = parse_all(parser, request.get("argvs", []))

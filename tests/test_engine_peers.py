@@ -152,9 +152,16 @@ def _ask(engine: str, request: dict) -> dict:
     return json.loads(out.stdout)
 
 
+# (flags, speculative tokens) whose V2 `warmup_kernels` forwards are checked against the plugin's plan
+WARMUP_CONFIGS = [("--max-num-seqs 256 --max-num-batched-tokens 8192", 0), ("--max-num-seqs 48 --max-num-batched-tokens 100", 1),
+                  ("--max-num-seqs 1024 --max-num-batched-tokens 8192", 3), ("--max-num-seqs 8 --max-num-batched-tokens 2048", 0)]
+
+
 @pytest.fixture(scope="module")
 def vllm_answer():
-    return _ask("vllm", {"argvs": VLLM_ARGVS, "resolve": [
+    return _ask("vllm", {"argvs": VLLM_ARGVS, "warmup_forwards": [
+        {"max_num_seqs": int(f.split()[1]), "max_num_batched_tokens": int(f.split()[3]), "num_spec": k}
+        for f, k in WARMUP_CONFIGS], "resolve": [
         {"argv": ["m", *a], "gpu_gib": g, "gpu_name": n, "capability_family": f} for a, (g, n, f) in VLLM_RESOLVE]})
 
 
@@ -253,3 +260,33 @@ def test_vllm_sizes_and_limits_are_vllms(vllm_answer):
         if want["sizes"]:
             assert max(want["sizes"]) == want["max_cudagraph_capture_size"]
     assert sum(not r["ok"] for r in results) >= 3
+
+
+def test_vllm_own_warmup_passes_reach_only_planned_variants(vllm_answer):
+    """vLLM 0.33's V2 worker runs `warmup_kernels` forwards after `kernel_warmup` (where the plugin seals) and
+    before `capture_model`: each of those forwards' token counts selects only variants the plugin's plan holds,
+    so no kernel compiles after the seal."""
+    import ast
+    from dsv4_jit.arch import get_profile
+    from dsv4_jit.jit import artifact_key
+    from dsv4_jit.family import all_families
+    from dsv4_jit.model_config import ParallelConfig, load_model_config
+    from dsv4_jit.warmup.planner import build_plan
+    src = (PEERS / "vllm" / "vllm" / "v1" / "worker" / "gpu_worker.py").read_text()
+    fn = next(n for n in ast.walk(ast.parse(src)) if isinstance(n, ast.FunctionDef)
+              and n.name == "_compile_or_warm_up_model")
+    order = [ast.unparse(c.func) for c in ast.walk(fn) if isinstance(c, ast.Call)
+             and ast.unparse(c.func) in ("kernel_warmup", "warmup_kernels", "self.model_runner.capture_model")]
+    assert order == ["kernel_warmup", "warmup_kernels", "self.model_runner.capture_model"]
+    model, prof = load_model_config("deepseek-v4-flash"), get_profile("sm_90a")
+    uses = all_families()["mhc"].uses(model, ParallelConfig())     # the family the plugin routes and plans
+    assert uses
+    for (flags, k), forwards in zip(WARMUP_CONFIGS, vllm_answer["warmup_forwards"], strict=True):
+        spec = f" -sc '{{\"method\": \"mtp\", \"num_speculative_tokens\": {k}}}'" if k else ""
+        shapes = parse_engine_args("vllm", flags + spec)
+        plan = build_plan(model, shapes, ["sm_90a"], families=["mhc"])
+        keys = set(plan.keys())
+        assert forwards and max(forwards) <= shapes.max_num_tokens, (flags, forwards)
+        for t in forwards:
+            for u in uses:
+                assert artifact_key(u.spec, u.spec.select(prof, u.static, t)) in keys, (flags, t, u.label)
