@@ -145,6 +145,15 @@ def _action_kind(a) -> str:
             "_CountAction": "count", "_VersionAction": "help"}.get(n, n)
 
 
+def _config_class(t):
+    """The config dataclass behind vLLM's `parse_dataclass` (or `optional_type(parse_dataclass)`), else None."""
+    import dataclasses
+    if t is not None and getattr(t, "__qualname__", "").startswith("optional_type.") and t.__closure__:
+        t = t.__closure__[0].cell_contents
+    cls = (getattr(t, "__defaults__", None) or (None,))[0]
+    return cls if isinstance(cls, type) and dataclasses.is_dataclass(cls) else None
+
+
 def _choice_list(choices) -> list[str]:
     out = [str(c) for c in choices]
     return sorted(out) if isinstance(choices, (set, frozenset)) else out   # a set has no order to keep
@@ -157,7 +166,14 @@ def table(parser: argparse.ArgumentParser) -> list[dict]:
         # vLLM's EnableDisableAction shows `--enable-x/--disable-x` but still parses `--no-enable-x`
         hidden = sorted(o for o, act in parser._option_string_actions.items()
                         if act is a and o not in a.option_strings)
-        out.append({"options": list(a.option_strings), "hidden": hidden, "dest": a.dest, "action": _action_kind(a),
+        entry = {}
+        config_cls = _config_class(a.type)
+        if config_cls is not None:                    # vLLM's parse_dataclass: its pydantic refuses other keys
+            import dataclasses
+            entry = {"config": config_cls.__name__,
+                     "fields": sorted(f.name for f in dataclasses.fields(config_cls))}
+        out.append({**entry, "options": list(a.option_strings), "hidden": hidden, "dest": a.dest,
+                    "action": _action_kind(a),
                     "nargs": nargs, "type": _type_kind(a.type),
                     "choices": None if a.choices is None else _choice_list(a.choices),
                     "const": a.const if isinstance(a.const, (int, float, str, bool)) or a.const is None else
@@ -191,6 +207,9 @@ def parse_all(parser: argparse.ArgumentParser, argvs: list[list[str]]) -> list[d
         except SystemExit:
             lines = [ln for ln in err.getvalue().splitlines() if ": error: " in ln]
             results.append({"ok": False, "error": lines[-1].split(": error: ", 1)[1] if lines else err.getvalue()})
+            continue
+        except Exception as e:   # noqa: BLE001 - a refusal raised past argparse (a config validator)
+            results.append({"ok": False, "error": f"{type(e).__name__}: {e}"})
             continue
         values = {k: _jsonable(v) for k, v in vars(ns).items() if v is not unset}
         results.append({"ok": True, "values": values})

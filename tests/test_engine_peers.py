@@ -63,6 +63,8 @@ VLLM_ARGVS = [
     ["m", "--max-num-seqs"],
     ["m", "extra"],
     ["m", "--enable-dbo", "--enable-lora", "--port", "8000", "--host", "0.0.0.0"],
+    ["m", "-cc", '{"bogus": 1}'],                                  # a key CompilationConfig does not have
+    ["m", "-cc", '{"cudagraph_mode": "FULL", "max_cudagraph_capture_size": 64}'],
 ]
 # SGLang requires --model-path; dsv4-jit takes the model from its own --model, so it may be left out there
 SGLANG_ARGVS = [["--model-path", "m", *a] for a in [

@@ -415,7 +415,7 @@ def test_shapes_roundtrip():
     ("vllm", "--enable-lora --max-num-seqs 1024 --max-num-batched-tokens 1024 --speculative-config "
      "'{\"method\":\"mtp\",\"num_speculative_tokens\":1}'", r"--max-num-batched-tokens=1024 < --max-num-seqs=1024"),
     ("vllm", "--compilation-config '{\"cudagraph_mode\":\"SOMETIMES\"}'", "unknown cudagraph_mode"),
-    ("vllm", "--compilation-config '{bad json'", "argument --compilation-config/-cc: not valid JSON"),
+    ("vllm", "--compilation-config '{bad json'", "argument --compilation-config/-cc: 1 validation error for CompilationConfig: not valid JSON"),
     ("vllm", "--speculative-config '{\"num_speculative_tokens\": -1}'", "num_speculative_tokens must be > 0"),
     ("vllm", "--speculative-config '{\"num_speculative_tokens\": true}'", "expected an integer"),
     ("vllm", "--speculative-config '{\"method\": \"mtp\"}'", "no num_speculative_tokens"),
@@ -428,6 +428,7 @@ def test_shapes_roundtrip():
     ("vllm", "--enforce-eager=maybe", "ignored explicit argument 'maybe'"),
     ("vllm", "-tp 4 -cc '{\"pass_config\":{\"enable_sp\":true}}' " + MTP2, "no sequence-parallelism pass"),
     ("vllm", "--max-num-seqs.x 3", "argument --max-num-seqs: invalid int value"),
+    ("vllm", "-cc '{\"bogus\": 1}'", "bogus: Extra inputs are not permitted"),
     ("sglang", "--speculative-algorithm FOO", "only EAGLE and DSPARK"),
     ("sglang", "--cuda-graph-bs-decode 0 1", "batch sizes must be >= 1"),
     ("sglang", "--chunked-prefill-size 0", "--chunked-prefill-size must be > 0"),

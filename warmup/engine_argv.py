@@ -6,8 +6,9 @@ flags, ambiguous abbreviations, bad values and removed aliases are refused with 
 abbreviations it accepts are accepted. vLLM's `FlexibleArgumentParser` rewrites (underscores in names, `-O3`,
 dotted `--x.key value` JSON fields) are applied first, as vLLM applies them.
 
-Not reproduced: keys inside vLLM's JSON config flags are checked by pydantic there; here a value must be JSON
-(or JSON with human-readable numbers), and only the keys the planner reads are checked (by warmup/vllm.py).
+Not reproduced: vLLM validates its JSON config flags with pydantic; here a value must be a JSON object (human-
+readable numbers allowed) whose keys are the config dataclass's fields, and only the values the planner reads are
+checked (by warmup/vllm.py); nested configs' keys are not checked.
 `--config FILE` (a YAML of flags) is refused: paste the flags instead. SGLang's required `--model-path` may be
 left out (the model is dsv4-jit's own `--model`).
 """
@@ -110,15 +111,26 @@ def _expand_human_numbers(text: str) -> str:
                   lambda m: str(_vllm_human_int(m.group(1))), text)
 
 
-def _json_config(value: str) -> Any:
-    """vLLM's `parse_dataclass`: a JSON object for one of its config dataclasses."""
-    try:
-        parsed = json.loads(_expand_human_numbers(value))
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(f"not valid JSON: {e}") from None
-    if not isinstance(parsed, dict):
-        raise argparse.ArgumentTypeError(f"expected a JSON object, got {value!r}")
-    return parsed
+def _json_config(config: str, fields: Sequence[str]):
+    """vLLM's `parse_dataclass` for one config dataclass: a JSON object whose keys are the dataclass's fields
+    (its pydantic forbids others; the values of the keys the planner reads are checked in warmup/vllm.py)."""
+    known = frozenset(fields)
+
+    def parse_dataclass(value: str) -> Any:
+        try:
+            parsed = json.loads(_expand_human_numbers(value))
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(f"1 validation error for {config}: not valid JSON: {e}") from None
+        if not isinstance(parsed, dict):
+            raise argparse.ArgumentTypeError(f"1 validation error for {config}: expected a JSON object, "
+                                             f"got {value!r}")
+        extra = sorted(k for k in parsed if k not in known)
+        if extra:
+            n = len(extra)
+            raise argparse.ArgumentTypeError(f"{n} validation error{'s' if n > 1 else ''} for {config}: "
+                                             f"{', '.join(extra)}: Extra inputs are not permitted")
+        return parsed
+    return parse_dataclass
 
 
 def _optional(inner):
@@ -167,12 +179,14 @@ def _nullable_str(value: str):
     return None if not value or value == "None" else value
 
 
-def _value_type(engine: str, kind: str):
+def _value_type(engine: str, kind: str, entry: dict):
     if kind.startswith("opt:"):
-        return _optional(_value_type(engine, kind[4:]) or str)
+        return _optional(_value_type(engine, kind[4:], entry) or str)
+    if kind == "parse_dataclass":
+        return _json_config(entry["config"], entry["fields"])
     human = _vllm_human_int if engine == "vllm" else _sglang_human_int
     return {"int": int, "float": float, "str": None, "json": _json_loads, "human_readable_int": human,
-            "human_readable_int_or_auto": _vllm_human_int_or_auto, "parse_dataclass": _json_config,
+            "human_readable_int_or_auto": _vllm_human_int_or_auto,
             "parse_cuda_graph_backend_arg": _cuda_graph_backend, "parse_cuda_graph_config_arg": _cuda_graph_config,
             "json_list_type": _json_list, "nullable_str": _nullable_str}.get(kind)
 
@@ -223,7 +237,7 @@ def build_parser(engine: str) -> argparse.ArgumentParser:
             kw["action"] = "append" if kind == "append" else "store"
             if a["nargs"] not in (None, 0):
                 kw["nargs"] = a["nargs"]
-            t = _value_type(engine, a["type"])
+            t = _value_type(engine, a["type"], a)
             if t is not None:
                 kw["type"] = t
             if a["choices"] is not None:
