@@ -572,3 +572,20 @@ def test_sglang_server_args_object():
     assert s.engine == "sglang" and list(s.capture_batch_sizes) == SG_SPEC_512
     with pytest.raises(ConfigError, match="cannot read engine shapes"):
         shapes_from_config(object())
+
+
+def test_names_the_engine_lacks_are_refused_in_profiles_and_the_api(tmp_path):
+    # a typo or a removed flag would otherwise plan the defaults
+    with pytest.raises(ConfigError, match="cuda_graph_max_bs \\(in sglang_shapes\\(\\)\\): sglang serve has no such"):
+        sglang_shapes(cuda_graph_max_bs=48)
+    with pytest.raises(ConfigError, match="max_num_sqs \\(in vllm_shapes\\(\\)\\): vllm serve has no such option"):
+        vllm_shapes(max_num_sqs=8)
+    with pytest.raises(ConfigError, match="not followed by dsv4-jit's sglang-0.5.23 formula"):
+        sglang_shapes(pp_size=2)
+    p = tmp_path / "serve.toml"
+    p.write_text('[sglang]\ncuda-graph-max-bs = 48\n')
+    with pytest.raises(ConfigError, match="cuda-graph-max-bs \\(in serve.toml\\): sglang serve has no such option"):
+        load_profile(p)
+    p.write_text('[sglang]\ncuda-graph-max-bs-decode = 48\nport = 30000\ntp-size = 2\n')
+    prof = load_profile(p)
+    assert prof.shapes.capture_batch_sizes[-1] == 48 and prof.shapes.ignored == {"port": 30000}
