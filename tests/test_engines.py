@@ -589,3 +589,16 @@ def test_names_the_engine_lacks_are_refused_in_profiles_and_the_api(tmp_path):
     p.write_text('[sglang]\ncuda-graph-max-bs-decode = 48\nport = 30000\ntp-size = 2\n')
     prof = load_profile(p)
     assert prof.shapes.capture_batch_sizes[-1] == 48 and prof.shapes.ignored == {"port": 30000}
+
+
+def test_refusals_read_as_the_engine_prints_them_with_a_model():
+    # dsv4-jit takes the model from --model, so a pasted line may leave it out; vLLM's positional model then
+    # does not swallow a value, and the message is the one `vllm serve MODEL ...` prints
+    with pytest.raises(ConfigError, match="unrecognized arguments: --cuda-graph-sizes 1 3 5 7 64$"):
+        parse_engine_args("vllm", "--cuda-graph-sizes 1 3 5 7 64")
+    with pytest.raises(ConfigError, match="unrecognized arguments: --max-num-sqs 8$"):
+        parse_engine_args("vllm", "--max-num-sqs 8")
+    s = parse_engine_args("vllm", "--max-num-seqs 8 deepseek-ai/DeepSeek-V4-Flash")   # the model after the flags
+    assert s.settings["max_num_seqs"] == 8 and s.ignored["_positional"] == ["deepseek-ai/DeepSeek-V4-Flash"]
+    s = parse_engine_args("sglang", "--tp 2")                       # SGLang's required --model-path stood in
+    assert s.tp_size == 2 and "--model-path" not in s.ignored

@@ -28,6 +28,9 @@ from . import argv_tables
 ENGINE_TABLES = {"vllm": ("vllm serve", argv_tables.VLLM_0_33), "sglang": ("sglang serve", argv_tables.SGLANG_0_5_23)}
 
 
+MODEL_STAND_IN = "(dsv4-jit --model)"
+
+
 class _Refused(Exception):
     pass
 
@@ -323,18 +326,23 @@ def check_argv(engine: str, tokens: Sequence[str]) -> dict[str, Any]:
     args = _strip_prefix(list(tokens), engine)
     if any(a == "--config" or a.startswith("--config=") for a in args):
         raise ConfigError(f"{prog}: --config FILE is not read by dsv4-jit; paste the flags it holds instead")
+    # The model: dsv4-jit takes its own --model, so a pasted line may leave it out; stand one in where the
+    # engine expects it (SGLang requires --model-path; `vllm serve MODEL ...`), so messages read as the engine's.
     if engine == "sglang" and not any(a.split("=")[0] in ("--model-path", "--model") for a in args):
-        args = ["--model-path", "(dsv4-jit --model)"] + args     # SGLang requires it; dsv4-jit takes --model
-    try:
-        if engine == "vllm":
-            args = _vllm_rewrite(args)
-        ns = build_parser(engine).parse_args(args)
-    except _Refused as e:
-        raise ConfigError(f"{prog} refuses this command line: {e}") from None
-    values = {k: v for k, v in vars(ns).items() if v is not None}
-    if values.get("model_path") == "(dsv4-jit --model)":
-        del values["model_path"]
-    return values
+        args = ["--model-path", MODEL_STAND_IN] + args
+    tries = [args]
+    if engine == "vllm" and (not args or args[0].startswith("-")):
+        tries = [[MODEL_STAND_IN] + args, args]      # the model may also come after the flags
+    refusal = None
+    for attempt in tries:
+        try:
+            ns = build_parser(engine).parse_args(_vllm_rewrite(attempt) if engine == "vllm" else attempt)
+            break
+        except _Refused as e:
+            refusal = refusal or e
+    else:
+        raise ConfigError(f"{prog} refuses this command line: {refusal}") from None
+    return {k: v for k, v in vars(ns).items() if v is not None and v != MODEL_STAND_IN}
 
 
 def first_options(engine: str) -> dict[str, str]:
