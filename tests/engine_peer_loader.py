@@ -145,6 +145,15 @@ def _action_kind(a) -> str:
             "_CountAction": "count", "_VersionAction": "help"}.get(n, n)
 
 
+def _config_class(t):
+    """The config dataclass behind vLLM's `parse_dataclass` (or `optional_type(parse_dataclass)`), else None."""
+    import dataclasses
+    if t is not None and getattr(t, "__qualname__", "").startswith("optional_type.") and t.__closure__:
+        t = t.__closure__[0].cell_contents
+    cls = (getattr(t, "__defaults__", None) or (None,))[0]
+    return cls if isinstance(cls, type) and dataclasses.is_dataclass(cls) else None
+
+
 def _choice_list(choices) -> list[str]:
     out = [str(c) for c in choices]
     return sorted(out) if isinstance(choices, (set, frozenset)) else out   # a set has no order to keep
@@ -157,7 +166,14 @@ def table(parser: argparse.ArgumentParser) -> list[dict]:
         # vLLM's EnableDisableAction shows `--enable-x/--disable-x` but still parses `--no-enable-x`
         hidden = sorted(o for o, act in parser._option_string_actions.items()
                         if act is a and o not in a.option_strings)
-        out.append({"options": list(a.option_strings), "hidden": hidden, "dest": a.dest, "action": _action_kind(a),
+        entry = {}
+        config_cls = _config_class(a.type)
+        if config_cls is not None:                    # vLLM's parse_dataclass: its pydantic refuses other keys
+            import dataclasses
+            entry = {"config": config_cls.__name__,
+                     "fields": sorted(f.name for f in dataclasses.fields(config_cls))}
+        out.append({**entry, "options": list(a.option_strings), "hidden": hidden, "dest": a.dest,
+                    "action": _action_kind(a),
                     "nargs": nargs, "type": _type_kind(a.type),
                     "choices": None if a.choices is None else _choice_list(a.choices),
                     "const": a.const if isinstance(a.const, (int, float, str, bool)) or a.const is None else
@@ -192,6 +208,9 @@ def parse_all(parser: argparse.ArgumentParser, argvs: list[list[str]]) -> list[d
             lines = [ln for ln in err.getvalue().splitlines() if ": error: " in ln]
             results.append({"ok": False, "error": lines[-1].split(": error: ", 1)[1] if lines else err.getvalue()})
             continue
+        except Exception as e:   # noqa: BLE001 - a refusal raised past argparse (a config validator)
+            results.append({"ok": False, "error": f"{type(e).__name__}: {e}"})
+            continue
         values = {k: _jsonable(v) for k, v in vars(ns).items() if v is not unset}
         results.append({"ok": True, "values": values})
     return results
@@ -223,6 +242,105 @@ def sglang_resolve(parser: argparse.ArgumentParser, requests: list[dict]) -> lis
         out.append({"ok": True, "chunked_prefill_size": resolution_result(sa, "chunked_prefill_size"),
                     **{phase: {k: getattr(getattr(cfg, phase), k) for k in ("backend", "max_bs", "bs")}
                        for phase in ("decode", "prefill")}})
+    return out
+
+
+def vllm_resolve(parser: argparse.ArgumentParser, requests: list[dict]) -> list[dict]:
+    """vLLM 0.33.0's own resolution for each {"argv", "gpu_gib", "gpu_name", "capability_family"}: `EngineArgs.from_cli_args`,
+    `EngineArgs._set_default_max_num_seqs_and_batched_tokens_args` (batch defaults of that GPU, server usage),
+    `SchedulerConfig` (its checks), then `VllmConfig._set_cudagraph_sizes` on a stand-in holding the real
+    `SchedulerConfig` / `CompilationConfig` (a VllmConfig needs a ModelConfig, i.e. a model download). The
+    compilation-config glue of `create_engine_config` (the two size flags copied into it) is repeated here."""
+    import copy
+    from vllm.config import CompilationConfig, SchedulerConfig, VllmConfig
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.platforms import current_platform
+    from vllm.usage.usage_lib import UsageContext
+    out = []
+    for req in requests:
+        gib, name = req["gpu_gib"], req["gpu_name"]
+        current_platform.get_device_total_memory = lambda device_id=0, gib=gib: int(gib * 2**30)
+        current_platform.get_device_name = lambda device_id=0, name=name: name
+        current_platform.is_device_capability = lambda capability, device_id=0: False
+        family = req.get("capability_family")     # 100: datacenter Blackwell (B200 / B300)
+        current_platform.is_device_capability_family = lambda capability, device_id=0, f=family: capability == f
+        try:
+            ea = EngineArgs.from_cli_args(parser.parse_args(req["argv"]))
+            if ea.enable_chunked_prefill is None:
+                ea.enable_chunked_prefill = True          # create_engine_config's default before the batch defaults
+            mml = ea.max_model_len if ea.max_model_len and ea.max_model_len > 0 else 1048576
+            model = types.SimpleNamespace(max_model_len=mml, enforce_eager=bool(ea.enforce_eager),
+                                          is_multimodal_model=False)
+            ea._set_default_max_num_seqs_and_batched_tokens_args(
+                UsageContext.OPENAI_API_SERVER, model, types.SimpleNamespace(use_batched_dp_moe=False))
+            cc = copy.deepcopy(ea.compilation_config) or CompilationConfig()
+            if ea.cudagraph_capture_sizes is not None:
+                if cc.cudagraph_capture_sizes is not None:
+                    raise ValueError("cudagraph_capture_sizes and compilation_config.cudagraph_capture_sizes are "
+                                     "mutually exclusive")
+                cc.cudagraph_capture_sizes = ea.cudagraph_capture_sizes
+            if ea.max_cudagraph_capture_size is not None:
+                if cc.max_cudagraph_capture_size is not None:
+                    raise ValueError("max_cudagraph_capture_size and compilation_config.max_cudagraph_capture_size "
+                                     "are mutually exclusive")
+                cc.max_cudagraph_capture_size = ea.max_cudagraph_capture_size
+            chunked = bool(ea.enable_chunked_prefill)
+            sc = SchedulerConfig(max_num_seqs=ea.max_num_seqs, max_num_batched_tokens=ea.max_num_batched_tokens,
+                                 max_model_len=mml, is_encoder_decoder=False, enable_chunked_prefill=chunked)
+            spec = ea.speculative_config or {}
+            k = int(spec.get("num_speculative_tokens") or ea.spec_tokens or 0)
+            spec_obj = None if not k else types.SimpleNamespace(num_speculative_tokens=k,
+                                                                uses_dynamic_speculative_decoding=lambda: False)
+            stub = types.SimpleNamespace(model_config=model, compilation_config=cc, scheduler_config=sc,
+                                         speculative_config=spec_obj, performance_mode=ea.performance_mode,
+                                         uniform_decode_query_len=1 + k, num_speculative_tokens=k)
+            VllmConfig._set_cudagraph_sizes(stub)
+        except Exception as e:   # noqa: BLE001 - vLLM's refusal
+            out.append({"ok": False, "error": f"{type(e).__name__}: {e}"})
+            continue
+        out.append({"ok": True, "max_num_seqs": sc.max_num_seqs, "max_num_batched_tokens": sc.max_num_batched_tokens,
+                    "sizes": list(cc.cudagraph_capture_sizes or []),
+                    "max_cudagraph_capture_size": cc.max_cudagraph_capture_size})
+    return out
+
+
+def vllm_warmup_forwards(requests: list[dict]) -> list[list[int]]:
+    """The token count of every forward vLLM 0.33.0's own `warmup_kernels` (V2 model runner,
+    `v1/worker/gpu/warmup.py`, run between `kernel_warmup` and `capture_model`) hands the model, for each
+    {"max_num_seqs", "max_num_batched_tokens", "num_spec", "num_blocks"}: the real function driven with a
+    stand-in runner whose `execute_model` records `total_num_scheduled_tokens`."""
+    import torch
+    from vllm.platforms import current_platform
+    from vllm.platforms.interface import DeviceCapability
+    current_platform.get_device_capability = lambda device_id=0: DeviceCapability(9, 0)
+    runner_mod = types.ModuleType("vllm.v1.worker.gpu.model_runner")
+    runner_mod.GPUModelRunner = object                # a type annotation there; the runner is a stand-in
+    sys.modules.setdefault("vllm.v1.worker.gpu.model_runner", runner_mod)
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+    from vllm.v1.worker.gpu import warmup
+    torch.accelerator.synchronize = lambda *a, **k: None
+    out = []
+    for req in requests:
+        k = int(req["num_spec"])
+        spec = FullAttentionSpec(block_size=64, num_kv_heads=1, head_size=512, dtype=torch.bfloat16)
+        group = types.SimpleNamespace(kv_cache_spec=spec)
+        sched = types.SimpleNamespace(max_num_seqs=req["max_num_seqs"],
+                                      max_num_batched_tokens=req["max_num_batched_tokens"])
+        runner = types.SimpleNamespace(
+            adaptive_verification=None, rejection_sampler=None, speculative_config=object() if k else None,
+            vllm_config=types.SimpleNamespace(is_mm_encoder_only=False, num_lookahead_tokens=k),
+            num_speculative_steps=k, decode_query_len=1 + k, is_pooling_model=False, is_encoder_decoder=False,
+            model_state=types.SimpleNamespace(), max_model_len=1 << 20, max_num_reqs=req["max_num_seqs"],
+            kv_cache_config=types.SimpleNamespace(kv_cache_groups=[group], num_blocks=req.get("num_blocks", 1 << 20)),
+            block_tables=None, scheduler_config=sched, kv_block_zeroer=None, is_last_pp_rank=False,
+            kv_connector=types.SimpleNamespace(set_disabled=lambda flag: None))
+        seen: list[int] = []
+
+        def execute_model(scheduler_output, seen=seen):
+            if scheduler_output.total_num_scheduled_tokens:
+                seen.append(int(scheduler_output.total_num_scheduled_tokens))
+        warmup.warmup_kernels(runner, execute_model, lambda grammar_output: None)
+        out.append(seen)
     return out
 
 
@@ -269,8 +387,10 @@ def main(argv: list[str]) -> int:
     _setup(peers, engine)
     parser = vllm_parser() if engine == "vllm" else sglang_parser()
     answer = {"table": table(parser)}
-    if engine == "sglang" and request.get("resolve"):
-        answer["resolve"] = sglang_resolve(parser, request["resolve"])
+    if request.get("warmup_forwards"):
+        answer["warmup_forwards"] = vllm_warmup_forwards(request["warmup_forwards"])
+    if request.get("resolve"):
+        answer["resolve"] = (vllm_resolve if engine == "vllm" else sglang_resolve)(parser, request["resolve"])
     answer["parse"] = parse_all(parser, request.get("argvs", []))
     json.dump(answer, sys.stdout)
     return 0

@@ -63,6 +63,8 @@ VLLM_ARGVS = [
     ["m", "--max-num-seqs"],
     ["m", "extra"],
     ["m", "--enable-dbo", "--enable-lora", "--port", "8000", "--host", "0.0.0.0"],
+    ["m", "-cc", '{"bogus": 1}'],                                  # a key CompilationConfig does not have
+    ["m", "-cc", '{"cudagraph_mode": "FULL", "max_cudagraph_capture_size": 64}'],
 ]
 # SGLang requires --model-path; dsv4-jit takes the model from its own --model, so it may be left out there
 SGLANG_ARGVS = [["--model-path", "m", *a] for a in [
@@ -93,6 +95,32 @@ SGLANG_ARGVS = [["--model-path", "m", *a] for a in [
     ["--tp"],
     ["--disable-cuda-graph-padding", "--cuda-graph-max-bs-decode", "8", "--port", "30000"],
 ]]
+H100, B200, L40 = (80, "NVIDIA H100 80GB HBM3", 90), (180, "NVIDIA B200", 100), (45, "NVIDIA L40S", 89)
+# (flags after the model, GPU) resolved by vLLM's own EngineArgs / SchedulerConfig / _set_cudagraph_sizes
+VLLM_RESOLVE = [
+    ([], H100), ([], B200), ([], L40), (["--max-num-seqs", "100"], H100), (["--max-num-seqs", "8"], H100),
+    (["--max-num-seqs", "256", "--max-num-batched-tokens", "2K"], H100),
+    (["--max-num-seqs", "256", "--max-num-batched-tokens", "16k"], H100),
+    (["--max-num-seqs", "48", "--max-num-batched-tokens", "100", "-sc", '{"method": "mtp", "num_speculative_tokens": 1}'],
+     H100),
+    (["--max-num-seqs", "40", "-sc", MTP2], H100), (["-sc", MTP2], H100),
+    (["--max-num-seqs", "2", "--max-num-batched-tokens", "3", "-sc", MTP2], H100),
+    (["--cudagraph-capture-sizes", "1", "2", "4", "8"], H100),
+    (["--max-num-seqs", "8", "--max-num-batched-tokens", "2048", "--cudagraph-capture-sizes", "1", "2", "3000"], H100),
+    (["--max-num-seqs", "8", "--max-num-batched-tokens", "64", "--cudagraph-capture-sizes", "128", "256"], H100),
+    (["--max-cudagraph-capture-size", "64"], H100), (["--max-cudagraph-capture-size", "100"], H100),
+    (["-cc", '{"max_cudagraph_capture_size": 200}'], H100),
+    (["--performance-mode", "interactivity", "--max-num-seqs", "16"], H100),
+    (["--performance-mode", "throughput"], H100),
+    (["--max-num-seqs", "300", "--max-num-batched-tokens", "256"], H100),          # refused by SchedulerConfig
+    (["--max-num-batched-tokens", "512"], H100),                                    # below the default 1024 seqs
+    (["--cudagraph-capture-sizes", "1", "2", "-cc", '{"cudagraph_capture_sizes": [4]}'], H100),
+    (["--disable-chunked-prefill", "--max-model-len", "4096", "--max-num-batched-tokens", "2048",
+      "--max-num-seqs", "64"], H100),                                              # refused by SchedulerConfig
+    (["--disable-chunked-prefill", "--max-model-len", "32k"], H100),
+    (["--max-num-seqs", "1000", "-sc", '{"method": "mtp", "num_speculative_tokens": 3}'], B200),
+]
+
 # (argv, GPU GiB) resolved by SGLang's own hooks; runner filters are no-ops here (tp < 4, no TBO / attention DP)
 SGLANG_RESOLVE = [
     ([], 80), (["--tp", "2"], 80), (["--cuda-graph-max-bs-decode", "48", "--tp", "2"], 80),
@@ -126,9 +154,17 @@ def _ask(engine: str, request: dict) -> dict:
     return json.loads(out.stdout)
 
 
+# (flags, speculative tokens) whose V2 `warmup_kernels` forwards are checked against the plugin's plan
+WARMUP_CONFIGS = [("--max-num-seqs 256 --max-num-batched-tokens 8192", 0), ("--max-num-seqs 48 --max-num-batched-tokens 100", 1),
+                  ("--max-num-seqs 1024 --max-num-batched-tokens 8192", 3), ("--max-num-seqs 8 --max-num-batched-tokens 2048", 0)]
+
+
 @pytest.fixture(scope="module")
 def vllm_answer():
-    return _ask("vllm", {"argvs": VLLM_ARGVS})
+    return _ask("vllm", {"argvs": VLLM_ARGVS, "warmup_forwards": [
+        {"max_num_seqs": int(f.split()[1]), "max_num_batched_tokens": int(f.split()[3]), "num_spec": k}
+        for f, k in WARMUP_CONFIGS], "resolve": [
+        {"argv": ["m", *a], "gpu_gib": g, "gpu_name": n, "capability_family": f} for a, (g, n, f) in VLLM_RESOLVE]})
 
 
 @pytest.fixture(scope="module")
@@ -209,3 +245,50 @@ def test_sglang_graph_resolution_is_sglangs(sglang_answer):
             assert list(s.piecewise_sizes) == ([] if pre["backend"] == "disabled" else sorted(pre["bs"])), argv
         else:
             assert s.piecewise_sizes == () and s.settings["cuda_graph_backend_prefill"] == "disabled", argv
+
+
+def test_vllm_sizes_and_limits_are_vllms(vllm_answer):
+    results = vllm_answer["resolve"]
+    assert len(results) == len(VLLM_RESOLVE) >= 20
+    for (argv, (gib, name, _)), want in zip(VLLM_RESOLVE, results, strict=True):
+        flags = [*argv, "--gpu-memory-gib", str(gib), "--gpu-name", name]
+        if not want["ok"]:
+            with pytest.raises(ConfigError):
+                parse_engine_args("vllm", flags)
+            continue
+        s = parse_engine_args("vllm", flags)
+        got = (s.settings["max_num_seqs"], s.settings["max_num_batched_tokens"], s.settings["config_capture_sizes"])
+        assert got == (want["max_num_seqs"], want["max_num_batched_tokens"], want["sizes"]), argv
+        if want["sizes"]:
+            assert max(want["sizes"]) == want["max_cudagraph_capture_size"]
+    assert sum(not r["ok"] for r in results) >= 3
+
+
+def test_vllm_own_warmup_passes_reach_only_planned_variants(vllm_answer):
+    """vLLM 0.33's V2 worker runs `warmup_kernels` forwards after `kernel_warmup` (where the plugin seals) and
+    before `capture_model`: each of those forwards' token counts selects only variants the plugin's plan holds,
+    so no kernel compiles after the seal."""
+    import ast
+    from dsv4_jit.arch import get_profile
+    from dsv4_jit.jit import artifact_key
+    from dsv4_jit.family import all_families
+    from dsv4_jit.model_config import ParallelConfig, load_model_config
+    from dsv4_jit.warmup.planner import build_plan
+    src = (PEERS / "vllm" / "vllm" / "v1" / "worker" / "gpu_worker.py").read_text()
+    fn = next(n for n in ast.walk(ast.parse(src)) if isinstance(n, ast.FunctionDef)
+              and n.name == "_compile_or_warm_up_model")
+    order = [ast.unparse(c.func) for c in ast.walk(fn) if isinstance(c, ast.Call)
+             and ast.unparse(c.func) in ("kernel_warmup", "warmup_kernels", "self.model_runner.capture_model")]
+    assert order == ["kernel_warmup", "warmup_kernels", "self.model_runner.capture_model"]
+    model, prof = load_model_config("deepseek-v4-flash"), get_profile("sm_90a")
+    uses = all_families()["mhc"].uses(model, ParallelConfig())     # the family the plugin routes and plans
+    assert uses
+    for (flags, k), forwards in zip(WARMUP_CONFIGS, vllm_answer["warmup_forwards"], strict=True):
+        spec = f" -sc '{{\"method\": \"mtp\", \"num_speculative_tokens\": {k}}}'" if k else ""
+        shapes = parse_engine_args("vllm", flags + spec)
+        plan = build_plan(model, shapes, ["sm_90a"], families=["mhc"])
+        keys = set(plan.keys())
+        assert forwards and max(forwards) <= shapes.max_num_tokens, (flags, forwards)
+        for t in forwards:
+            for u in uses:
+                assert artifact_key(u.spec, u.spec.select(prof, u.static, t)) in keys, (flags, t, u.label)

@@ -435,7 +435,12 @@ def test_vllm_call_sites_bind_to_routes():
         tree = ast.parse(_wheel_source(mod.replace(".", "/") + ".py"))
         imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
                     and n.module == "vllm.model_executor.kernels.mhc.tilelang" for a in n.names}
-        assert imported == set(names), (mod, imported)
+        if ".deepseek_v41." in mod:                  # V4.1: V4's op routed, the rest named as not routed
+            from dsv4_jit.engines.vllm_plugin import DSV41_NOT_ROUTED
+            assert set(names) == imported & set(m.ROUTES) == {"mhc_post_tilelang"}, (mod, imported)
+            assert imported - set(names) <= set(DSV41_NOT_ROUTED), (mod, imported)
+        else:
+            assert imported == set(names), (mod, imported)
         for node in ast.walk(tree):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in m.ROUTES:
                 sig = inspect.signature(m.ROUTES[node.func.id])
@@ -534,3 +539,23 @@ def test_engine_warm_entry_survives_the_warmup_subpackage_import():
         calls = {ast.unparse(n.func) for n in ast.walk(ast.parse(src)) if isinstance(n, ast.Call)}
         assert "dsv4_jit.warm" in calls and "dsv4_jit.warmup" not in calls, mod
     assert warmup_in_engine is not None
+
+
+def test_dsv41_is_planned_for_its_routed_op_only():
+    """DeepSeek V4.1: the plugin routes mhc_post_tilelang (V4's op at V4.1's shapes, from the live HF config) and
+    plans only the kernels that op launches; the log line names what stays on vLLM's kernels."""
+    from dsv4_jit.engines import vllm_plugin as p
+    cfg = _vllm_config(64, 2048, 1)
+    cfg.model_config.hf_config = types.SimpleNamespace(architectures=["DeepseekV41ForCausalLM"])
+    assert p.is_dsv4(cfg) and p.is_dsv41(cfg)
+    plan = p.plan_from_vllm_config(cfg, model="deepseek-v4-flash", arch="sm_90a")
+    assert plan.variants and {v.spec.name for v in plan.variants} == {"mhc_post"}
+    cfg.model_config.hf_config.architectures = ["DeepseekV4ForCausalLM"]
+    assert len({v.spec.name for v in p.plan_from_vllm_config(cfg, model="deepseek-v4-flash", arch="sm_90a").variants}) > 1
+    saved = dict(p.STATE["routed"])
+    try:
+        p.STATE["routed"] = {"vllm.models.deepseek_v41.nvidia.model": ["mhc_post_tilelang"]}
+        line = p.routed_line()
+        assert "deepseek_v41.nvidia: model" in line and "mhc_pre_delayed_tilelang" in line and "stay on vLLM" in line
+    finally:
+        p.STATE["routed"] = saved

@@ -252,8 +252,6 @@ def test_vllm_no_cuda_graphs():
 # What vLLM 0.33 refuses stays refused, naming the flag.
 @pytest.mark.parametrize("flags,match", [
     ("--max-num-seqs 300 --max-num-batched-tokens 256", "--max-num-batched-tokens=256 is smaller than --max-num-seqs"),
-    ("--max-num-batched-tokens 512", "--max-num-batched-tokens=512 is smaller than --max-num-seqs=1024"),
-    ("--enable-expert-parallel -dp 2 --all2all-backend nixl_ep", "max-num-batched-tokens=256 is smaller"),
     (f"--max-num-seqs 2 --max-num-batched-tokens 2 {MTP2}", "no slot for a scheduled token"),
     (f"--enable-lora {ISSUE_8}", "--enable-lora with speculative decoding: vLLM refuses --max-num-batched-tokens=100"),
     ("--disable-chunked-prefill --max-model-len 4096 --max-num-batched-tokens 2048 --max-num-seqs 64",
@@ -280,6 +278,14 @@ def test_vllm_no_cuda_graphs():
 def test_vllm_refusals(flags, match):
     with pytest.raises(ConfigError, match=match):
         parse_engine_args("vllm", flags)
+
+
+def test_defaulted_max_num_seqs_follows_batched_tokens():
+    # vLLM 0.33 lowers a defaulted max_num_seqs to max_num_batched_tokens (it refuses only a given one)
+    s = parse_engine_args("vllm", "--max-num-batched-tokens 512")
+    assert s.settings["max_num_seqs"] == 512 and s.max_num_tokens == 512
+    s = parse_engine_args("vllm", "--enable-expert-parallel -dp 2 --all2all-backend nixl_ep")
+    assert s.settings["max_num_seqs"] == 256 and s.max_num_tokens == 256
 
 
 def test_spec_batched_tokens_from_defaults_is_a_note():
@@ -409,7 +415,7 @@ def test_shapes_roundtrip():
     ("vllm", "--enable-lora --max-num-seqs 1024 --max-num-batched-tokens 1024 --speculative-config "
      "'{\"method\":\"mtp\",\"num_speculative_tokens\":1}'", r"--max-num-batched-tokens=1024 < --max-num-seqs=1024"),
     ("vllm", "--compilation-config '{\"cudagraph_mode\":\"SOMETIMES\"}'", "unknown cudagraph_mode"),
-    ("vllm", "--compilation-config '{bad json'", "argument --compilation-config/-cc: not valid JSON"),
+    ("vllm", "--compilation-config '{bad json'", "argument --compilation-config/-cc: 1 validation error for CompilationConfig: not valid JSON"),
     ("vllm", "--speculative-config '{\"num_speculative_tokens\": -1}'", "num_speculative_tokens must be > 0"),
     ("vllm", "--speculative-config '{\"num_speculative_tokens\": true}'", "expected an integer"),
     ("vllm", "--speculative-config '{\"method\": \"mtp\"}'", "no num_speculative_tokens"),
@@ -422,6 +428,7 @@ def test_shapes_roundtrip():
     ("vllm", "--enforce-eager=maybe", "ignored explicit argument 'maybe'"),
     ("vllm", "-tp 4 -cc '{\"pass_config\":{\"enable_sp\":true}}' " + MTP2, "no sequence-parallelism pass"),
     ("vllm", "--max-num-seqs.x 3", "argument --max-num-seqs: invalid int value"),
+    ("vllm", "-cc '{\"bogus\": 1}'", "bogus: Extra inputs are not permitted"),
     ("sglang", "--speculative-algorithm FOO", "only EAGLE and DSPARK"),
     ("sglang", "--cuda-graph-bs-decode 0 1", "batch sizes must be >= 1"),
     ("sglang", "--chunked-prefill-size 0", "--chunked-prefill-size must be > 0"),
@@ -565,3 +572,33 @@ def test_sglang_server_args_object():
     assert s.engine == "sglang" and list(s.capture_batch_sizes) == SG_SPEC_512
     with pytest.raises(ConfigError, match="cannot read engine shapes"):
         shapes_from_config(object())
+
+
+def test_names_the_engine_lacks_are_refused_in_profiles_and_the_api(tmp_path):
+    # a typo or a removed flag would otherwise plan the defaults
+    with pytest.raises(ConfigError, match="cuda_graph_max_bs \\(in sglang_shapes\\(\\)\\): sglang serve has no such"):
+        sglang_shapes(cuda_graph_max_bs=48)
+    with pytest.raises(ConfigError, match="max_num_sqs \\(in vllm_shapes\\(\\)\\): vllm serve has no such option"):
+        vllm_shapes(max_num_sqs=8)
+    with pytest.raises(ConfigError, match="not followed by dsv4-jit's sglang-0.5.23 formula"):
+        sglang_shapes(pp_size=2)
+    p = tmp_path / "serve.toml"
+    p.write_text('[sglang]\ncuda-graph-max-bs = 48\n')
+    with pytest.raises(ConfigError, match="cuda-graph-max-bs \\(in serve.toml\\): sglang serve has no such option"):
+        load_profile(p)
+    p.write_text('[sglang]\ncuda-graph-max-bs-decode = 48\nport = 30000\ntp-size = 2\n')
+    prof = load_profile(p)
+    assert prof.shapes.capture_batch_sizes[-1] == 48 and prof.shapes.ignored == {"port": 30000}
+
+
+def test_refusals_read_as_the_engine_prints_them_with_a_model():
+    # dsv4-jit takes the model from --model, so a pasted line may leave it out; vLLM's positional model then
+    # does not swallow a value, and the message is the one `vllm serve MODEL ...` prints
+    with pytest.raises(ConfigError, match="unrecognized arguments: --cuda-graph-sizes 1 3 5 7 64$"):
+        parse_engine_args("vllm", "--cuda-graph-sizes 1 3 5 7 64")
+    with pytest.raises(ConfigError, match="unrecognized arguments: --max-num-sqs 8$"):
+        parse_engine_args("vllm", "--max-num-sqs 8")
+    s = parse_engine_args("vllm", "--max-num-seqs 8 deepseek-ai/DeepSeek-V4-Flash")   # the model after the flags
+    assert s.settings["max_num_seqs"] == 8 and s.ignored["_positional"] == ["deepseek-ai/DeepSeek-V4-Flash"]
+    s = parse_engine_args("sglang", "--tp 2")                       # SGLang's required --model-path stood in
+    assert s.tp_size == 2 and "--model-path" not in s.ignored

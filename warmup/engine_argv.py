@@ -6,8 +6,9 @@ flags, ambiguous abbreviations, bad values and removed aliases are refused with 
 abbreviations it accepts are accepted. vLLM's `FlexibleArgumentParser` rewrites (underscores in names, `-O3`,
 dotted `--x.key value` JSON fields) are applied first, as vLLM applies them.
 
-Not reproduced: keys inside vLLM's JSON config flags are checked by pydantic there; here a value must be JSON
-(or JSON with human-readable numbers), and only the keys the planner reads are checked (by warmup/vllm.py).
+Not reproduced: vLLM validates its JSON config flags with pydantic; here a value must be a JSON object (human-
+readable numbers allowed) whose keys are the config dataclass's fields, and only the values the planner reads are
+checked (by warmup/vllm.py); nested configs' keys are not checked.
 `--config FILE` (a YAML of flags) is refused: paste the flags instead. SGLang's required `--model-path` may be
 left out (the model is dsv4-jit's own `--model`).
 """
@@ -25,6 +26,9 @@ from dsv4_jit.errors import ConfigError
 from . import argv_tables
 
 ENGINE_TABLES = {"vllm": ("vllm serve", argv_tables.VLLM_0_33), "sglang": ("sglang serve", argv_tables.SGLANG_0_5_23)}
+
+
+MODEL_STAND_IN = "(dsv4-jit --model)"
 
 
 class _Refused(Exception):
@@ -110,15 +114,26 @@ def _expand_human_numbers(text: str) -> str:
                   lambda m: str(_vllm_human_int(m.group(1))), text)
 
 
-def _json_config(value: str) -> Any:
-    """vLLM's `parse_dataclass`: a JSON object for one of its config dataclasses."""
-    try:
-        parsed = json.loads(_expand_human_numbers(value))
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(f"not valid JSON: {e}") from None
-    if not isinstance(parsed, dict):
-        raise argparse.ArgumentTypeError(f"expected a JSON object, got {value!r}")
-    return parsed
+def _json_config(config: str, fields: Sequence[str]):
+    """vLLM's `parse_dataclass` for one config dataclass: a JSON object whose keys are the dataclass's fields
+    (its pydantic forbids others; the values of the keys the planner reads are checked in warmup/vllm.py)."""
+    known = frozenset(fields)
+
+    def parse_dataclass(value: str) -> Any:
+        try:
+            parsed = json.loads(_expand_human_numbers(value))
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(f"1 validation error for {config}: not valid JSON: {e}") from None
+        if not isinstance(parsed, dict):
+            raise argparse.ArgumentTypeError(f"1 validation error for {config}: expected a JSON object, "
+                                             f"got {value!r}")
+        extra = sorted(k for k in parsed if k not in known)
+        if extra:
+            n = len(extra)
+            raise argparse.ArgumentTypeError(f"{n} validation error{'s' if n > 1 else ''} for {config}: "
+                                             f"{', '.join(extra)}: Extra inputs are not permitted")
+        return parsed
+    return parse_dataclass
 
 
 def _optional(inner):
@@ -167,12 +182,14 @@ def _nullable_str(value: str):
     return None if not value or value == "None" else value
 
 
-def _value_type(engine: str, kind: str):
+def _value_type(engine: str, kind: str, entry: dict):
     if kind.startswith("opt:"):
-        return _optional(_value_type(engine, kind[4:]) or str)
+        return _optional(_value_type(engine, kind[4:], entry) or str)
+    if kind == "parse_dataclass":
+        return _json_config(entry["config"], entry["fields"])
     human = _vllm_human_int if engine == "vllm" else _sglang_human_int
     return {"int": int, "float": float, "str": None, "json": _json_loads, "human_readable_int": human,
-            "human_readable_int_or_auto": _vllm_human_int_or_auto, "parse_dataclass": _json_config,
+            "human_readable_int_or_auto": _vllm_human_int_or_auto,
             "parse_cuda_graph_backend_arg": _cuda_graph_backend, "parse_cuda_graph_config_arg": _cuda_graph_config,
             "json_list_type": _json_list, "nullable_str": _nullable_str}.get(kind)
 
@@ -223,7 +240,7 @@ def build_parser(engine: str) -> argparse.ArgumentParser:
             kw["action"] = "append" if kind == "append" else "store"
             if a["nargs"] not in (None, 0):
                 kw["nargs"] = a["nargs"]
-            t = _value_type(engine, a["type"])
+            t = _value_type(engine, a["type"], a)
             if t is not None:
                 kw["type"] = t
             if a["choices"] is not None:
@@ -309,18 +326,23 @@ def check_argv(engine: str, tokens: Sequence[str]) -> dict[str, Any]:
     args = _strip_prefix(list(tokens), engine)
     if any(a == "--config" or a.startswith("--config=") for a in args):
         raise ConfigError(f"{prog}: --config FILE is not read by dsv4-jit; paste the flags it holds instead")
+    # The model: dsv4-jit takes its own --model, so a pasted line may leave it out; stand one in where the
+    # engine expects it (SGLang requires --model-path; `vllm serve MODEL ...`), so messages read as the engine's.
     if engine == "sglang" and not any(a.split("=")[0] in ("--model-path", "--model") for a in args):
-        args = ["--model-path", "(dsv4-jit --model)"] + args     # SGLang requires it; dsv4-jit takes --model
-    try:
-        if engine == "vllm":
-            args = _vllm_rewrite(args)
-        ns = build_parser(engine).parse_args(args)
-    except _Refused as e:
-        raise ConfigError(f"{prog} refuses this command line: {e}") from None
-    values = {k: v for k, v in vars(ns).items() if v is not None}
-    if values.get("model_path") == "(dsv4-jit --model)":
-        del values["model_path"]
-    return values
+        args = ["--model-path", MODEL_STAND_IN] + args
+    tries = [args]
+    if engine == "vllm" and (not args or args[0].startswith("-")):
+        tries = [[MODEL_STAND_IN] + args, args]      # the model may also come after the flags
+    refusal = None
+    for attempt in tries:
+        try:
+            ns = build_parser(engine).parse_args(_vllm_rewrite(attempt) if engine == "vllm" else attempt)
+            break
+        except _Refused as e:
+            refusal = refusal or e
+    else:
+        raise ConfigError(f"{prog} refuses this command line: {refusal}") from None
+    return {k: v for k, v in vars(ns).items() if v is not None and v != MODEL_STAND_IN}
 
 
 def first_options(engine: str) -> dict[str, str]:

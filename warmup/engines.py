@@ -20,7 +20,7 @@ from dsv4_jit.errors import ConfigError
 
 from . import sglang as _sglang
 from . import vllm as _vllm
-from .engine_argv import check_argv, first_options
+from .engine_argv import ENGINE_TABLES, check_argv, first_options
 from .flags import Settings, _tokens, apply_mapping, norm_name, parse_flags
 from .shapes import EngineShapes
 from .sglang import SGLANG_FORMULA_VERSION
@@ -30,6 +30,7 @@ __all__ = ["EngineShapes", "ENGINES", "VLLM_FORMULA_VERSION", "SGLANG_FORMULA_VE
            "vllm_shapes", "sglang_shapes", "shapes_from_config", "load_profile", "Profile", "resolve_shapes"]
 
 ENGINES = ("vllm", "sglang")
+ENGINE_VERSIONS = {"vllm": "vLLM 0.33.0", "sglang": "SGLang 0.5.23"}
 
 
 def _check_engine(engine: str) -> str:
@@ -93,6 +94,26 @@ def parse_argv(engine: str, args: str | Sequence[str], st: Settings) -> Settings
     return st
 
 
+def apply_settings(engine: str, data: Mapping[str, Any], where: str, st: Settings | None = None) -> Settings:
+    """Settings by name (a profile table, the Python API): our names, or the engine's own option names. A name
+    the engine's parser does not have is refused (a typo would plan the defaults); the engine's options that
+    the formula refuses (SGLang's unmodelled ones) reach it; the rest is recorded."""
+    st = st or Settings()
+    before = set(st.ignored)
+    st = apply_mapping(data, _table(engine), where, st)
+    options = {a["dest"]: a["options"] for a in ENGINE_TABLES[engine][1] if a["options"]}
+    spelled = {o: d for d, opts in options.items() for o in opts}
+    unmodelled = getattr(_sglang, "UNMODELLED", {}) if engine == "sglang" else {}
+    for key in [k for k in st.ignored if k not in before]:
+        dest = spelled.get("--" + norm_name(key), norm_name(key).replace("-", "_"))
+        if dest not in options:
+            raise ConfigError(f"{key} (in {where}): {ENGINE_TABLES[engine][0]} has no such option "
+                              f"({ENGINE_VERSIONS[engine]}); check the spelling")
+        if dest in unmodelled:
+            st.set(dest, st.ignored.pop(key), f"{key} (in {where})")
+    return st
+
+
 def _finish(engine: str, st: Settings, options: Mapping[str, Any]) -> EngineShapes:
     if engine == "vllm":
         return _vllm.shapes_from_settings(st, **options)
@@ -117,7 +138,7 @@ def parse_engine_args(engine: str, args: str | Sequence[str], *, gpu_memory_gib:
 def vllm_shapes(args: str | Sequence[str] | None = None, *, usage: str = "server",
                 default_max_graph_size: int = _vllm.DEFAULT_MAX_GRAPH_SIZE, **settings: Any) -> EngineShapes:
     """Python API: `vllm_shapes(max_num_seqs=256, num_speculative_tokens=1, tensor_parallel_size=4)`."""
-    st = apply_mapping(settings, _vllm.FLAGS, "vllm_shapes()")
+    st = apply_settings("vllm", settings, "vllm_shapes()")
     if args is not None:
         st = parse_argv("vllm", args, st)
     return _vllm.shapes_from_settings(st, usage=usage, default_max_graph_size=default_max_graph_size)
@@ -125,7 +146,7 @@ def vllm_shapes(args: str | Sequence[str] | None = None, *, usage: str = "server
 
 def sglang_shapes(args: str | Sequence[str] | None = None, *, use_mla: bool = True, **settings: Any) -> EngineShapes:
     """Python API: `sglang_shapes(cuda_graph_max_bs_decode=512, speculative_algorithm="EAGLE", ...)`."""
-    st = apply_mapping(settings, _sglang.FLAGS, "sglang_shapes()")
+    st = apply_settings("sglang", settings, "sglang_shapes()")
     if args is not None:
         st = parse_argv("sglang", args, st)
     return _sglang.shapes_from_settings(st, use_mla=use_mla)
@@ -209,9 +230,9 @@ def load_profile(path: str | Path, *, gpu_memory_gib: float | None = None) -> Pr
     if gpu_memory_gib is not None:
         st.set("gpu_memory_gib", gpu_memory_gib, "--gpu-memory-gib")
     flat = {k: v for k, v in data.items() if k not in _PROFILE_KEYS and k not in ENGINES}
-    st = apply_mapping(flat, table, where, st)
+    st = apply_settings(engine, flat, where, st)
     if isinstance(data.get(engine), dict):
-        st = apply_mapping(data[engine], table, where, st)
+        st = apply_settings(engine, data[engine], where, st)
     if data.get("args") is not None:
         args = data["args"]
         if not isinstance(args, (str, list)):

@@ -448,6 +448,8 @@ def _scheduler_limits(v: dict[str, Any], nm: dict[str, str], usage: str, perf: s
             mnbt = max(mml, mnbt)
         if mml is not None:
             mnbt = min(seqs * mml, mnbt)
+    if not seqs_set:
+        seqs = min(seqs, mnbt)                       # a defaulted max_num_seqs never exceeds the batched tokens
 
     # SchedulerConfig.verify_max_model_len: the refusals, in vLLM's order.
     if not chunked:

@@ -7,7 +7,8 @@ vLLM calls `register()` in every process it starts (API server, engine core, eac
    one ERROR line and leaves vLLM untouched (`DSV4_JIT_VLLM_PLUGIN=require` turns that into an exception
    that stops vLLM);
 3. installs a post-import hook. When vLLM imports its DeepSeek V4 NVIDIA modules
-   (`vllm.models.deepseek_v4.nvidia.{model,mtp,dspark}`), the mHC functions those modules imported by
+   (`vllm.models.deepseek_v4.nvidia.{model,mtp,dspark}`, and `mhc_post_tilelang` in DeepSeek V4.1's
+   `vllm.models.deepseek_v41.nvidia.{model,dspark}`), the mHC functions those modules imported by
    name from `vllm.model_executor.kernels.mhc.tilelang` are rebound, in those modules only, to the
    adapters of `dsv4_jit.engines.vllm_mhc` (same parameters, same results). No other model and no other
    vLLM module sees a change. When vLLM imports its GPU worker (`vllm.v1.worker.gpu_worker`), the
@@ -44,13 +45,22 @@ ENV_ARCH = "DSV4_JIT_ARCH"
 # DeepSeek V4 architectures (vllm/model_executor/models/registry.py, vLLM 0.33.0).
 DSV4_ARCHITECTURES = ("DeepseekV4ForCausalLM", "DeepseekV4ForConditionalGeneration", "DeepSeekV4MTP",
                       "DSparkDeepseekV4ForCausalLM")
+# DeepSeek V4.1 (`vllm.models.deepseek_v41`): of the mHC TileLang names it imports, only mhc_post_tilelang is
+# V4's op (same signature, V4.1's shapes); what it runs besides is not routed and says so in the log line.
+DSV41_ARCHITECTURES = ("DeepseekV41ForCausalLM", "DSparkV41DraftModel")
+DSV41_NOT_ROUTED = ("mhc_pre_delayed_tilelang", "the mega-mHC ops of deepseek_v41/nvidia/ops",
+                    "hc_collapse_triton")
 # vLLM module -> the mHC names it imported from vllm.model_executor.kernels.mhc.tilelang (vLLM 0.33.0).
 PATCH_TARGETS: dict[str, tuple[str, ...]] = {
     "vllm.models.deepseek_v4.nvidia.model": ("hc_head_fused_kernel_tilelang", "mhc_fused_post_pre_tilelang",
                                              "mhc_post_tilelang", "mhc_pre_broadcast_tilelang", "mhc_pre_tilelang"),
     "vllm.models.deepseek_v4.nvidia.mtp": ("hc_head_fused_kernel_tilelang", "mhc_post_tilelang"),
     "vllm.models.deepseek_v4.nvidia.dspark": ("hc_head_fused_kernel_tilelang", "mhc_post_tilelang"),
+    "vllm.models.deepseek_v41.nvidia.model": ("mhc_post_tilelang",),
+    "vllm.models.deepseek_v41.nvidia.dspark": ("mhc_post_tilelang",),
 }
+# vLLM route name -> the dsv4-jit mHC op it runs (what a V4.1 plan needs)
+ROUTE_OPS = {"mhc_post_tilelang": "mhc_post"}
 WORKER_MODULE = "vllm.v1.worker.gpu_worker"
 
 STATE: dict[str, Any] = {"registered": False, "routed": {}, "refused": None, "warmup": None, "sealed": None}
@@ -201,11 +211,19 @@ def _mark(fn):
 
 # ---- warmup and seal inside the worker ------------------------------------------------------------------
 
-def is_dsv4(vllm_config) -> bool:
+def _architectures(vllm_config) -> list[str]:
     mc = getattr(vllm_config, "model_config", None)
     hf = getattr(mc, "hf_config", None)
-    archs = list(getattr(hf, "architectures", None) or []) + list(getattr(mc, "architectures", None) or [])
-    return any(a in DSV4_ARCHITECTURES for a in archs)
+    return list(getattr(hf, "architectures", None) or []) + list(getattr(mc, "architectures", None) or [])
+
+
+def is_dsv41(vllm_config) -> bool:
+    return any(a in DSV41_ARCHITECTURES for a in _architectures(vllm_config))
+
+
+def is_dsv4(vllm_config) -> bool:
+    """A DeepSeek V4 model, V4.1 included (its routed calls are V4's ops)."""
+    return any(a in DSV4_ARCHITECTURES for a in _architectures(vllm_config)) or is_dsv41(vllm_config)
 
 
 def model_from_vllm_config(vllm_config):
@@ -231,7 +249,16 @@ def plan_from_vllm_config(vllm_config, *, model=None, arch: str | None = None, f
         from dsv4_jit.jit import current_arch
         arch = current_arch().name
     archs, reason = resolve_archs(arch)
-    return build_plan(model, shapes, [a.name for a in archs], arch_reason=reason,
+    uses = None
+    if is_dsv41(vllm_config):                        # only mhc_post is routed there: plan what it launches
+        from dsv4_jit.family import all_families
+        from dsv4_jit.model_config import ParallelConfig, load_model_config
+        if isinstance(model, str):
+            model = load_model_config(model)
+        mhc = all_families()["mhc"]
+        kernels = {k for name in ROUTE_OPS.values() for k in mhc.ops[name]}
+        uses = [u for u in mhc.uses(model, ParallelConfig(tp_size=shapes.tp_size)) if u.spec.name in kernels]
+    return build_plan(model, shapes, [a.name for a in archs], arch_reason=reason, uses=uses,
                       families=list(families) if families else None)
 
 
@@ -267,9 +294,15 @@ def warm_worker(worker) -> dict | None:
 def routed_line(rep: dict | None = None, rank: int = 0, world: int = 1, seconds: float = 0.0) -> str:
     """The one INFO line: what was routed, and the warmup it got."""
     names = sorted({n for ns in STATE["routed"].values() for n in ns})
-    mods = sorted(m.rsplit(".", 1)[-1] for m in STATE["routed"])
-    line = (f"dsv4-jit: routed vLLM mHC calls {', '.join(names) or '(none)'} (deepseek_v4.nvidia: "
-            f"{', '.join(mods) or '-'}) to dsv4-jit ops; attention/indexer stay on vLLM's kernels")
+    by_model: dict[str, list[str]] = {}
+    for m in STATE["routed"]:
+        pkg, _, leaf = m.removeprefix("vllm.models.").rpartition(".")
+        by_model.setdefault(pkg, []).append(leaf)
+    where = "; ".join(f"{pkg}: {', '.join(sorted(leaves))}" for pkg, leaves in sorted(by_model.items()))
+    line = (f"dsv4-jit: routed vLLM mHC calls {', '.join(names) or '(none)'} ({where or '-'}) to dsv4-jit ops; "
+            f"attention/indexer stay on vLLM's kernels")
+    if any(m.startswith("vllm.models.deepseek_v41.") for m in STATE["routed"]):
+        line += f"; DeepSeek V4.1: only mhc_post_tilelang is routed, {', '.join(DSV41_NOT_ROUTED)} stay on vLLM's"
     if rep is not None:
         line += (f"; warmed {rep.get('variants', rep.get('loaded', 0))} variants on rank {rank}/{world} in "
                  f"{seconds:.1f} s ({rep['compiled']} compiled here"
