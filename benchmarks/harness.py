@@ -81,7 +81,7 @@ def cold_us(fn) -> tuple[float, str | None]:
 
 
 def profiler_kernel_us(fn, name: str, launches: int = 20) -> float | None:
-    """Mean device time of the kernels whose name starts with `name` over `launches` eager calls, from the torch
+    """Mean GPU time of the kernels whose name starts with `name` over `launches` eager calls, from the torch
     profiler: a kernel's own time, next to a graph time that includes its neighbours."""
     from torch.profiler import ProfilerActivity, profile
     fn()

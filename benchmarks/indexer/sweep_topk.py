@@ -1,11 +1,11 @@
 """Schedule sweep for the indexer top-k: hand-built variants of `indexer_topk` (one CTA per row) and
 `indexer_topk_split` (a row over several CTAs) timed on bench_indexer's decode logits, with the kernel's own
-device time from the profiler next to the graph time.
+GPU time from the profiler next to the graph time.
 
 Columns per candidate (us):
   graph   the op (split: the kernel over a workspace it leaves zeroed) 20 times in one CUDA graph, per call; the logits stay
           in L2 between calls, as they do after the logits kernel in a decode step
-  kernel  the top-k kernel's device time (torch.profiler, eager, mean of 20 launches)
+  kernel  the top-k kernel's GPU time (torch.profiler, eager, mean of 20 launches)
 Every candidate's output is checked as a set against torch.topk (reference.check_topk_sets); a wrong one is
 marked WRONG and is never the best.
 
