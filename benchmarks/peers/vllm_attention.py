@@ -45,6 +45,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.peers.stubs import CudaPlatform, stub, stub_packages
+
 VERSION = "0.33.0"
 PEERS_DIR = Path(__file__).resolve().parents[2] / ".peers" / f"vllm-{VERSION}"
 OPS_FILE = "vllm/v1/attention/ops/rocm_aiter_mla_sparse.py"
@@ -60,7 +62,6 @@ PAGE_ALIGN = 576  # vLLM rounds each fp8_ds_mla page up to a multiple of this
 _PACKAGES = ("vllm", "vllm.utils", "vllm.v1", "vllm.v1.attention", "vllm.v1.attention.ops",
              "vllm.v1.attention.backends", "vllm.v1.attention.backends.mla", "vllm.v1.worker",
              "vllm.compilation", "vllm.model_executor", "vllm.model_executor.layers")
-_STUB_MARK = "__dsv4_peer_stub__"
 _mods: dict[str, Any] = {}
 
 
@@ -72,22 +73,10 @@ def _capability() -> tuple[int, int]:
     return (0, 0)
 
 
-class _CudaPlatform:
+class _CudaPlatform(CudaPlatform):
     """vllm.platforms.current_platform on CUDA, only what the two files ask: rocm_aiter_mla_sparse.py reads
     is_rocm() at import (False -> _ON_GFX942 = _ON_GFX950 = False, the generic Triton path), fp8_dtype()
     (-> OCP e4m3) and is_fp8_fnuz() (False); indexer_topk.py's SparseIndexerTopk.__init__ probes the rest."""
-
-    def is_cuda(self) -> bool:
-        return True
-
-    def is_rocm(self) -> bool:
-        return False
-
-    def is_xpu(self) -> bool:
-        return False
-
-    def is_cpu(self) -> bool:
-        return False
 
     def fp8_dtype(self):
         import torch
@@ -95,17 +84,6 @@ class _CudaPlatform:
 
     def is_fp8_fnuz(self) -> bool:
         return False
-
-    def has_device_capability(self, cap: int) -> bool:
-        major, minor = _capability()
-        return major * 10 + minor >= cap
-
-    def is_device_capability(self, cap: int) -> bool:
-        major, minor = _capability()
-        return major * 10 + minor == cap
-
-    def is_device_capability_family(self, family: int) -> bool:
-        return _capability()[0] == family // 10
 
 
 class _Logger(logging.LoggerAdapter):
@@ -166,23 +144,8 @@ def _not_available(what: str):
     return fail
 
 
-def _stub(name: str, **attrs: Any) -> types.ModuleType:
-    m = types.ModuleType(name)
-    m.__dict__.update(attrs)
-    setattr(m, _STUB_MARK, True)
-    sys.modules[name] = m
-    return m
-
-
 def _install_stubs(peers: Path) -> None:
-    have = sys.modules.get("vllm")
-    if have is not None and not getattr(have, _STUB_MARK, False):
-        raise RuntimeError("a real vllm is already imported in this process; load the peer in a fresh one")
-    for pkg in _PACKAGES:
-        m = sys.modules.get(pkg)
-        if m is not None and getattr(m, _STUB_MARK, False):
-            continue  # another peer loader (vllm_mhc) made it already; same .peers path
-        _stub(pkg, __path__=[str(peers.joinpath(*pkg.split(".")))])
+    stub_packages(peers, _PACKAGES)   # vllm_mhc may have made some already; same .peers path
     try:
         import triton
         import triton.language as tl
@@ -191,42 +154,42 @@ def _install_stubs(peers: Path) -> None:
     # leaf modules the two files import, reduced to what they use:
     # - triton_utils: the real one reads vllm.envs and current_platform and may patch the autotuner; only
     #   `tl` and `triton` are used (placeholders without triton, so the CPU test can import the files)
-    _stub("vllm.triton_utils", tl=tl, triton=triton, HAS_TRITON=not isinstance(triton, _Placeholder),
+    stub("vllm.triton_utils", tl=tl, triton=triton, HAS_TRITON=not isinstance(triton, _Placeholder),
           LOG2E=1.4426950408889634, LOGE2=0.6931471805599453)
     # - platforms: current_platform (the real one probes NVML/amdsmi and reads vllm.envs); the ROCm file
     #   imports vllm.platforms.rocm only when is_rocm(), which is False here
     sys.modules.pop("vllm.platforms", None)
-    _stub("vllm.platforms", current_platform=_CudaPlatform())
+    stub("vllm.platforms", current_platform=_CudaPlatform(_capability))
     # - envs: read only inside rocm_aiter_sparse_attn_indexer (the ROCm indexer op, not called)
-    _stub("vllm.envs")
+    stub("vllm.envs")
     # - logger: init_logger with the *_once methods
-    _stub("vllm.logger", init_logger=lambda name: _Logger(logging.getLogger(name), {}))
+    stub("vllm.logger", init_logger=lambda name: _Logger(logging.getLogger(name), {}))
     # - compilation.breakable_cudagraph.eager_break_during_capture: decorates the ROCm indexer op
     #   (not called); identity
-    _stub("vllm.compilation.breakable_cudagraph", eager_break_during_capture=lambda fn: fn)
+    stub("vllm.compilation.breakable_cudagraph", eager_break_during_capture=lambda fn: fn)
     # - config / forward_context: read only inside the ROCm indexer op and SparseIndexerTopk(backend=None);
     #   the adapters always pass a backend
-    _stub("vllm.config", CUDAGraphMode=types.SimpleNamespace(FULL="FULL", NONE="NONE", PIECEWISE="PIECEWISE"),
+    stub("vllm.config", CUDAGraphMode=types.SimpleNamespace(FULL="FULL", NONE="NONE", PIECEWISE="PIECEWISE"),
           get_current_vllm_config=_not_available("vllm.config.get_current_vllm_config"))
-    _stub("vllm.forward_context", get_forward_context=_not_available("vllm.forward_context.get_forward_context"))
+    stub("vllm.forward_context", get_forward_context=_not_available("vllm.forward_context.get_forward_context"))
     # - torch_utils.direct_register_custom_op: registers torch.ops.vllm.* for the ROCm indexer and an
     #   MXFP8 BMM (the real module imports vllm.envs, logger, ...); the adapters call Python functions
-    _stub("vllm.utils.torch_utils", LayerNameType=str, direct_register_custom_op=lambda *a, **k: None,
+    stub("vllm.utils.torch_utils", LayerNameType=str, direct_register_custom_op=lambda *a, **k: None,
           _resolve_layer_name=_not_available("vllm.utils.torch_utils._resolve_layer_name"))
     # - backends.mla.indexer.DeepseekV32IndexerMetadata: an isinstance check inside the ROCm indexer op;
     #   the real module imports the whole v1 attention/config stack
-    _stub("vllm.v1.attention.backends.mla.indexer", DeepseekV32IndexerMetadata=type("DeepseekV32IndexerMetadata", (), {}))
+    stub("vllm.v1.attention.backends.mla.indexer", DeepseekV32IndexerMetadata=type("DeepseekV32IndexerMetadata", (), {}))
     # - ops.common pack/unpack_seq_triton: MTP padding inside the ROCm indexer op (not called); the real
     #   module pulls in the JIT-warmup machinery
-    _stub("vllm.v1.attention.ops.common", pack_seq_triton=_not_available("pack_seq_triton"),
+    stub("vllm.v1.attention.ops.common", pack_seq_triton=_not_available("pack_seq_triton"),
           unpack_seq_triton=_not_available("unpack_seq_triton"))
     # - worker.workspace.current_workspace_manager: rocm_fp8_paged_mqa_logits_triton takes its logits
     #   buffer from it; a cached buffer per shape
-    _stub("vllm.v1.worker.workspace", current_workspace_manager=lambda: _WORKSPACE)
+    stub("vllm.v1.worker.workspace", current_workspace_manager=lambda: _WORKSPACE)
     # - _custom_ops: indexer_topk's "per_row" backend calls the compiled top_k_per_row_decode (not in
     #   the peer); utils.flashinfer.has_flashinfer: False (FlashInfer's top-k is not part of the peer)
-    _stub("vllm._custom_ops", top_k_per_row_decode=_not_available("vllm._custom_ops.top_k_per_row_decode"))
-    _stub("vllm.utils.flashinfer", has_flashinfer=lambda: False)
+    stub("vllm._custom_ops", top_k_per_row_decode=_not_available("vllm._custom_ops.top_k_per_row_decode"))
+    stub("vllm.utils.flashinfer", has_flashinfer=lambda: False)
 
 
 def load_modules(peers_dir: Path | str | None = None) -> dict[str, Any]:

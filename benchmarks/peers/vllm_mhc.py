@@ -19,10 +19,10 @@ Fetch the files first: bash scripts/fetch_peers.sh
 """
 from __future__ import annotations
 
-import sys
-import types
 from pathlib import Path
 from typing import Any, Callable
+
+from benchmarks.peers.stubs import CudaPlatform, stub, stub_packages
 
 VERSION = "0.33.0"
 PEERS_DIR = Path(__file__).resolve().parents[2] / ".peers" / f"vllm-{VERSION}"
@@ -32,7 +32,6 @@ PEERS_DIR = Path(__file__).resolve().parents[2] / ".peers" / f"vllm-{VERSION}"
 # __path__ points into .peers, so the fetched submodules import as the real files
 _PACKAGES = ("vllm", "vllm.model_executor", "vllm.model_executor.kernels", "vllm.model_executor.kernels.mhc",
              "vllm.model_executor.warmup", "vllm.utils")
-_STUB_MARK = "__dsv4_peer_stub__"
 _assume_cc: tuple[int, int] | None = None
 _mods: dict[str, Any] = {}
 
@@ -45,66 +44,31 @@ def _capability() -> tuple[int, int]:
     return torch.cuda.get_device_capability()
 
 
-class _CudaPlatform:
+class _CudaPlatform(CudaPlatform):
     """vllm.platforms.current_platform on CUDA: only what the mHC files ask (tilelang_kernels.py reads
     is_arch_support_pdl at import -> ENABLE_PDL; tilelang_utils picks eager tilelang.jit on CUDA)."""
 
-    def is_cuda(self) -> bool:
-        return True
-
-    def is_rocm(self) -> bool:
-        return False
-
-    def is_xpu(self) -> bool:
-        return False
-
-    def is_cpu(self) -> bool:
-        return False
-
     def is_arch_support_pdl(self) -> bool:  # vllm/platforms/cuda.py: major >= 9
-        return _capability()[0] >= 9
-
-    def has_device_capability(self, cap: int) -> bool:
-        major, minor = _capability()
-        return major * 10 + minor >= cap
-
-    def is_device_capability(self, cap: int) -> bool:
-        major, minor = _capability()
-        return major * 10 + minor == cap
-
-    def is_device_capability_family(self, family: int) -> bool:
-        return _capability()[0] == family // 10
+        return self._capability()[0] >= 9
 
 
 def _no_deep_gemm(*_a: Any, **_k: Any) -> Any:
     raise RuntimeError("DeepGEMM is not available in this peer (the SM12x no-DeepGEMM path was asked for)")
 
 
-def _stub(name: str, **attrs: Any) -> types.ModuleType:
-    m = types.ModuleType(name)
-    m.__dict__.update(attrs)
-    setattr(m, _STUB_MARK, True)
-    sys.modules[name] = m
-    return m
-
-
 def _install_stubs(peers: Path) -> None:
-    have = sys.modules.get("vllm")
-    if have is not None and not getattr(have, _STUB_MARK, False):
-        raise RuntimeError("a real vllm is already imported in this process; load the peer in a fresh one")
-    for pkg in _PACKAGES:
-        _stub(pkg, __path__=[str(peers.joinpath(*pkg.split(".")))])
+    stub_packages(peers, _PACKAGES)
     # leaf modules the mHC files import, reduced to what they use:
     # - platforms: current_platform (the real one probes NVML/amdsmi and reads vllm.envs)
-    _stub("vllm.platforms", current_platform=_CudaPlatform())
+    stub("vllm.platforms", current_platform=_CudaPlatform(_capability))
     # - import_utils.has_tilelang: tilelang_utils checks it before importing tilelang
     import importlib.util
-    _stub("vllm.utils.import_utils", has_tilelang=lambda: importlib.util.find_spec("tilelang") is not None)
+    stub("vllm.utils.import_utils", has_tilelang=lambda: importlib.util.find_spec("tilelang") is not None)
     # - torch_utils.direct_register_custom_op: registers torch.ops.vllm.*; the model calls the Python
     #   functions directly, so registration is skipped (the real module imports vllm.envs, logger, ...)
-    _stub("vllm.utils.torch_utils", direct_register_custom_op=lambda *a, **k: None)
+    stub("vllm.utils.torch_utils", direct_register_custom_op=lambda *a, **k: None)
     # - deep_gemm: unavailable, which selects the TileLang prenorm GEMM with n_splits=1
-    _stub("vllm.utils.deep_gemm", is_deep_gemm_supported=lambda: False, tf32_hc_prenorm_gemm=_no_deep_gemm)
+    stub("vllm.utils.deep_gemm", is_deep_gemm_supported=lambda: False, tf32_hc_prenorm_gemm=_no_deep_gemm)
 
 
 def load(peers_dir: Path | str | None = None, assume_cc: tuple[int, int] | None = None) -> None:
