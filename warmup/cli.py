@@ -223,15 +223,14 @@ def _keys_of_manifest(m: Any) -> set[str]:
 
 
 def _check(plan, args) -> int:
-    from .planner import missing_in_keys, missing_in_store
+    from .planner import missing_in_keys
     if args.bundle:
         missing = missing_in_keys(plan, _bundle_keys(args.bundle))
         where = f"bundle {args.bundle}"
     else:
         from dsv4_jit.jit import default_store
         store = default_store()
-        missing = missing_in_store(plan, store)
-        holders = _holding_layers(plan, store)
+        missing, holders = _scan_store(plan, store)
         where = _describe_cache(store, holders, complete=not missing)
     if args.json:
         out = {"covered": not missing, "where": where, "planned": plan.compiles,
@@ -252,14 +251,17 @@ def _check(plan, args) -> int:
     return 1
 
 
-def _holding_layers(plan, store) -> dict[str, int]:
-    """Layer root -> how many planned variants it serves (the first layer holding a key serves it)."""
-    counts: dict[str, int] = {}
+def _scan_store(plan, store) -> tuple[list, dict[str, int]]:
+    """(planned variants the store lacks, layer root -> how many planned variants it serves), one probe a
+    variant (a probe, not a use: no hit or miss counted)."""
+    missing, holders = [], {}
     for v in plan.variants:
         e = store.peek(v.key)
-        if e is not None:
-            counts[str(e.layer)] = counts.get(str(e.layer), 0) + 1
-    return counts
+        if e is None:
+            missing.append(v)
+        else:
+            holders[str(e.layer)] = holders.get(str(e.layer), 0) + 1
+    return missing, holders
 
 
 def _describe_cache(store, holders: dict[str, int], complete: bool) -> str:
