@@ -236,8 +236,13 @@ def missing_in_store(plan: Plan, store=None) -> list[PlannedVariant]:
     if store is None:
         from dsv4_jit.jit import default_store
         store = default_store()
-    has = getattr(store, "contains", None)   # a probe, not a use: no hit/miss counted
-    return [v for v in plan.variants if not (has(v.key) if has else store.lookup(v.key) is not None)]
+    return [v for v in plan.variants if not store_has(store, v.key)]
+
+
+def store_has(store, key: str) -> bool:
+    """Is `key` in the store, as a probe, not a use (no hit/miss counted where the store counts them)."""
+    has = getattr(store, "contains", None)
+    return has(key) if has is not None else store.lookup(key) is not None
 
 
 def missing_in_keys(plan: Plan, keys: Iterable[str]) -> list[PlannedVariant]:

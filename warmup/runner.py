@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterable, Sequence, TextIO
 
 from dsv4_jit.errors import ConfigError, Dsv4JitError
 
-from .planner import Plan, PlannedVariant
+from .planner import Plan, PlannedVariant, store_has
 
 log = logging.getLogger("dsv4_jit.warmup")
 
@@ -105,19 +105,13 @@ def compile_task(spec_name: str, variant: Any) -> dict:
     _quiet_tilelang()
     spec = get_spec(spec_name)
     store = jit.default_store()
-    if _has(store, jit.artifact_key(spec, variant)):
+    if store_has(store, jit.artifact_key(spec, variant)):
         return {"status": "cached"}
     before = jit.COUNTERS.compiles
     jit.compile_variant(spec, variant, caller="dsv4-jit warmup")
     if jit.COUNTERS.compiles == before:
         return {"status": "cached", "waited": True}
     return {"status": "compiled"}
-
-
-def _has(store, key: str) -> bool:
-    """Is `key` in the store, as a probe (no hit/miss counted where the store counts them)."""
-    has = getattr(store, "contains", None)
-    return has(key) if has is not None else store.lookup(key) is not None
 
 
 _QUIETED = False
@@ -299,7 +293,7 @@ def run_warmup(plan: Plan, *, jobs: int | None = None, time_budget: float | None
 
     todo: list[PlannedVariant] = []
     for v in plan.variants:
-        if _has(store, v.key):
+        if store_has(store, v.key):
             report.results.append(res(v, "cached"))
         else:
             todo.append(v)
@@ -363,7 +357,8 @@ def run_warmup(plan: Plan, *, jobs: int | None = None, time_budget: float | None
     prog.finish()
     # A worker whose cache dir went bad mid-run (disk full, remounted read-only) kept its builds in a
     # temp dir that died with it: what this process cannot see was not kept.
-    report.not_persisted = [r.key for r in report.results if r.status == "compiled" and not _has(store, r.key)]
+    report.not_persisted = [r.key for r in report.results
+                            if r.status == "compiled" and not store_has(store, r.key)]
     report.seconds = clock() - t0
     return report
 
@@ -506,7 +501,7 @@ def run_warmup_cli(args, model, shapes, archs, reason: str, notes: list[str]) ->
     print(f"engine: {shapes.summary()}", file=out)
     for n in plan.notes:
         print(f"note: {n}", file=out)
-    missing = sum(1 for v in plan.variants if not _has(store, v.key))
+    missing = sum(1 for v in plan.variants if not store_has(store, v.key))
     print(f"plan: {plan.compiles} variants ({plan.naive_compiles} if one per capture size); {missing} to compile "
           f"with {jobs} worker(s), estimated {_fmt_dur(plan.estimate_seconds(jobs, missing))}", file=out)
     log_path = _compiler_log(store)
