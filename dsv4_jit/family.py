@@ -57,6 +57,11 @@ class GpuCase:
     planned: whether a forward pass makes this call, so every variant it launches must be in the plan
     tp_size: the tensor-parallel size whose shapes the case runs (heads per rank); the plan it is checked
         against is built for that TP
+    op: the public op it launches, a key of the family's `ops` (default: the name up to its first "[")
+    fixes: static values the case fixes. The variants the case may launch are those `select` gives for the uses
+        of its op's kernels whose statics agree with `fixes`, at each of its token counts
+        (dsv4_jit.testing.case_variants): the GPU pass compiles exactly those first, and the GPU test fails a
+        case that launches any other
     """
     name: str
     make_inputs: Callable[[int, Any, Any], dict]
@@ -68,6 +73,8 @@ class GpuCase:
     token_dims: Mapping[str, int] = field(default_factory=dict)
     planned: bool = True
     tp_size: int = 1
+    op: str = ""
+    fixes: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -72,6 +72,60 @@ def check_case_outputs(case: "GpuCase", outputs: Mapping[str, "torch.Tensor"], w
     return errs
 
 
+def case_op(family, case: "GpuCase") -> str | None:
+    """The public op a GPU case launches (None for a family that names no ops: every use is the case's)."""
+    if not family.ops:
+        return None
+    op = case.op or case.name.split("[", 1)[0]
+    if op not in family.ops:
+        raise ValueError(f"{family.name} GPU case {case.name!r}: op {op!r} is not one of the family's ops "
+                         f"({', '.join(family.ops)}); set GpuCase.op")
+    return op
+
+
+def _flags_widened(uses: list) -> list:
+    """Each use with its boolean statics in every combination: the op forms no forward pass makes (an unplanned
+    case, e.g. mHC pre's broadcast form without its RMSNorm) differ from the planned ones in such flags."""
+    import itertools
+    from .family import KernelUse
+    out: dict[tuple, KernelUse] = {}
+    for use in uses:
+        flags = [k for k, v in use.static.items() if isinstance(v, bool)]
+        for combo in itertools.product((False, True), repeat=len(flags)):
+            static = {**use.static, **dict(zip(flags, combo))}
+            out.setdefault((use.spec.name, tuple(sorted(static.items()))), KernelUse(use.spec, static, use.label))
+    return list(out.values())
+
+
+def case_uses(family, case: "GpuCase", model) -> list:
+    """The family's uses a GPU case may launch at `model`'s shapes and the case's TP: those of its op's kernels whose
+    statics agree with the case's `fixes` (a static the use lacks agrees)."""
+    from .model_config import ParallelConfig
+    op = case_op(family, case)
+    kernels = None if op is None else set(family.ops[op])
+    uses = family.uses(model, ParallelConfig(tp_size=case.tp_size))
+    if not case.planned:
+        uses = _flags_widened(uses)
+    return [u for u in uses if (kernels is None or u.spec.name in kernels)
+            and all(u.static.get(k, v) == v for k, v in case.fixes.items())]
+
+
+def case_variants(family, case: "GpuCase", model, profile: ArchProfile) -> dict[tuple, tuple]:
+    """(kernel, params, schedule) -> (spec, Variant) of every variant a GPU case may launch under `profile`: each of
+    its uses (case_uses) at each of its token counts. The GPU pass compiles these before the cases run."""
+    out: dict[tuple, tuple] = {}
+    for use in case_uses(family, case, model):
+        for t in case.tokens:
+            try:
+                v = use.spec.select(profile, use.static, t)
+            except ValueError:
+                if case.planned:
+                    raise
+                continue   # an unplanned flag combination the kernel does not take
+            out.setdefault((v.kernel, v.params, v.schedule), (use.spec, v))
+    return out
+
+
 def gpu_profiles() -> list[ArchProfile]:
     """The profiles this machine's GPU proves: its own schedule and, on a GPU outside the SM12x family, the SM120
     schedule compiled for it. Empty without a GPU."""

@@ -4,13 +4,17 @@
 #   bash scripts/gpu_pass.sh --list     print each step, its time budget and its commands; run nothing
 # Steps (STEPS="compile tests" runs only those; each step's budget is a hard timeout, B_<step>=S changes it):
 #   env        GPU, driver, nvcc, Python and torch versions
-#   compile    every variant the GPU cases load (scripts/gpu_pass_variants.py, derived on the CPU: both schedules,
-#              both models, every TP the cases run) compiled in parallel into $DSV4_JIT_CACHE_DIR, on all cores
-#              but two; meanwhile the GPU times the floors (bench_floor.py) and the MMA peaks (bench_mma_peak.py)
-#   tests      every GPU test (every family's cases on the native sm_90a schedule and on the SM120 schedule compiled
-#              for sm_90a, both models), workers in parallel (pytest-xdist); the cases' worst errors go to
-#              gpu_cases.jsonl, and the log says how many variants were compiled during the tests (0 after compile)
-#   bench      each family's benchmark at the scoreboard's points, both schedules (DSV4_JIT_BENCH_REP_MS=50)
+#   compile    in the background, every variant the GPU cases and the benchmarks load (scripts/gpu_pass_variants.py,
+#              derived on the CPU: both schedules, both models), in parallel into $DSV4_JIT_CACHE_DIR on all cores
+#              but two; its budget runs from its start, beside the next two steps
+#   floors     meanwhile on the GPU: the floors (bench_floor.py) and the MMA peaks (bench_mma_peak.py)
+#   tests      then, beside the compile, every GPU test (every family's cases on the native sm_90a schedule and on the
+#              SM120 schedule compiled for it, both models) with a few pytest-xdist workers: the cases run in the
+#              order the list compiles, and a test whose variant is still compiling waits for it off its GPU turn;
+#              the cases' worst errors go to gpu_cases.jsonl. The step ends when the compile has; the log names the
+#              variants compiled beyond the list (none when the list is complete)
+#   bench      each family's benchmark at the scoreboard's points, both schedules (DSV4_JIT_BENCH_REP_MS=50): the
+#              commands and points of scripts/gpu_pass_variants.py's BENCH_STEPS
 #   scoreboard goal_table.py (goals.json) and results.py (RESULTS.md) from this pass's JSON
 # Extra steps, for a call of their own (STEPS="container plugin"): container (BUNDLE=path: a bundle built with no GPU,
 # imported and run with compiles forbidden, scripts/container_case.py; CONTAINER_ARGS adds families), plugin (the vLLM
@@ -28,11 +32,14 @@ case "${1:-}" in
 esac
 OUT=${OUT:-bench_out}
 P=$OUT/gpu_pass
-STEPS=${STEPS:-"env compile tests bench scoreboard"}
+STEPS=${STEPS:-"env compile floors tests bench scoreboard"}
 J=${JOBS:-$(nproc)}
-CJ=$(( J > 4 ? J - 2 : J ))        # compile workers: two cores stay with the GPU's timing meanwhile
-# time budgets in seconds; the defaults sum to 590 (one device call runs at most 600)
-B_env=${B_env:-10} B_compile=${B_compile:-230} B_tests=${B_tests:-150} B_bench=${B_bench:-190} B_scoreboard=${B_scoreboard:-10}
+CJ=$(( J > 4 ? J - 2 : J ))        # compile workers: two cores stay with the GPU's work meanwhile
+TJ=${TEST_JOBS:-4}                 # GPU test workers: they take turns on the GPU; more only wait
+# time budgets in seconds. compile runs beside floors and tests and ends inside them; the others run one after
+# another: env + floors + tests + bench + scoreboard = 555, which leaves a 600 s device call 45 s for its setup
+B_env=${B_env:-10} B_compile=${B_compile:-320} B_floors=${B_floors:-130} B_tests=${B_tests:-190}
+B_bench=${B_bench:-215} B_scoreboard=${B_scoreboard:-10}
 B_container=${B_container:-300} B_plugin=${B_plugin:-200} B_warm_load=${B_warm_load:-60} B_host=${B_host:-60}
 export PYTHONUNBUFFERED=1 DSV4_JIT_CACHE_DIR=${DSV4_JIT_CACHE_DIR:-/tmp/dsv4-jit-cache} DSV4_JIT_BENCH_REP_MS=${DSV4_JIT_BENCH_REP_MS:-50}
 status=0
@@ -72,48 +79,44 @@ fi
 
 if step compile; then
   begin compile "$B_compile"
-  # the compile pool stops starting compiles 40 s before the budget, so the ones running finish inside it
+  # the pool starts no compile in the budget's last 40 s, so the ones running finish inside it
   if [ "$mode" = list ]; then
     run compile "$B_compile" python3 scripts/gpu_pass_variants.py -j "$CJ" --time-budget $((B_compile - 40)) --json "$P/variants.json"
-    echo "      meanwhile:"
   else
     run compile "$B_compile" python3 scripts/gpu_pass_variants.py -j "$CJ" --time-budget $((B_compile - 40)) \
       --json "$P/variants.json" &
     compile_pid=$!
+    echo "   compile started in the background"
   fi
-  run bench_floor 185 python3 benchmarks/bench_floor.py --out "$P/bench_floor.json"
-  run mma_peak 35 python3 benchmarks/bench_mma_peak.py --out "$P/mma_peak.json"
-  [ "$mode" = list ] || wait "$compile_pid" || status=1   # the background step's own status is its exit code
-  end compile
+fi
+
+if step floors; then
+  begin floors "$B_floors"
+  run bench_floor 110 python3 benchmarks/bench_floor.py --out "$P/bench_floor.json"
+  run mma_peak 20 python3 benchmarks/bench_mma_peak.py --out "$P/mma_peak.json"
+  end floors
 fi
 
 if step tests; then
   begin tests "$B_tests"
-  before=$(entries)
   export DSV4_JIT_GPU_REPORT=$P/gpu_cases.jsonl
-  xdist=(); python3 -c "import xdist" 2>/dev/null && xdist=(-n "$J")
-  run gpu_tests "$B_tests" python3 -m pytest -q -m gpu -p no:cacheprovider "${xdist[@]}" --durations=15 tests
-  [ "$mode" = list ] || echo "  variants compiled during the tests: $(( $(entries) - before ))"
+  xdist=(); python3 -c "import xdist" 2>/dev/null && xdist=(-n "$TJ")
+  run gpu_tests $((B_tests - 20)) python3 -m pytest -q -m gpu -p no:cacheprovider "${xdist[@]}" --durations=25 tests
+  if [ "$mode" != list ] && [ -n "${compile_pid:-}" ]; then
+    wait "$compile_pid" || status=1   # the background step's own status is its exit code
+    echo "   compile ended at $((SECONDS - t_pass)) s"
+  fi
+  run beyond_list 20 python3 scripts/gpu_pass_variants.py --beyond
+  [ "$mode" = list ] || sed 's/^/  /' "$P/beyond_list.log"
   end tests
 fi
 
 if step bench; then
   begin bench "$B_bench"
-  run bench_attention 40 python3 benchmarks/attention/bench_attention.py --heads 64 16 --batch 1 8 64 --layers 8 \
-    --out "$P/bench_attention.json"
-  run bench_indexer 15 python3 benchmarks/indexer/bench_indexer.py --no-torch --out "$P/bench_indexer.json"
-  run bench_indexer_sm120 12 python3 benchmarks/indexer/bench_indexer.py --no-torch --arch sm_120a \
-    --out "$P/bench_indexer_sm120.json"
-  run bench_gemm 25 python3 benchmarks/gemm/bench_gemm.py --out "$P/bench_gemm.json"
-  run bench_gemm_pro 20 python3 benchmarks/gemm/bench_gemm.py --model deepseek-v4-pro --tp 8 --out "$P/bench_gemm_pro.json"
-  run bench_gemm_sm120 15 python3 benchmarks/gemm/bench_gemm.py --arch sm_120a --prefill --out "$P/bench_gemm_sm120.json"
-  run bench_moe 15 python3 benchmarks/moe/bench_moe.py --tokens 1 8 64 --layers 8 --out "$P/bench_moe.json"
-  run bench_moe_pro 12 python3 benchmarks/moe/bench_moe.py --model deepseek-v4-pro --tp 8 --tokens 1 8 64 --layers 8 \
-    --out "$P/bench_moe_pro.json"
-  run bench_moe_sm120 10 python3 benchmarks/moe/bench_moe.py --tokens 1 8 64 --layers 8 --arch sm_120a \
-    --out "$P/bench_moe_sm120.json"
-  run bench_mhc 20 python3 benchmarks/mhc/bench_mhc.py --tokens 1 64 4096 --out "$P/bench_mhc.json"
-  run bench_compressor 6 python3 benchmarks/compressor/bench_compressor.py --out "$P/bench_compressor.json"
+  while read -r log budget cmd; do
+    # shellcheck disable=SC2086  (the command's words: paths and flags, no spaces)
+    run "$log" "$budget" $cmd
+  done < <(python3 scripts/gpu_pass_variants.py --bench-steps "$P")
   end bench
 fi
 
@@ -152,8 +155,8 @@ if step host; then
 fi
 
 if [ "$mode" = list ]; then
-  total=0; for s in $STEPS; do b=B_$s; total=$((total + ${!b:-0})); done
-  echo "total budget $total s (steps: $STEPS)"
+  total=0; for s in $STEPS; do [ "$s" = compile ] && continue; b=B_$s; total=$((total + ${!b:-0})); done
+  echo "total budget $total s (steps: $STEPS; compile runs beside floors and tests)"
   exit 0
 fi
 echo "pass took $((SECONDS - t_pass)) s; exit $status"

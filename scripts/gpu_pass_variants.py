@@ -1,16 +1,17 @@
-"""Every variant the GPU cases load, derived on the CPU, and compiled before they run (scripts/gpu_pass.sh's first step).
+"""Every variant the GPU pass loads, derived on the CPU, and compiled before it is needed (scripts/gpu_pass.sh).
 
-A GPU case (tests/test_families.py: test_gpu_case) launches its op through `select` with the GPU's own profile or
-the SM120 schedule compiled for it, and asserts that every variant it launched is in the plan for vLLM's defaults
-at the case's TP and largest token count. So the union of those plans, per case and schedule, is a list that holds
-every variant the cases can load: compiled first, in parallel, the cases then load everything and compile nothing.
-A case no forward pass makes (planned=False: mHC pre's broadcast form without its RMSNorm) is bound by no plan: for
-it, the family's uses with their boolean flags in every combination are selected at each of the case's token counts
-(the GPU pass reports how many variants the tests still compiled: 0 when the list was complete).
+GPU cases (tests/test_families.py: test_gpu_case) launch their op through `select` with the GPU's own profile and
+the SM120 schedule compiled for it. Each case may launch exactly the variants dsv4_jit.testing.case_variants gives
+(its op's uses that agree with what the case fixes, at each of its token counts), and the test fails a case that
+launches any other: so this list leaves the cases nothing to compile. The benchmarks' variants follow, from
+BENCH_STEPS: the bench step's commands together with the points each one times (gpu_pass.sh runs the commands
+`--bench-steps` prints, so the table and the step cannot drift apart). Cases come first, family by family in the
+order the tests run, so tests started beside the compile mostly find their variants built.
 
     python scripts/gpu_pass_variants.py --list                  # counts per family and schedule; no compile
     python scripts/gpu_pass_variants.py --list --json FILE      # and every variant as JSON
     python scripts/gpu_pass_variants.py -j 16 [--time-budget 300] [--families attention indexer]
+    python scripts/gpu_pass_variants.py --bench-steps DIR       # the bench step: "log budget command" per line
 
 Compiles go to the default store (DSV4_JIT_CACHE_DIR); variants already there count as cached.
 """
@@ -20,21 +21,69 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU_ARCH = "sm_90a"     # the GPUs the pass runs on (H100 / H200)
+FLASH, PRO = "deepseek-v4-flash", "deepseek-v4-pro"
 
 
 @dataclass(frozen=True)
-class CasePlan:
-    """One GPU case's plan inputs: the family, model, TP and largest token count its plan is built for."""
+class BenchStep:
+    """One benchmark command of the GPU pass and the points it times: the family's uses (only `kernels`, and those
+    agreeing with `fixes`, where given) at each (model, TP) of `at`, each token count, on each schedule ("native": the
+    GPU's own; "sm_120a": the SM120 schedule compiled for it)."""
+    log: str
+    budget: int                     # seconds; the step's hard timeout
+    argv: tuple[str, ...]           # "{out}" stands for the pass's output dir
     family: str
-    model: str
-    case: str
-    tp_size: int
-    max_tokens: int
+    at: tuple[tuple[str, int], ...]
+    tokens: tuple[int, ...]
+    schedules: tuple[str, ...] = ("native",)
+    kernels: tuple[str, ...] = ()
+    fixes: dict = field(default_factory=dict, hash=False)
+
+    def command(self, out_dir: str) -> list[str]:
+        return ["python3", *(a.replace("{out}", out_dir) for a in self.argv)]
+
+
+BOTH = ("native", "sm_120a")
+GEMM_M = (1, 8, 32, 64, 2048, 8192)      # bench_gemm.py's default --decode and --prefill
+BENCH_STEPS: tuple[BenchStep, ...] = (
+    BenchStep("bench_attention", 40, ("benchmarks/attention/bench_attention.py", "--heads", "64", "16", "--batch", "1",
+                                      "8", "64", "--layers", "8", "--out", "{out}/bench_attention.json"),
+              "attention", ((FLASH, 1), (FLASH, 4)), (1, 8, 64), BOTH, fixes={"kv_format": "fp8_ds_mla"}),
+    BenchStep("bench_indexer", 15, ("benchmarks/indexer/bench_indexer.py", "--no-torch",
+                                    "--out", "{out}/bench_indexer.json"),
+              "indexer", ((FLASH, 1),), (1, 8, 64), ("native",), fixes={"next_n": 1}),
+    BenchStep("bench_indexer_sm120", 15, ("benchmarks/indexer/bench_indexer.py", "--no-torch", "--arch", "sm_120a",
+                                          "--out", "{out}/bench_indexer_sm120.json"),
+              "indexer", ((FLASH, 1),), (1, 8, 64), ("sm_120a",), fixes={"next_n": 1}),
+    BenchStep("bench_gemm", 25, ("benchmarks/gemm/bench_gemm.py", "--out", "{out}/bench_gemm.json"),
+              "gemm", ((FLASH, 1),), GEMM_M),
+    BenchStep("bench_gemm_pro", 25, ("benchmarks/gemm/bench_gemm.py", "--model", PRO, "--tp", "8",
+                                     "--out", "{out}/bench_gemm_pro.json"),
+              "gemm", ((PRO, 8),), GEMM_M),
+    BenchStep("bench_gemm_sm120", 15, ("benchmarks/gemm/bench_gemm.py", "--arch", "sm_120a", "--prefill",
+                                       "--out", "{out}/bench_gemm_sm120.json"),
+              "gemm", ((FLASH, 1),), GEMM_M[:4], ("sm_120a",)),
+    BenchStep("bench_moe", 15, ("benchmarks/moe/bench_moe.py", "--tokens", "1", "8", "64", "--layers", "8",
+                                "--out", "{out}/bench_moe.json"),
+              "moe", ((FLASH, 1),), (1, 8, 64), kernels=("fp4_moe_gemm",)),
+    BenchStep("bench_moe_pro", 15, ("benchmarks/moe/bench_moe.py", "--model", PRO, "--tp", "8", "--tokens", "1", "8",
+                                    "64", "--layers", "8", "--out", "{out}/bench_moe_pro.json"),
+              "moe", ((PRO, 8),), (1, 8, 64), kernels=("fp4_moe_gemm",)),
+    BenchStep("bench_moe_sm120", 15, ("benchmarks/moe/bench_moe.py", "--tokens", "1", "8", "64", "--layers", "8",
+                                      "--arch", "sm_120a", "--out", "{out}/bench_moe_sm120.json"),
+              "moe", ((FLASH, 1),), (1, 8, 64), ("sm_120a",), kernels=("fp4_moe_gemm",)),
+    BenchStep("bench_mhc", 25, ("benchmarks/mhc/bench_mhc.py", "--tokens", "1", "64", "4096",
+                                "--out", "{out}/bench_mhc.json"),
+              "mhc", ((FLASH, 1), (PRO, 1)), (1, 64, 4096)),
+    BenchStep("bench_compressor", 10, ("benchmarks/compressor/bench_compressor.py",
+                                       "--out", "{out}/bench_compressor.json"),
+              "compressor", ((FLASH, 1),), (1, 8, 64, 512)),
+)
 
 
 def families(names=None, include_toy: bool = True) -> list:
@@ -68,32 +117,6 @@ def compile_in_worker(spec_name: str, variant) -> dict:
     return {"status": "compiled"}
 
 
-def case_plans(fams, planned: bool = True) -> list[tuple[CasePlan, object]]:
-    """(plan inputs, the GpuCase) of every case that is (or, planned=False, is not) planned."""
-    from dsv4_jit.model_config import EMBEDDED, load_model_config
-    out = []
-    for fam in fams:
-        for model in EMBEDDED:
-            for case in fam.gpu_cases(load_model_config(model)):
-                if case.planned == planned:
-                    out.append((CasePlan(fam.name, model, case.name, case.tp_size, max(case.tokens)), case))
-    return out
-
-
-def widened_uses(fam, cp: CasePlan) -> list[tuple]:
-    """(spec, static) of the family's uses at the case's model and TP with their boolean flags in every combination:
-    the op forms a forward pass does not make (an unplanned case) differ from the planned ones in such flags."""
-    import itertools
-    from dsv4_jit.model_config import ParallelConfig, load_model_config
-    out: dict[tuple, tuple] = {}
-    for use in fam.uses(load_model_config(cp.model), ParallelConfig(tp_size=cp.tp_size)):
-        flags = [k for k, v in use.static.items() if isinstance(v, bool)]
-        for combo in itertools.product((False, True), repeat=len(flags)):
-            static = {**use.static, **dict(zip(flags, combo))}
-            out.setdefault((use.spec.name, tuple(sorted(static.items()))), (use.spec, static))
-    return list(out.values())
-
-
 def schedules(arch: str = GPU_ARCH) -> list:
     """The two schedules every GPU case runs: the GPU's own, and the SM120 schedule compiled for it."""
     from dsv4_jit.arch import get_profile
@@ -101,49 +124,76 @@ def schedules(arch: str = GPU_ARCH) -> list:
     return [native, get_profile("sm_120a").emulated(native)]
 
 
-def case_plan(fam, cp: CasePlan, profile, key_fn=None):
-    """The plan a GPU case is checked against (test_families._planned), for one schedule profile."""
-    from dsv4_jit.model_config import ParallelConfig, load_model_config
-    from dsv4_jit.warmup.engines import vllm_shapes
-    from dsv4_jit.warmup.planner import build_plan
-    m = load_model_config(cp.model)
-    # vLLM refuses max_num_batched_tokens below max_num_seqs; a larger plan still holds every smaller count
-    shapes = vllm_shapes(max_num_batched_tokens=max(cp.max_tokens, 8192), tensor_parallel_size=cp.tp_size)
-    return build_plan(m, shapes, [profile], uses=fam.uses(m, ParallelConfig(tp_size=cp.tp_size)), key_fn=key_fn,
-                      arch_reason="GPU pass")
-
-
-def compile_list(names=None, arch: str = GPU_ARCH, key_fn=None) -> dict[str, list]:
-    """family -> its PlannedVariants (distinct keys) over every GPU case, model and both schedules."""
-    from dsv4_jit.warmup.planner import PlannedVariant
-    fams = families(names)
-    by_name = {f.name: f for f in fams}
-    seen: set[tuple] = set()
+def case_list(fams, arch: str = GPU_ARCH) -> dict[str, dict]:
+    """family -> {(kernel, params, schedule): (spec, variant, case name)} of every GPU case, both models, both
+    schedules, in the order the tests run them."""
+    from dsv4_jit.model_config import EMBEDDED, load_model_config
+    from dsv4_jit.testing import case_variants
     out: dict[str, dict] = {}
-    for cp, _ in case_plans(fams):
-        for prof in schedules(arch):
-            sig = (cp.family, cp.model, cp.tp_size, max(cp.max_tokens, 8192), prof.schedule)
-            if sig in seen:
-                continue   # cases that share a model, TP and token range share a plan
-            seen.add(sig)
-            for v in case_plan(by_name[cp.family], cp, prof, key_fn).variants:
-                out.setdefault(cp.family, {}).setdefault(v.key, v)
-    for cp, case in case_plans(fams, planned=False):
-        for prof in schedules(arch):
-            for spec, static in widened_uses(by_name[cp.family], cp):
-                for t in case.tokens:
-                    try:
-                        v = spec.select(prof, static, t)
-                    except ValueError:
-                        continue   # a flag combination the kernel does not take
-                    key = (key_fn or _artifact_key)(spec, v)
-                    out.setdefault(cp.family, {}).setdefault(key, PlannedVariant(key, spec, v, [case.name], [], []))
-    return {f: list(vs.values()) for f, vs in out.items()}
+    for fam in fams:
+        for model in EMBEDDED:
+            m = load_model_config(model)
+            for case in fam.gpu_cases(m):
+                for prof in schedules(arch):
+                    for k, (spec, v) in case_variants(fam, case, m, prof).items():
+                        out.setdefault(fam.name, {}).setdefault(k, (spec, v, case.name))
+    return out
+
+
+def bench_list(step: BenchStep, arch: str = GPU_ARCH) -> dict[tuple, tuple]:
+    """{(kernel, params, schedule): (spec, variant, step log)} of every point a benchmark step times."""
+    from dsv4_jit.family import all_families
+    from dsv4_jit.model_config import ParallelConfig, load_model_config
+    native, sm120 = schedules(arch)
+    profs = [{"native": native, "sm_120a": sm120}[s] for s in step.schedules]
+    fam = all_families()[step.family]
+    out: dict[tuple, tuple] = {}
+    for model, tp in step.at:
+        for use in fam.uses(load_model_config(model), ParallelConfig(tp_size=tp)):
+            if step.kernels and use.spec.name not in step.kernels:
+                continue
+            if any(use.static.get(k, v) != v for k, v in step.fixes.items()):
+                continue
+            for prof in profs:
+                for t in step.tokens:
+                    v = use.spec.select(prof, use.static, t)
+                    out.setdefault((v.kernel, v.params, v.schedule), (use.spec, v, step.log))
+    return out
+
+
+def compile_list(names=None, arch: str = GPU_ARCH, key_fn=None, bench: bool = True) -> dict[str, list]:
+    """group -> its PlannedVariants (distinct keys): each family's GPU cases, then (bench=True, all families) under
+    "bench" what the benchmarks time beyond those."""
+    from dsv4_jit.warmup.planner import PlannedVariant
+    key_fn = key_fn or _artifact_key
+    groups = case_list(families(names), arch)
+    if bench and not names:
+        seen = {k for g in groups.values() for k in g}
+        for step in BENCH_STEPS:
+            for k, val in bench_list(step, arch).items():
+                if k not in seen:
+                    seen.add(k)
+                    groups.setdefault("bench", {})[k] = val
+    return {g: [PlannedVariant(key_fn(spec, v), spec, v, [label], [], []) for spec, v, label in vs.values()]
+            for g, vs in groups.items()}
 
 
 def _artifact_key(spec, variant) -> str:
     from dsv4_jit.jit import artifact_key
     return artifact_key(spec, variant)
+
+
+def report_beyond(arch: str) -> int:
+    """Print how many store entries the list lacks, and which (kernel and schedule from each entry's key fields)."""
+    from dsv4_jit.jit import default_store
+    listed = {v.key for vs in compile_list(None, arch).values() for v in vs}
+    extra = [e for e in default_store().entries("writable") if e.key not in listed]
+    print(f"variants compiled beyond the list: {len(extra)}")
+    for e in extra[:20]:
+        f = e.fields
+        params = ",".join(f"{k}={v}" for k, v in f.get("params", []))
+        print(f"  {f.get('kernel', '?')}[{params}] {f.get('schedule', '?')} schedule on {f.get('arch', '?')}")
+    return 0
 
 
 def main() -> int:
@@ -154,7 +204,18 @@ def main() -> int:
     ap.add_argument("--arch", default=GPU_ARCH, help="the GPU's arch (default sm_90a: H100 / H200)")
     ap.add_argument("-j", "--jobs", type=int, default=None, help="compile processes (default: the CPUs available)")
     ap.add_argument("--time-budget", type=float, default=None, help="start no compile after this many seconds")
+    ap.add_argument("--bench-steps", metavar="DIR", default=None,
+                    help="print the bench step's commands (log, budget in s, command), writing into DIR; nothing else")
+    ap.add_argument("--beyond", action="store_true",
+                    help="after a pass: name the store's entries that are not in the list (what the tests and "
+                         "benchmarks compiled for themselves; none when the list is complete); nothing else")
     args = ap.parse_args()
+    if args.beyond:
+        return report_beyond(args.arch)
+    if args.bench_steps is not None:
+        for step in BENCH_STEPS:
+            print(step.log, step.budget, *step.command(args.bench_steps))
+        return 0
     t0 = time.perf_counter()
     try:
         lists = compile_list(args.families, args.arch)
@@ -167,7 +228,7 @@ def main() -> int:
         for v in vs:
             per[v.variant.schedule] = per.get(v.variant.schedule, 0) + 1
         print(f"{fam:<12} {len(vs):>4} variants (" + ", ".join(f"{s}: {n}" for s, n in sorted(per.items())) + ")")
-    print(f"{total} variants for the GPU cases on {args.arch}, listed in {time.perf_counter() - t0:.1f} s")
+    print(f"{total} variants for the GPU cases and benchmarks on {args.arch}, listed in {time.perf_counter() - t0:.1f} s")
     if args.json:
         Path(args.json).write_text(json.dumps([{"family": f, "kernel": v.kernel, "schedule": v.variant.schedule,
                                                 "arch": v.arch, "name": v.name, "key": v.key}
@@ -177,7 +238,7 @@ def main() -> int:
     from dsv4_jit.warmup.planner import Plan
     from dsv4_jit.warmup.runner import run_warmup
     variants = [v for vs in lists.values() for v in vs]
-    plan = Plan("GPU cases", None, [args.arch], "GPU pass", variants, [])
+    plan = Plan("GPU pass", None, [args.arch], "GPU pass", variants, [])
     report = run_warmup(plan, jobs=args.jobs, time_budget=args.time_budget, compile_fn=compile_in_worker)
     print(f"compiled {report.count('compiled')}, cached {report.count('cached')}, failed {report.count('failed')}, "
           f"not started {report.count('not_done')} in {time.perf_counter() - t0:.0f} s")

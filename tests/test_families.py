@@ -18,6 +18,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -27,7 +28,7 @@ from dsv4_jit.arch import PROFILES, get_profile
 from dsv4_jit.family import KernelFamily, all_families
 from dsv4_jit.model_config import EMBEDDED, ParallelConfig, load_model_config
 from dsv4_jit.spec import all_specs
-from dsv4_jit.testing import check_case_outputs, poison, serving_getter
+from dsv4_jit.testing import case_uses, case_variants, check_case_outputs, poison, serving_getter
 from toy_family.family import FAMILY as TOY
 
 FAMILIES: list[KernelFamily] = [*all_families().values(), TOY]
@@ -239,21 +240,26 @@ def _planned(family_name: str, model: str, schedule: str, max_tokens: int, tp_si
 def test_gpu_case(family, model, case_index, schedule, gpu_store, gpu_turn):
     if schedule is None:
         pytest.skip("needs a CUDA GPU")
-    case = family.gpu_cases(load_model_config(model))[case_index]
+    m = load_model_config(model)
+    case = family.gpu_cases(m)[case_index]
     asked: set = set()
-    # CPU work outside the GPU turn (conftest.gpu_turn): the plan, and each token count's inputs
+    # CPU work outside the GPU turn (conftest.gpu_turn): the plan and the variants the case may launch
     planned = _planned(family.name, model, schedule.schedule, max(case.tokens), case.tp_size) if case.planned else None
+    declared = set(case_variants(family, case, m, schedule))
 
     get_kernel = serving_getter(schedule, gpu_store, asked)
 
     dev = torch.device("cuda")
     worst: dict[str, tuple[float, int]] = {}
+    t0 = time.perf_counter()
     for i, t in enumerate(case.tokens):
-        g = torch.Generator().manual_seed(10_000 * case_index + i)
-        inputs = case.make_inputs(t, dev, g)
-        torch.cuda.empty_cache()   # the inputs' temporaries, before waiting for the turn
+        # inputs drawn on the GPU (a CUDA generator; factories default to the GPU while they are made): drawing the
+        # largest cases' inputs on the host took longer than their launch and reference together
+        g = torch.Generator(device=dev).manual_seed(10_000 * case_index + i)
         with gpu_turn:
             try:
+                with dev:
+                    inputs = case.make_inputs(t, dev, g)
                 outputs = case.make_outputs(inputs, schedule)
                 poison(outputs)
                 case.launch(inputs, outputs, schedule, get_kernel)
@@ -265,12 +271,15 @@ def test_gpu_case(family, model, case_index, schedule, gpu_store, gpu_turn):
             finally:
                 # a failing case's traceback keeps this frame: drop its tensors before the turn passes on
                 inputs = outputs = want = None
+    undeclared = asked - declared
+    assert not undeclared, (f"variants the op launched beyond the case's op and fixes (GpuCase.op / fixes, which the "
+                            f"GPU pass compiles first): {sorted(undeclared)}")
     if case.planned:
         missing = asked - planned
         assert not missing, f"variants the op launched that the plan does not hold: {sorted(missing)}"
     line = {"family": family.name, "model": model, "case": case.name, "tp": case.tp_size, "schedule": f"{schedule.schedule} on {schedule.name}",
             "worst_per_token_rel_err": {k: [float(f"{e:.3e}"), t] for k, (e, t) in worst.items()},
-            "variants": len(asked)}
+            "variants": len(asked), "seconds": round(time.perf_counter() - t0, 1)}
     print("\n" + json.dumps(line))
     report = os.environ.get("DSV4_JIT_GPU_REPORT")
     if report:

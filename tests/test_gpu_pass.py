@@ -1,8 +1,8 @@
 """scripts/gpu_pass.sh and the variant list it compiles first (scripts/gpu_pass_variants.py), on the CPU.
 
-The GPU cases (test_families.test_gpu_case) assert that every variant they launch is in the plan _planned builds for
-the case; so a compile list holding every such plan's variants, for the profiles the cases run (the GPU's own and
-the SM120 schedule compiled for it), leaves the cases nothing to compile."""
+Each GPU case may launch exactly the variants dsv4_jit.testing.case_variants gives (test_families.test_gpu_case fails
+it otherwise); the list holds them for both schedules and both models, so the cases compile nothing. A planned case's
+variants are also in the plan it is checked against, so what it declares never exceeds what warmup compiles."""
 from __future__ import annotations
 
 import os
@@ -23,29 +23,80 @@ def compile_list():
     return gpv.compile_list(key_fn=lambda spec, v: v.name)
 
 
-def test_the_list_covers_every_variant_the_gpu_cases_may_load(compile_list):
+def _key(v) -> tuple:
+    return (v.kernel, v.params, v.schedule)
+
+
+def test_the_list_holds_every_variant_each_case_may_launch(compile_list):
     import test_families as tf
-    from dsv4_jit.arch import get_profile
     from dsv4_jit.model_config import load_model_config
-    have = {(v.variant.kernel, v.variant.params, v.variant.schedule) for vs in compile_list.values() for v in vs}
+    from dsv4_jit.testing import case_variants
+    have = {_key(v.variant) for vs in compile_list.values() for v in vs}
     # compiled for the GPU: the SM120 schedule's variants carry arch sm_90a, so the cases' keys are these
     assert {v.variant.arch for vs in compile_list.values() for v in vs} == {"sm_90a"}
     assert {v.variant.schedule for vs in compile_list.values() for v in vs} == {"sm_90a", "sm_120a"}
-    checked = unplanned = 0
+    checked = 0
     for fam in tf.FAMILIES:
         for model in tf.MODELS:
-            for case in fam.gpu_cases(load_model_config(model)):
-                if not case.planned:
-                    unplanned += 1
-                    continue
-                for sched in ("sm_90a", get_profile("sm_120a").emulated(get_profile("sm_90a")).schedule):
-                    planned = tf._planned(fam.name, model, sched, max(case.tokens), case.tp_size)
-                    missing = planned - have
-                    assert not missing, f"{fam.name} {model} {case.name} ({sched}): not in the list {sorted(missing)[:3]}"
+            m = load_model_config(model)
+            for case in fam.gpu_cases(m):
+                for prof in gpv.schedules():
+                    missing = set(case_variants(fam, case, m, prof)) - have
+                    assert not missing, f"{fam.name} {model} {case.name} ({prof.schedule}): {sorted(missing)[:3]}"
                     checked += 1
-    total = sum(len(f.gpu_cases(load_model_config(m))) for f in tf.FAMILIES for m in tf.MODELS)
-    assert checked == 2 * (total - unplanned) and unplanned == 2   # mhc_pre[broadcast], both models: see below
-    assert set(compile_list) == {f.name for f in tf.FAMILIES}
+    assert checked == 2 * sum(len(f.gpu_cases(load_model_config(m))) for f in tf.FAMILIES for m in tf.MODELS)
+    assert set(compile_list) == {f.name for f in tf.FAMILIES} | {"bench"}
+    # each key once over all groups: the pool compiles each variant once
+    assert len(have) == sum(len(vs) for vs in compile_list.values())
+
+
+def test_each_case_declares_uses_inside_its_plan():
+    """A case's op is one of its family's ops and names at least one use; a planned case's declared variants are all
+    in the plan it is checked against (a declaration wider than the plan would compile what serving never asks)."""
+    import test_families as tf
+    from dsv4_jit.model_config import load_model_config
+    from dsv4_jit.testing import case_op, case_uses, case_variants
+    for fam in tf.FAMILIES:
+        for model in tf.MODELS:
+            m = load_model_config(model)
+            for case in fam.gpu_cases(m):
+                assert case_uses(fam, case, m), f"{fam.name} {model} {case.name}: no use agrees with {case.fixes}"
+                if fam.ops:
+                    assert case_op(fam, case) in fam.ops
+                if not case.planned:
+                    continue
+                for prof in gpv.schedules():
+                    plan = tf._planned(fam.name, model, prof.schedule, max(case.tokens), case.tp_size)
+                    extra = set(case_variants(fam, case, m, prof)) - plan
+                    assert not extra, f"{fam.name} {model} {case.name} ({prof.schedule}): {sorted(extra)[:3]}"
+
+
+def test_a_case_naming_an_unknown_op_is_a_clear_error():
+    from dataclasses import replace
+
+    from dsv4_jit.family import all_families
+    from dsv4_jit.model_config import load_model_config
+    from dsv4_jit.testing import case_op
+    gemm = all_families()["gemm"]
+    case = gemm.gpu_cases(load_model_config("deepseek-v4-flash"))[0]
+    with pytest.raises(ValueError, match=r"op 'fp8_gem' is not one of the family's ops \(fp8_gemm\); set GpuCase.op"):
+        case_op(gemm, replace(case, op="fp8_gem"))
+
+
+def test_bench_steps_name_real_scripts_and_points_in_the_plans():
+    """Each benchmark step runs a script of the repo, and every point it times is a variant some plan holds (the
+    benchmarks time what serving runs)."""
+    from dsv4_jit.family import all_families
+    for step in gpv.BENCH_STEPS:
+        assert (ROOT / step.argv[0]).is_file(), step.argv[0]
+        assert step.family in all_families()
+        assert gpv.bench_list(step), step.log
+    r = subprocess.run([sys.executable, "scripts/gpu_pass_variants.py", "--bench-steps", "OUTDIR"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert [ln.split()[0] for ln in lines] == [s.log for s in gpv.BENCH_STEPS]
+    assert all(ln.split()[2] == "python3" and "OUTDIR/" in ln for ln in lines)
 
 
 def test_unknown_family_is_one_line_and_exit_2():
@@ -56,32 +107,31 @@ def test_unknown_family_is_one_line_and_exit_2():
 
 
 def test_gpu_pass_list_mode_runs_nothing_and_fits_one_device_call(tmp_path):
-    """--list prints every step with its budget and commands; the budgets fit a 600 s call; each step's own
-    commands fit its budget; nothing is written."""
+    """--list prints every step with its budget and commands; the steps that run one after another fit a 600 s call
+    with 45 s left for its setup; the background compile ends inside floors and tests; each step's own commands fit
+    its budget; nothing is written."""
     env = {**os.environ, "OUT": str(tmp_path / "out"), "JOBS": "16"}
     r = subprocess.run(["bash", "scripts/gpu_pass.sh", "--list"], cwd=ROOT, capture_output=True, text=True, env=env,
-                       timeout=60)
+                       timeout=120)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     total = int(lines[-1].split()[2])
-    assert total <= 600
+    assert total <= 555
     steps = [ln for ln in lines if ln and not ln.startswith(" ") and "(budget" in ln]
-    assert [s.split()[0] for s in steps] == ["env", "compile", "tests", "bench", "scoreboard"]
+    assert [s.split()[0] for s in steps] == ["env", "compile", "floors", "tests", "bench", "scoreboard"]
     budgets = {s.split()[0]: int(s.split("budget ")[1].split()[0]) for s in steps}
-    assert sum(budgets.values()) == total
-    # the commands under each step, their own timeouts; the compile step's GPU work runs beside the compile
+    assert sum(b for s, b in budgets.items() if s != "compile") == total
+    assert budgets["compile"] <= budgets["floors"] + budgets["tests"]
     step, cmds = None, {}
     for ln in lines:
         if ln in steps:
             step = ln.split()[0]
-        elif ln.strip().endswith(":") or not ln.startswith("      "):
-            continue
-        elif ln.strip()[0].isdigit():
+        elif ln.startswith("      ") and ln.strip()[0].isdigit():
             cmds.setdefault(step, []).append((int(ln.split()[0].rstrip("s")), ln.split("s  ", 1)[1]))
-    assert all(sum(t for t, _ in cmds[s]) <= budgets[s] for s in ("tests", "bench", "scoreboard"))
-    assert sum(t for t, _ in cmds["compile"][1:]) <= budgets["compile"]
-    assert "scripts/gpu_pass_variants.py -j 14" in cmds["compile"][0][1]     # two cores left for the timing
+    assert all(sum(t for t, _ in cmds[s]) <= budgets[s] for s in ("floors", "tests", "bench", "scoreboard"))
+    assert "scripts/gpu_pass_variants.py -j 14" in cmds["compile"][0][1]     # two cores left for the GPU's work
     assert "-m gpu" in cmds["tests"][0][1]
+    assert [c.split()[1] for _, c in cmds["bench"]] == [s.argv[0] for s in gpv.BENCH_STEPS]
     assert any("--arch sm_120a" in c for _, c in cmds["bench"])              # both schedules benchmarked
     assert not (tmp_path / "out").exists()
 

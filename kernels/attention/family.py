@@ -142,7 +142,7 @@ def _decode_case(m, tp: int, ratio: int, ctx: int) -> GpuCase:
     label = f"{ctx // 1024}K" if ctx >= 1024 else str(ctx)
     return GpuCase(f"sparse_mla_decode[tp={tp},ratio={ratio},ctx={label}]",
                    lambda t, dev, g: _decode_inputs(m, tp, ratio, ctx, t, dev, g), make_outputs, launch, ref,
-                   {"out": TOLERANCE}, tokens=DECODE_TOKENS, tp_size=tp)
+                   {"out": TOLERANCE}, tokens=DECODE_TOKENS, tp_size=tp, fixes={"kv_format": "fp8_ds_mla"})
 
 
 def _prefill_case(m, tp: int, ctx: int) -> GpuCase:
@@ -192,7 +192,7 @@ def _prefill_case(m, tp: int, ctx: int) -> GpuCase:
                                                 m.head_dim ** -0.5)}
 
     return GpuCase(f"sparse_mla_prefill[tp={tp},ctx={ctx // 1024}K]", make_inputs, make_outputs, launch, ref,
-                   {"out": TOLERANCE}, tokens=PREFILL_TOKENS, tp_size=tp)
+                   {"out": TOLERANCE}, tokens=PREFILL_TOKENS, tp_size=tp, fixes={"kv_format": "bf16"})
 
 
 def _empty_rows_case(m) -> GpuCase:
@@ -239,7 +239,7 @@ def _empty_rows_case(m) -> GpuCase:
                                                 inp["len2"], inp["sink"], m.head_dim ** -0.5)}
 
     return GpuCase(f"sparse_mla_decode[tp={tp},empty_rows,sink=-1e4]", make_inputs, make_outputs, launch, ref,
-                   {"out": TOLERANCE}, tokens=(1, 8, 80), tp_size=tp)
+                   {"out": TOLERANCE}, tokens=(1, 8, 80), tp_size=tp, fixes={"kv_format": "fp8_ds_mla"})
 
 
 def _tps(m) -> tuple[int, ...]:

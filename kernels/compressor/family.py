@@ -137,7 +137,8 @@ def _compress_case(m, ratio: int, d: int) -> GpuCase:
         return {"entry": want.to(inp["pos"].device)}
 
     name = f"compressor_compress[ratio={ratio}, head_dim={d}]"
-    return GpuCase(name, make_inputs, make_outputs, launch, ref, {"entry": FP8_TOL}, tokens=GPU_TOKENS)
+    return GpuCase(name, make_inputs, make_outputs, launch, ref, {"entry": FP8_TOL}, tokens=GPU_TOKENS,
+                   fixes={"ratio": ratio, "head_dim": d})
 
 
 def _state_case(m, ratio: int, d: int) -> GpuCase:
@@ -168,7 +169,7 @@ def _state_case(m, ratio: int, d: int) -> GpuCase:
         return {"state": want.double()}
 
     return GpuCase(f"compressor_state_write[ratio={ratio}, head_dim={d}]", make_inputs, make_outputs, launch, ref,
-                   {"state": 1e-6}, tokens=GPU_TOKENS)
+                   {"state": 1e-6}, tokens=GPU_TOKENS, fixes={"ratio": ratio, "head_dim": d})
 
 
 def _gpu_cases(m) -> list[GpuCase]:

@@ -131,7 +131,8 @@ def _case(m, shape: dict, tp: int) -> GpuCase:
         return {"c": reference.ref_fp8_gemm(inp["a"], inp["sa"], inp["b"], inp["sb"], groups)}
 
     name = f"fp8_gemm[{shape['label']}, TP{tp}: K {groups * k} -> N {groups * n}]"
-    return GpuCase(name, make_inputs, make_outputs, launch, ref, {"c": TOLERANCE}, tokens=GPU_TOKENS, tp_size=tp)
+    return GpuCase(name, make_inputs, make_outputs, launch, ref, {"c": TOLERANCE}, tokens=GPU_TOKENS, tp_size=tp,
+                   fixes={"n": n, "k": k, "groups": groups})
 
 
 def _pick(shapes: list[dict], *prefixes: str) -> list[dict]:

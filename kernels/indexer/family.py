@@ -197,7 +197,8 @@ def _decode_logits_case(m, next_n: int, vllm_pages: str = "") -> GpuCase:
 
     layout = f",vllm_pages={vllm_pages}" if vllm_pages else ""
     return GpuCase(f"indexer_decode_logits[next_n={next_n}{layout}]", make_inputs, _logits_outputs, launch, ref,
-                   {"logits": LOGITS_TOL, "masked": 0.0, "row_info": 0.0}, tokens=tuple(b * next_n for b in (1, 8, 64)))
+                   {"logits": LOGITS_TOL, "masked": 0.0, "row_info": 0.0}, tokens=tuple(b * next_n for b in (1, 8, 64)),
+                   fixes={"next_n": next_n})
 
 
 def _topk_check(inp, got, lg, info) -> dict:
@@ -252,7 +253,8 @@ def _decode_topk_case(m, next_n: int, vllm_pages: bool = False) -> GpuCase:
 
     layout = ",vllm_pages=2d" if vllm_pages else ""
     return GpuCase(f"indexer_decode_topk[next_n={next_n}{layout}]", make_inputs, _topk_outputs, launch, ref,
-                   {"indices": 0.0, "lengths": 0.0}, tokens=tuple(b * next_n for b in (1, 8, 64)))
+                   {"indices": 0.0, "lengths": 0.0}, tokens=tuple(b * next_n for b in (1, 8, 64)),
+                   fixes={"next_n": next_n})
 
 
 def _prefill_inputs(m, t: int, device, g) -> dict:

@@ -119,7 +119,7 @@ def _pre_case(m, with_norm: bool, broadcast: bool) -> GpuCase:
     # checked, but the planner does not warm it.
     return GpuCase(f"mhc_pre[{flags}]", make_inputs, make_outputs, launch, ref,
                    {"layer_input": TOLERANCE, "post": TOLERANCE, "comb": TOLERANCE},
-                   planned=with_norm or not broadcast)
+                   planned=with_norm or not broadcast, fixes={"broadcast": broadcast, "with_norm": with_norm})
 
 
 def _sinkhorn_case(m) -> GpuCase:
@@ -229,7 +229,7 @@ def _head_case(m) -> GpuCase:
         return {"out": reference.ref_hc_head(inp["residual"], inp["fn"], inp["hc_scale"], inp["hc_base"],
                                              m.rms_norm_eps, m.hc_eps, torch.float64)}
 
-    return GpuCase("hc_head", make_inputs, make_outputs, launch, ref, {"out": TOLERANCE})
+    return GpuCase("hc_head", make_inputs, make_outputs, launch, ref, {"out": TOLERANCE}, op="mhc_head")
 
 
 def _gpu_cases(m) -> list[GpuCase]:

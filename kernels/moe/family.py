@@ -131,7 +131,7 @@ def _route_case(m, hashed: bool) -> GpuCase:
         return {"ids": want_ids.double(), "weights": w}
 
     return GpuCase(f"moe_route[{'hashed' if hashed else 'scored'}, top-{k} of {e}]", make_inputs, make_outputs, launch,
-                   ref, {"ids": 0.0, "weights": 1e-5}, tokens=(1, 7, 64, 300, 2049))
+                   ref, {"ids": 0.0, "weights": 1e-5}, tokens=(1, 7, 64, 300, 2049), fixes={"hashed": hashed})
 
 
 def _case(m, shape: dict, tp: int) -> GpuCase:
@@ -180,7 +180,8 @@ def _case(m, shape: dict, tp: int) -> GpuCase:
         return {"c": reference.ref_fp4_moe_gemm(a, sa, inp["w"], inp["sw"], blocks, bm)}
 
     name = f"fp4_moe_gemm[{shape['label']}, TP{tp}: K {k} -> N {n}]"
-    return GpuCase(name, make_inputs, make_outputs, launch, ref, {"c": TOLERANCE}, tokens=GPU_TOKENS, tp_size=tp)
+    return GpuCase(name, make_inputs, make_outputs, launch, ref, {"c": TOLERANCE}, tokens=GPU_TOKENS, tp_size=tp,
+                   fixes={"n": n, "k": k})
 
 
 def _gpu_cases(m) -> list[GpuCase]:

@@ -110,7 +110,7 @@ def _fp8_case(m, n: int) -> GpuCase:
         return {"y": inp["x"].double(), "y_exact": reference.dequant_fp8(y, s), "scales": s.double()}
 
     return GpuCase(f"act_quant_fp8[n={n}]", lambda t, d, g: {"x": _x(t, n, g, d)}, make_outputs, launch, ref,
-                   {"y": FP8_TOL, "y_exact": EXACT_TOL, "scales": 0.0}, tokens=GPU_TOKENS)
+                   {"y": FP8_TOL, "y_exact": EXACT_TOL, "scales": 0.0}, tokens=GPU_TOKENS, fixes={"n": n})
 
 
 def _inplace_case(m) -> GpuCase:
@@ -133,7 +133,8 @@ def _inplace_case(m) -> GpuCase:
         return {"x": reference.ref_act_quant_fp8_inplace(inp["x"], n).double(), "x_vs_input": inp["x"].double()}
 
     return GpuCase(f"act_quant_fp8_inplace[n={n}, stride={stride}]", lambda t, d, g: {"x": _x(t, stride, g, d)},
-                   make_outputs, launch, ref, {"x": EXACT_TOL, "x_vs_input": FP8_TOL}, tokens=GPU_TOKENS)
+                   make_outputs, launch, ref, {"x": EXACT_TOL, "x_vs_input": FP8_TOL}, tokens=GPU_TOKENS,
+                   fixes={"n": n, "stride": stride})
 
 
 def _fp4_case(m) -> GpuCase:
@@ -162,7 +163,7 @@ def _fp4_case(m) -> GpuCase:
         return {"y": reference.dequant_fp4(y, s), "y_vs_input": inp["x"].double(), "scales": s.double()}
 
     return GpuCase(f"act_quant_fp4[n={n}]", lambda t, d, g: {"x": _x(t, n, g, d)}, make_outputs, launch, ref,
-                   {"y": EXACT_TOL, "y_vs_input": FP4_TOL, "scales": 0.0}, tokens=GPU_TOKENS)
+                   {"y": EXACT_TOL, "y_vs_input": FP4_TOL, "scales": 0.0}, tokens=GPU_TOKENS, fixes={"n": n})
 
 
 def _swiglu_case(m, limit: float) -> GpuCase:
@@ -191,7 +192,7 @@ def _swiglu_case(m, limit: float) -> GpuCase:
     # magnitudes up to e^3 x outliers: the clamp at 10 fires on many tokens
     return GpuCase(f"swiglu_quant_fp8[n={n}, limit={limit}]",
                    lambda t, d, g: {"gate_up": _x(t, 2 * n, g, d, (-1.0, 3.0))}, make_outputs, launch, ref,
-                   {"y": FP8_TOL, "y_exact": SWIGLU_TOL}, tokens=GPU_TOKENS)
+                   {"y": FP8_TOL, "y_exact": SWIGLU_TOL}, tokens=GPU_TOKENS, fixes={"n": n, "limit": limit})
 
 
 def _gpu_cases(m) -> list[GpuCase]:
