@@ -1,21 +1,24 @@
 #!/usr/bin/env bash
-# The whole GPU pass in one command of at most 10 minutes on one H100 / H200 with 16 cores, from the repo root:
-#   bash scripts/gpu_pass.sh            run every step; logs, JSON and RESULTS.md land in $OUT/gpu_pass.tgz
-#   bash scripts/gpu_pass.sh --list     print each step, its time budget and its commands; run nothing
-# Steps (STEPS="compile tests" runs only those; each step's budget is a hard timeout, B_<step>=S changes it):
+# The GPU pass: two commands of at most 10 minutes each on one H100 / H200 with 16 cores, from the repo root:
+#   bash scripts/gpu_pass.sh [cases]    every GPU test: each family's cases on the native sm_90a schedule and on the
+#                                       SM120 schedule compiled for it, both models
+#   bash scripts/gpu_pass.sh bench      the floors and each family's benchmark at the scoreboard's points, both
+#                                       schedules; goals.json and RESULTS.md
+#   bash scripts/gpu_pass.sh --list [cases|bench]   print each step, its time budget and commands; run nothing
+# Each pass first compiles its own list in the background (scripts/gpu_pass_variants.py --pass cases|bench, derived on
+# the CPU) into $DSV4_JIT_CACHE_DIR on all cores but two, and the GPU starts at once beside it.
+# Steps (STEPS="..." runs only those; each budget is a hard timeout, B_<step>=S changes it):
 #   env        GPU, driver, nvcc, Python and torch versions
-#   compile    in the background, every variant the GPU cases and the benchmarks load (scripts/gpu_pass_variants.py,
-#              derived on the CPU: both schedules, both models), in parallel into $DSV4_JIT_CACHE_DIR on all cores
-#              but two; its budget runs from its start, beside the next two steps
-#   floors     meanwhile on the GPU: the floors (bench_floor.py) and the MMA peaks (bench_mma_peak.py)
-#   tests      then, beside the compile, every GPU test (every family's cases on the native sm_90a schedule and on the
-#              SM120 schedule compiled for it, both models) with a few pytest-xdist workers: the cases run in the
-#              order the list compiles, and a test whose variant is still compiling waits for it off its GPU turn;
-#              the cases' worst errors go to gpu_cases.jsonl. The step ends when the compile has; the log names the
-#              variants compiled beyond the list (none when the list is complete)
-#   bench      each family's benchmark at the scoreboard's points, both schedules (DSV4_JIT_BENCH_REP_MS=50): the
-#              commands and points of scripts/gpu_pass_variants.py's BENCH_STEPS
-#   scoreboard goal_table.py (goals.json) and results.py (RESULTS.md) from this pass's JSON
+#   compile    the pass's list, in the background; it ends inside the steps after it, which wait for it
+#   tests      (cases) every GPU test with a few pytest-xdist workers taking turns on the GPU, beside the compile: the
+#              cases run in the order the list compiles, and a test whose variant is still compiling waits for it off
+#              its GPU turn; the worst errors go to gpu_cases.jsonl; then the variants compiled off the list (none
+#              when the list is complete)
+#   floors     (bench) beside the compile: the floors (bench_floor.py) and the MMA peaks (bench_mma_peak.py)
+#   bench      (bench) once the compile has ended: the commands of gpu_pass_variants.py's BENCH_STEPS
+#              (DSV4_JIT_BENCH_REP_MS=50), then the variants compiled off the list
+#   scoreboard (bench) goal_table.py (goals.json) and results.py (RESULTS.md; CASES=path/gpu_cases.jsonl adds a cases
+#              pass's results) from this pass's JSON
 # Extra steps, for a call of their own (STEPS="container plugin"): container (BUNDLE=path: a bundle built with no GPU,
 # imported and run with compiles forbidden, scripts/container_case.py; CONTAINER_ARGS adds families), plugin (the vLLM
 # plugin on both models), warm_load and host (warm-start and host-overhead benchmarks).
@@ -24,26 +27,29 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mode=run
-case "${1:-}" in
-  --list|--dry-run) mode=list ;;
-  -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
-  "") ;;
-  *) echo "gpu_pass.sh: unknown argument '$1' (--list, --help)" >&2; exit 2 ;;
-esac
+PASS=cases
+for arg in "$@"; do
+  case "$arg" in
+    --list|--dry-run) mode=list ;;
+    cases|bench) PASS=$arg ;;
+    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
+    *) echo "gpu_pass.sh: unknown argument '$arg' (cases, bench, --list, --help)" >&2; exit 2 ;;
+  esac
+done
 OUT=${OUT:-bench_out}
-P=$OUT/gpu_pass
-STEPS=${STEPS:-"env compile floors tests bench scoreboard"}
+P=$OUT/gpu_pass_$PASS
+if [ "$PASS" = cases ]; then STEPS=${STEPS:-"env compile tests"}; else STEPS=${STEPS:-"env compile floors bench scoreboard"}; fi
 J=${JOBS:-$(nproc)}
 CJ=$(( J > 4 ? J - 2 : J ))        # compile workers: two cores stay with the GPU's work meanwhile
 TJ=${TEST_JOBS:-4}                 # GPU test workers: they take turns on the GPU; more only wait
-# time budgets in seconds. compile runs beside floors and tests and ends inside them; the others run one after
-# another: env + floors + tests + bench + scoreboard = 555, which leaves a 600 s device call 45 s for its setup
-B_env=${B_env:-10} B_compile=${B_compile:-320} B_floors=${B_floors:-130} B_tests=${B_tests:-190}
-B_bench=${B_bench:-215} B_scoreboard=${B_scoreboard:-10}
+# time budgets in seconds; each pass's steps after the compile sum to under 600 s, with room for the call's setup
+B_env=${B_env:-10} B_tests=${B_tests:-540} B_floors=${B_floors:-130} B_bench=${B_bench:-340} B_scoreboard=${B_scoreboard:-10}
+if [ "$PASS" = cases ]; then B_compile=${B_compile:-420}; else B_compile=${B_compile:-200}; fi
 B_container=${B_container:-300} B_plugin=${B_plugin:-200} B_warm_load=${B_warm_load:-60} B_host=${B_host:-60}
 export PYTHONUNBUFFERED=1 DSV4_JIT_CACHE_DIR=${DSV4_JIT_CACHE_DIR:-/tmp/dsv4-jit-cache} DSV4_JIT_BENCH_REP_MS=${DSV4_JIT_BENCH_REP_MS:-50}
 status=0
 t_pass=$SECONDS
+compile_pid=
 
 step() { case " $STEPS " in *" $1 "*) return 0;; *) return 1;; esac; }
 # run LOG SECONDS CMD...: the command under its own timeout, its output in $P/LOG.log (and the summary on failure)
@@ -66,9 +72,19 @@ begin() {
   t_step=$SECONDS
 }
 end() { [ "$mode" = list ] || echo "   $1 took $((SECONDS - t_step)) s"; }
-entries() { find "$DSV4_JIT_CACHE_DIR/v1/ac" -name '*.json' 2>/dev/null | wc -l; }
+# wait_compile: the background compile's end (its own status is its exit code)
+wait_compile() {
+  [ "$mode" = list ] || [ -z "$compile_pid" ] && return 0
+  wait "$compile_pid" || status=1
+  compile_pid=
+  echo "   compile ended at $((SECONDS - t_pass)) s"
+}
+beyond() {
+  run beyond_list 30 python3 scripts/gpu_pass_variants.py --beyond --pass "$PASS"
+  [ "$mode" = list ] || sed 's/^/  /' "$P/beyond_list.log"
+}
 
-[ "$mode" = list ] || { rm -rf "$P"; mkdir -p "$P"; exec > >(tee "$OUT/summary.log") 2>&1; }
+[ "$mode" = list ] || { rm -rf "$P"; mkdir -p "$P"; exec > >(tee "$OUT/summary.log") 2>&1; echo "GPU pass: $PASS"; }
 
 if step env; then
   begin env "$B_env"
@@ -80,14 +96,25 @@ fi
 if step compile; then
   begin compile "$B_compile"
   # the pool starts no compile in the budget's last 40 s, so the ones running finish inside it
+  cmd=(python3 scripts/gpu_pass_variants.py --pass "$PASS" -j "$CJ" --time-budget $((B_compile - 40))
+       --json "$P/variants.json")
   if [ "$mode" = list ]; then
-    run compile "$B_compile" python3 scripts/gpu_pass_variants.py -j "$CJ" --time-budget $((B_compile - 40)) --json "$P/variants.json"
+    run compile "$B_compile" "${cmd[@]}"
   else
-    run compile "$B_compile" python3 scripts/gpu_pass_variants.py -j "$CJ" --time-budget $((B_compile - 40)) \
-      --json "$P/variants.json" &
+    run compile "$B_compile" "${cmd[@]}" &
     compile_pid=$!
-    echo "   compile started in the background"
+    echo "   started in the background"
   fi
+fi
+
+if step tests; then
+  begin tests "$B_tests"
+  export DSV4_JIT_GPU_REPORT=$P/gpu_cases.jsonl
+  xdist=(); python3 -c "import xdist" 2>/dev/null && xdist=(-n "$TJ")
+  run gpu_tests $((B_tests - 30)) python3 -m pytest -q -m gpu -p no:cacheprovider "${xdist[@]}" --durations=30 tests
+  wait_compile
+  beyond
+  end tests
 fi
 
 if step floors; then
@@ -97,33 +124,21 @@ if step floors; then
   end floors
 fi
 
-if step tests; then
-  begin tests "$B_tests"
-  export DSV4_JIT_GPU_REPORT=$P/gpu_cases.jsonl
-  xdist=(); python3 -c "import xdist" 2>/dev/null && xdist=(-n "$TJ")
-  run gpu_tests $((B_tests - 20)) python3 -m pytest -q -m gpu -p no:cacheprovider "${xdist[@]}" --durations=25 tests
-  if [ "$mode" != list ] && [ -n "${compile_pid:-}" ]; then
-    wait "$compile_pid" || status=1   # the background step's own status is its exit code
-    echo "   compile ended at $((SECONDS - t_pass)) s"
-  fi
-  run beyond_list 20 python3 scripts/gpu_pass_variants.py --beyond
-  [ "$mode" = list ] || sed 's/^/  /' "$P/beyond_list.log"
-  end tests
-fi
-
 if step bench; then
   begin bench "$B_bench"
+  wait_compile
   while read -r log budget cmd; do
     # shellcheck disable=SC2086  (the command's words: paths and flags, no spaces)
     run "$log" "$budget" $cmd
   done < <(python3 scripts/gpu_pass_variants.py --bench-steps "$P")
+  beyond
   end bench
 fi
 
 if step scoreboard; then
   begin scoreboard "$B_scoreboard"
   run goal_table 5 python3 benchmarks/goal_table.py "$P"
-  run results 5 python3 benchmarks/results.py "$P" --out "$P/RESULTS.md"
+  run results 5 python3 benchmarks/results.py "$P" ${CASES:+--cases "$CASES"} --out "$P/RESULTS.md"
   end scoreboard
 fi
 
@@ -156,11 +171,11 @@ fi
 
 if [ "$mode" = list ]; then
   total=0; for s in $STEPS; do [ "$s" = compile ] && continue; b=B_$s; total=$((total + ${!b:-0})); done
-  echo "total budget $total s (steps: $STEPS; compile runs beside floors and tests)"
+  echo "total budget $total s (steps: $STEPS; compile runs in the background, inside the steps after it)"
   exit 0
 fi
 echo "pass took $((SECONDS - t_pass)) s; exit $status"
 [ -f "$P/RESULTS.md" ] && cp "$P/RESULTS.md" "$OUT/RESULTS.md"
 cp "$OUT/summary.log" "$P/summary.log"
-tar czf "$OUT/gpu_pass.tgz" -C "$OUT" gpu_pass && rm -rf "$P"
+tar czf "$OUT/gpu_pass_$PASS.tgz" -C "$OUT" "gpu_pass_$PASS" && rm -rf "$P"
 exit $status

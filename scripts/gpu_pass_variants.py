@@ -1,17 +1,19 @@
-"""Every variant the GPU pass loads, derived on the CPU, and compiled before it is needed (scripts/gpu_pass.sh).
+"""Every variant a GPU pass loads, derived on the CPU, and compiled before it is needed (scripts/gpu_pass.sh).
 
-GPU cases (tests/test_families.py: test_gpu_case) launch their op through `select` with the GPU's own profile and
-the SM120 schedule compiled for it. Each case may launch exactly the variants dsv4_jit.testing.case_variants gives
-(its op's uses that agree with what the case fixes, at each of its token counts), and the test fails a case that
-launches any other: so this list leaves the cases nothing to compile. The benchmarks' variants follow, from
-BENCH_STEPS: the bench step's commands together with the points each one times (gpu_pass.sh runs the commands
-`--bench-steps` prints, so the table and the step cannot drift apart). Cases come first, family by family in the
-order the tests run, so tests started beside the compile mostly find their variants built.
+The cases pass: GPU cases (tests/test_families.py: test_gpu_case) launch their op through `select` with the GPU's own
+profile and the SM120 schedule compiled for it. Each case may launch exactly the variants
+dsv4_jit.testing.case_variants gives (its op's uses that agree with what the case fixes, at each of its token
+counts), and the test fails a case that launches any other: so this list leaves the cases nothing to compile. It
+comes family by family in the order the tests run, so tests started beside the compile mostly find theirs built.
 
-    python scripts/gpu_pass_variants.py --list                  # counts per family and schedule; no compile
-    python scripts/gpu_pass_variants.py --list --json FILE      # and every variant as JSON
-    python scripts/gpu_pass_variants.py -j 16 [--time-budget 300] [--families attention indexer]
-    python scripts/gpu_pass_variants.py --bench-steps DIR       # the bench step: "log budget command" per line
+The bench pass: BENCH_STEPS holds the benchmark commands together with the points each one times; gpu_pass.sh runs
+the commands `--bench-steps` prints, so the table and the step cannot drift apart.
+
+    python scripts/gpu_pass_variants.py --list [--pass cases|bench]   # counts per family and schedule; no compile
+    python scripts/gpu_pass_variants.py --list --json FILE             # and every variant as JSON
+    python scripts/gpu_pass_variants.py --pass cases -j 16 [--time-budget 300] [--families attention indexer]
+    python scripts/gpu_pass_variants.py --bench-steps DIR              # the bench commands: "log budget command"
+    python scripts/gpu_pass_variants.py --beyond --pass cases          # after a pass: what was compiled off the list
 
 Compiles go to the default store (DSV4_JIT_CACHE_DIR); variants already there count as cached.
 """
@@ -27,17 +29,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 GPU_ARCH = "sm_90a"     # the GPUs the pass runs on (H100 / H200)
 FLASH, PRO = "deepseek-v4-flash", "deepseek-v4-pro"
+PASSES = ("cases", "bench")
 
 
 @dataclass(frozen=True)
 class BenchStep:
-    """One benchmark command of the GPU pass and the points it times: the family's uses (only `kernels`, and those
-    agreeing with `fixes`, where given) at each (model, TP) of `at`, each token count, on each schedule ("native": the
-    GPU's own; "sm_120a": the SM120 schedule compiled for it)."""
+    """One benchmark command of the bench pass and the points it times: the uses of `families` (only `kernels`, and
+    those agreeing with `fixes`, where given) at each (model, TP) of `at`, each token count, on each schedule
+    ("native": the GPU's own; "sm_120a": the SM120 schedule compiled for it)."""
     log: str
-    budget: int                     # seconds; the step's hard timeout
+    budget: int                     # seconds; the command's hard timeout
     argv: tuple[str, ...]           # "{out}" stands for the pass's output dir
-    family: str
+    families: tuple[str, ...]
     at: tuple[tuple[str, int], ...]
     tokens: tuple[int, ...]
     schedules: tuple[str, ...] = ("native",)
@@ -50,39 +53,41 @@ class BenchStep:
 
 BOTH = ("native", "sm_120a")
 GEMM_M = (1, 8, 32, 64, 2048, 8192)      # bench_gemm.py's default --decode and --prefill
+GEMM = ("gemm", "quant")                 # bench_gemm quantizes its activations with act_quant_fp8
 BENCH_STEPS: tuple[BenchStep, ...] = (
-    BenchStep("bench_attention", 40, ("benchmarks/attention/bench_attention.py", "--heads", "64", "16", "--batch", "1",
+    BenchStep("bench_attention", 45, ("benchmarks/attention/bench_attention.py", "--heads", "64", "16", "--batch", "1",
                                       "8", "64", "--layers", "8", "--out", "{out}/bench_attention.json"),
-              "attention", ((FLASH, 1), (FLASH, 4)), (1, 8, 64), BOTH, fixes={"kv_format": "fp8_ds_mla"}),
-    BenchStep("bench_indexer", 15, ("benchmarks/indexer/bench_indexer.py", "--no-torch",
+              ("attention",), ((FLASH, 1), (FLASH, 4)), (1, 8, 64), BOTH, fixes={"kv_format": "fp8_ds_mla"}),
+    BenchStep("bench_indexer", 30, ("benchmarks/indexer/bench_indexer.py", "--no-torch",
                                     "--out", "{out}/bench_indexer.json"),
-              "indexer", ((FLASH, 1),), (1, 8, 64), ("native",), fixes={"next_n": 1}),
-    BenchStep("bench_indexer_sm120", 15, ("benchmarks/indexer/bench_indexer.py", "--no-torch", "--arch", "sm_120a",
+              ("indexer",), ((FLASH, 1),), (1, 8, 64), ("native",), fixes={"next_n": 1}),
+    BenchStep("bench_indexer_sm120", 30, ("benchmarks/indexer/bench_indexer.py", "--no-torch", "--arch", "sm_120a",
                                           "--out", "{out}/bench_indexer_sm120.json"),
-              "indexer", ((FLASH, 1),), (1, 8, 64), ("sm_120a",), fixes={"next_n": 1}),
-    BenchStep("bench_gemm", 25, ("benchmarks/gemm/bench_gemm.py", "--out", "{out}/bench_gemm.json"),
-              "gemm", ((FLASH, 1),), GEMM_M),
-    BenchStep("bench_gemm_pro", 25, ("benchmarks/gemm/bench_gemm.py", "--model", PRO, "--tp", "8",
+              ("indexer",), ((FLASH, 1),), (1, 8, 64), ("sm_120a",), fixes={"next_n": 1}),
+    BenchStep("bench_gemm", 30, ("benchmarks/gemm/bench_gemm.py", "--out", "{out}/bench_gemm.json"),
+              GEMM, ((FLASH, 1),), GEMM_M),
+    BenchStep("bench_gemm_pro", 30, ("benchmarks/gemm/bench_gemm.py", "--model", PRO, "--tp", "8",
                                      "--out", "{out}/bench_gemm_pro.json"),
-              "gemm", ((PRO, 8),), GEMM_M),
-    BenchStep("bench_gemm_sm120", 15, ("benchmarks/gemm/bench_gemm.py", "--arch", "sm_120a", "--prefill",
+              GEMM, ((PRO, 8),), GEMM_M),
+    BenchStep("bench_gemm_sm120", 20, ("benchmarks/gemm/bench_gemm.py", "--arch", "sm_120a", "--prefill",
                                        "--out", "{out}/bench_gemm_sm120.json"),
-              "gemm", ((FLASH, 1),), GEMM_M[:4], ("sm_120a",)),
-    BenchStep("bench_moe", 15, ("benchmarks/moe/bench_moe.py", "--tokens", "1", "8", "64", "--layers", "8",
+              GEMM, ((FLASH, 1),), GEMM_M[:4], ("sm_120a",)),
+    BenchStep("bench_moe", 20, ("benchmarks/moe/bench_moe.py", "--tokens", "1", "8", "64", "--layers", "8",
                                 "--out", "{out}/bench_moe.json"),
-              "moe", ((FLASH, 1),), (1, 8, 64), kernels=("fp4_moe_gemm",)),
-    BenchStep("bench_moe_pro", 15, ("benchmarks/moe/bench_moe.py", "--model", PRO, "--tp", "8", "--tokens", "1", "8",
+              ("moe",), ((FLASH, 1),), (1, 8, 64), kernels=("fp4_moe_gemm",)),
+    BenchStep("bench_moe_pro", 20, ("benchmarks/moe/bench_moe.py", "--model", PRO, "--tp", "8", "--tokens", "1", "8",
                                     "64", "--layers", "8", "--out", "{out}/bench_moe_pro.json"),
-              "moe", ((PRO, 8),), (1, 8, 64), kernels=("fp4_moe_gemm",)),
-    BenchStep("bench_moe_sm120", 15, ("benchmarks/moe/bench_moe.py", "--tokens", "1", "8", "64", "--layers", "8",
+              ("moe",), ((PRO, 8),), (1, 8, 64), kernels=("fp4_moe_gemm",)),
+    BenchStep("bench_moe_sm120", 20, ("benchmarks/moe/bench_moe.py", "--tokens", "1", "8", "64", "--layers", "8",
                                       "--arch", "sm_120a", "--out", "{out}/bench_moe_sm120.json"),
-              "moe", ((FLASH, 1),), (1, 8, 64), ("sm_120a",), kernels=("fp4_moe_gemm",)),
-    BenchStep("bench_mhc", 25, ("benchmarks/mhc/bench_mhc.py", "--tokens", "1", "64", "4096",
+              ("moe",), ((FLASH, 1),), (1, 8, 64), ("sm_120a",), kernels=("fp4_moe_gemm",)),
+    # the peers (vLLM's TileLang mHC, tile-kernels) compile their own kernels inside this budget
+    BenchStep("bench_mhc", 50, ("benchmarks/mhc/bench_mhc.py", "--tokens", "1", "64", "4096",
                                 "--out", "{out}/bench_mhc.json"),
-              "mhc", ((FLASH, 1), (PRO, 1)), (1, 64, 4096)),
-    BenchStep("bench_compressor", 10, ("benchmarks/compressor/bench_compressor.py",
+              ("mhc",), ((FLASH, 1), (PRO, 1)), (1, 64, 4096)),
+    BenchStep("bench_compressor", 15, ("benchmarks/compressor/bench_compressor.py",
                                        "--out", "{out}/bench_compressor.json"),
-              "compressor", ((FLASH, 1),), (1, 8, 64, 512)),
+              ("compressor",), ((FLASH, 1),), (1, 8, 64, 512)),
 )
 
 
@@ -146,36 +151,44 @@ def bench_list(step: BenchStep, arch: str = GPU_ARCH) -> dict[tuple, tuple]:
     from dsv4_jit.model_config import ParallelConfig, load_model_config
     native, sm120 = schedules(arch)
     profs = [{"native": native, "sm_120a": sm120}[s] for s in step.schedules]
-    fam = all_families()[step.family]
     out: dict[tuple, tuple] = {}
-    for model, tp in step.at:
-        for use in fam.uses(load_model_config(model), ParallelConfig(tp_size=tp)):
-            if step.kernels and use.spec.name not in step.kernels:
-                continue
-            if any(use.static.get(k, v) != v for k, v in step.fixes.items()):
-                continue
-            for prof in profs:
-                for t in step.tokens:
-                    v = use.spec.select(prof, use.static, t)
-                    out.setdefault((v.kernel, v.params, v.schedule), (use.spec, v, step.log))
+    for name in step.families:
+        for model, tp in step.at:
+            for use in all_families()[name].uses(load_model_config(model), ParallelConfig(tp_size=tp)):
+                if step.kernels and use.spec.name not in step.kernels:
+                    continue
+                if any(use.static.get(k, v) != v for k, v in step.fixes.items()):
+                    continue
+                for prof in profs:
+                    for t in step.tokens:
+                        v = use.spec.select(prof, use.static, t)
+                        out.setdefault((v.kernel, v.params, v.schedule), (use.spec, v, step.log))
     return out
 
 
-def compile_list(names=None, arch: str = GPU_ARCH, key_fn=None, bench: bool = True) -> dict[str, list]:
-    """group -> its PlannedVariants (distinct keys): each family's GPU cases, then (bench=True, all families) under
-    "bench" what the benchmarks time beyond those."""
+def compile_list(pass_: str = "cases", names=None, arch: str = GPU_ARCH, key_fn=None) -> dict[str, list]:
+    """What a pass compiles first, as family -> its PlannedVariants (each key once over the whole list): the cases
+    pass, every GPU case's variants (`names`: only these families); the bench pass, every benchmark step's points."""
     from dsv4_jit.warmup.planner import PlannedVariant
+    if pass_ not in PASSES:
+        raise ValueError(f"--pass: {pass_!r} is not one of {', '.join(PASSES)}")
     key_fn = key_fn or _artifact_key
-    groups = case_list(families(names), arch)
-    if bench and not names:
-        seen = {k for g in groups.values() for k in g}
+    if pass_ == "cases":
+        groups = case_list(families(names), arch)
+    else:
+        groups, seen = {}, set()
         for step in BENCH_STEPS:
-            for k, val in bench_list(step, arch).items():
-                if k not in seen:
+            for k, (spec, v, label) in bench_list(step, arch).items():
+                if k not in seen and (not names or spec_family(spec.name) in names):
                     seen.add(k)
-                    groups.setdefault("bench", {})[k] = val
+                    groups.setdefault(spec_family(spec.name), {})[k] = (spec, v, label)
     return {g: [PlannedVariant(key_fn(spec, v), spec, v, [label], [], []) for spec, v, label in vs.values()]
             for g, vs in groups.items()}
+
+
+def spec_family(spec_name: str) -> str:
+    from dsv4_jit.family import all_families
+    return next(f.name for f in all_families().values() if spec_name in f.spec_names())
 
 
 def _artifact_key(spec, variant) -> str:
@@ -183,10 +196,10 @@ def _artifact_key(spec, variant) -> str:
     return artifact_key(spec, variant)
 
 
-def report_beyond(arch: str) -> int:
-    """Print how many store entries the list lacks, and which (kernel and schedule from each entry's key fields)."""
+def report_beyond(pass_: str, arch: str) -> int:
+    """Print how many store entries the pass's list lacks, and which (from each entry's key fields)."""
     from dsv4_jit.jit import default_store
-    listed = {v.key for vs in compile_list(None, arch).values() for v in vs}
+    listed = {v.key for vs in compile_list(pass_, None, arch).values() for v in vs}
     extra = [e for e in default_store().entries("writable") if e.key not in listed]
     print(f"variants compiled beyond the list: {len(extra)}")
     for e in extra[:20]:
@@ -198,6 +211,8 @@ def report_beyond(arch: str) -> int:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pass", dest="pass_", default="cases", choices=PASSES,
+                    help="cases: every GPU case's variants (default); bench: every benchmark step's points")
     ap.add_argument("--list", action="store_true", help="print the list (counts per family and schedule); no compile")
     ap.add_argument("--json", default=None, help="write every variant (family, kernel, schedule, params, key) here")
     ap.add_argument("--families", nargs="+", default=None, help="only these families (default: all, with the toy)")
@@ -211,14 +226,14 @@ def main() -> int:
                          "benchmarks compiled for themselves; none when the list is complete); nothing else")
     args = ap.parse_args()
     if args.beyond:
-        return report_beyond(args.arch)
+        return report_beyond(args.pass_, args.arch)
     if args.bench_steps is not None:
         for step in BENCH_STEPS:
             print(step.log, step.budget, *step.command(args.bench_steps))
         return 0
     t0 = time.perf_counter()
     try:
-        lists = compile_list(args.families, args.arch)
+        lists = compile_list(args.pass_, args.families, args.arch)
     except ValueError as e:
         print(f"gpu_pass_variants: {e}", file=sys.stderr)
         return 2
@@ -228,7 +243,8 @@ def main() -> int:
         for v in vs:
             per[v.variant.schedule] = per.get(v.variant.schedule, 0) + 1
         print(f"{fam:<12} {len(vs):>4} variants (" + ", ".join(f"{s}: {n}" for s, n in sorted(per.items())) + ")")
-    print(f"{total} variants for the GPU cases and benchmarks on {args.arch}, listed in {time.perf_counter() - t0:.1f} s")
+    what = "the GPU cases" if args.pass_ == "cases" else "the benchmarks"
+    print(f"{total} variants for {what} on {args.arch}, listed in {time.perf_counter() - t0:.1f} s")
     if args.json:
         Path(args.json).write_text(json.dumps([{"family": f, "kernel": v.kernel, "schedule": v.variant.schedule,
                                                 "arch": v.arch, "name": v.name, "key": v.key}
@@ -238,7 +254,7 @@ def main() -> int:
     from dsv4_jit.warmup.planner import Plan
     from dsv4_jit.warmup.runner import run_warmup
     variants = [v for vs in lists.values() for v in vs]
-    plan = Plan("GPU pass", None, [args.arch], "GPU pass", variants, [])
+    plan = Plan(f"GPU {args.pass_} pass", None, [args.arch], "GPU pass", variants, [])
     report = run_warmup(plan, jobs=args.jobs, time_budget=args.time_budget, compile_fn=compile_in_worker)
     print(f"compiled {report.count('compiled')}, cached {report.count('cached')}, failed {report.count('failed')}, "
           f"not started {report.count('not_done')} in {time.perf_counter() - t0:.0f} s")

@@ -252,22 +252,39 @@ def test_gpu_case(family, model, case_index, schedule, gpu_store, gpu_turn):
     dev = torch.device("cuda")
     worst: dict[str, tuple[float, int]] = {}
     t0 = time.perf_counter()
+    # seconds per phase (launch holds loads and any compile; turn is the wait for the GPU under xdist)
+    phases: dict[str, float] = {}
+    mark = [t0]
+
+    def phase(name: str, since: float | None = None) -> None:
+        now = time.perf_counter()
+        phases[name] = phases.get(name, 0.0) + now - (mark[0] if since is None else since)
+        mark[0] = now
+
     for i, t in enumerate(case.tokens):
         # inputs drawn on the GPU (a CUDA generator; factories default to the GPU while they are made): drawing the
         # largest cases' inputs on the host took longer than their launch and reference together
         g = torch.Generator(device=dev).manual_seed(10_000 * case_index + i)
+        t_wait = time.perf_counter()
         with gpu_turn:
+            phase("turn", t_wait)
             try:
                 with dev:
                     inputs = case.make_inputs(t, dev, g)
+                torch.cuda.synchronize()
+                phase("inputs")
                 outputs = case.make_outputs(inputs, schedule)
                 poison(outputs)
                 case.launch(inputs, outputs, schedule, get_kernel)
                 torch.cuda.synchronize()
+                phase("launch")
                 want = case.reference(inputs, outputs)
+                torch.cuda.synchronize()
+                phase("reference")
                 for name, (err, _) in check_case_outputs(case, outputs, want, t).items():
                     if err > worst.get(name, (-1.0, 0))[0]:
                         worst[name] = (err, t)
+                phase("check")
             finally:
                 # a failing case's traceback keeps this frame: drop its tensors before the turn passes on
                 inputs = outputs = want = None
@@ -279,7 +296,8 @@ def test_gpu_case(family, model, case_index, schedule, gpu_store, gpu_turn):
         assert not missing, f"variants the op launched that the plan does not hold: {sorted(missing)}"
     line = {"family": family.name, "model": model, "case": case.name, "tp": case.tp_size, "schedule": f"{schedule.schedule} on {schedule.name}",
             "worst_per_token_rel_err": {k: [float(f"{e:.3e}"), t] for k, (e, t) in worst.items()},
-            "variants": len(asked), "seconds": round(time.perf_counter() - t0, 1)}
+            "variants": len(asked), "seconds": round(time.perf_counter() - t0, 1),
+            "phases": {k: round(v, 2) for k, v in phases.items()}}
     print("\n" + json.dumps(line))
     report = os.environ.get("DSV4_JIT_GPU_REPORT")
     if report:

@@ -20,7 +20,7 @@ from scripts import gpu_pass_variants as gpv  # noqa: E402
 
 @pytest.fixture(scope="module")
 def compile_list():
-    return gpv.compile_list(key_fn=lambda spec, v: v.name)
+    return gpv.compile_list("cases", key_fn=lambda spec, v: v.name)
 
 
 def _key(v) -> tuple:
@@ -45,7 +45,7 @@ def test_the_list_holds_every_variant_each_case_may_launch(compile_list):
                     assert not missing, f"{fam.name} {model} {case.name} ({prof.schedule}): {sorted(missing)[:3]}"
                     checked += 1
     assert checked == 2 * sum(len(f.gpu_cases(load_model_config(m))) for f in tf.FAMILIES for m in tf.MODELS)
-    assert set(compile_list) == {f.name for f in tf.FAMILIES} | {"bench"}
+    assert set(compile_list) == {f.name for f in tf.FAMILIES}
     # each key once over all groups: the pool compiles each variant once
     assert len(have) == sum(len(vs) for vs in compile_list.values())
 
@@ -83,14 +83,16 @@ def test_a_case_naming_an_unknown_op_is_a_clear_error():
         case_op(gemm, replace(case, op="fp8_gem"))
 
 
-def test_bench_steps_name_real_scripts_and_points_in_the_plans():
-    """Each benchmark step runs a script of the repo, and every point it times is a variant some plan holds (the
-    benchmarks time what serving runs)."""
+def test_bench_steps_name_real_scripts_and_print_as_the_table_says():
+    """Each benchmark step runs a script of the repo over points of registered families, and --bench-steps prints
+    exactly the table's commands, in its order."""
     from dsv4_jit.family import all_families
     for step in gpv.BENCH_STEPS:
         assert (ROOT / step.argv[0]).is_file(), step.argv[0]
-        assert step.family in all_families()
+        assert set(step.families) <= set(all_families())
         assert gpv.bench_list(step), step.log
+    listed = gpv.compile_list("bench", key_fn=lambda spec, v: v.name)
+    assert sum(len(gpv.bench_list(s)) for s in gpv.BENCH_STEPS) >= sum(len(vs) for vs in listed.values()) > 0
     r = subprocess.run([sys.executable, "scripts/gpu_pass_variants.py", "--bench-steps", "OUTDIR"], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
@@ -106,34 +108,48 @@ def test_unknown_family_is_one_line_and_exit_2():
     assert "Traceback" not in r.stderr
 
 
-def test_gpu_pass_list_mode_runs_nothing_and_fits_one_device_call(tmp_path):
-    """--list prints every step with its budget and commands; the steps that run one after another fit a 600 s call
-    with 45 s left for its setup; the background compile ends inside floors and tests; each step's own commands fit
-    its budget; nothing is written."""
+def _listed(tmp_path, *args: str) -> tuple[dict, dict, int]:
+    """(step -> budget, step -> [(timeout, command)], total) from `gpu_pass.sh --list ARGS`."""
     env = {**os.environ, "OUT": str(tmp_path / "out"), "JOBS": "16"}
-    r = subprocess.run(["bash", "scripts/gpu_pass.sh", "--list"], cwd=ROOT, capture_output=True, text=True, env=env,
-                       timeout=120)
+    r = subprocess.run(["bash", "scripts/gpu_pass.sh", "--list", *args], cwd=ROOT, capture_output=True, text=True,
+                       env=env, timeout=120)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    total = int(lines[-1].split()[2])
-    assert total <= 555
     steps = [ln for ln in lines if ln and not ln.startswith(" ") and "(budget" in ln]
-    assert [s.split()[0] for s in steps] == ["env", "compile", "floors", "tests", "bench", "scoreboard"]
     budgets = {s.split()[0]: int(s.split("budget ")[1].split()[0]) for s in steps}
-    assert sum(b for s, b in budgets.items() if s != "compile") == total
-    assert budgets["compile"] <= budgets["floors"] + budgets["tests"]
     step, cmds = None, {}
     for ln in lines:
         if ln in steps:
             step = ln.split()[0]
         elif ln.startswith("      ") and ln.strip()[0].isdigit():
             cmds.setdefault(step, []).append((int(ln.split()[0].rstrip("s")), ln.split("s  ", 1)[1]))
-    assert all(sum(t for t, _ in cmds[s]) <= budgets[s] for s in ("floors", "tests", "bench", "scoreboard"))
-    assert "scripts/gpu_pass_variants.py -j 14" in cmds["compile"][0][1]     # two cores left for the GPU's work
+    assert not (tmp_path / "out").exists()        # --list runs and writes nothing
+    return budgets, cmds, int(lines[-1].split()[2])
+
+
+def test_each_gpu_pass_fits_one_device_call(tmp_path):
+    """Each pass's steps fit a 600 s call with room for its setup (the background compile ends inside the steps after
+    it: the compile's budget is no more than theirs); each step's own commands fit its budget."""
+    for args, steps in ((("cases",), ["env", "compile", "tests"]),
+                        (("bench",), ["env", "compile", "floors", "bench", "scoreboard"])):
+        budgets, cmds, total = _listed(tmp_path, *args)
+        assert list(budgets) == steps
+        assert sum(b for s, b in budgets.items() if s != "compile") == total and total <= 560
+        assert budgets["compile"] <= total - budgets["env"]
+        assert all(sum(t for t, _ in cmds[s]) <= budgets[s] for s in steps if s != "compile")
+        assert f"scripts/gpu_pass_variants.py --pass {args[0]} -j 14" in cmds["compile"][0][1]  # two cores stay free
+    assert _listed(tmp_path)[0] == _listed(tmp_path, "cases")[0]                      # cases is the default
+    budgets, cmds, _ = _listed(tmp_path, "cases")
     assert "-m gpu" in cmds["tests"][0][1]
-    assert [c.split()[1] for _, c in cmds["bench"]] == [s.argv[0] for s in gpv.BENCH_STEPS]
-    assert any("--arch sm_120a" in c for _, c in cmds["bench"])              # both schedules benchmarked
-    assert not (tmp_path / "out").exists()
+    budgets, cmds, _ = _listed(tmp_path, "bench")
+    bench = [c for _, c in cmds["bench"] if "--beyond" not in c]
+    assert [c.split()[1] for c in bench] == [s.argv[0] for s in gpv.BENCH_STEPS]
+    assert any("--arch sm_120a" in c for c in bench)                                 # both schedules benchmarked
+
+
+def test_gpu_pass_rejects_an_unknown_argument():
+    r = subprocess.run(["bash", "scripts/gpu_pass.sh", "bogus"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "unknown argument 'bogus'" in r.stderr
 
 
 def test_the_unplanned_mhc_broadcast_case_is_covered(compile_list):
