@@ -103,16 +103,23 @@ class GpuTurn:
                                    "another xdist worker holds it (a hung kernel?)") from None
             self.held = True
 
-    def release(self) -> None:
+    # cached GPU memory past this is handed back before the turn passes on, so the next worker's tensors fit
+    KEEP_CACHED_BYTES = 8 << 30
+
+    def release(self, collect: bool = False) -> None:
+        """Pass the turn on. `collect`: after a failure, whose traceback frames keep tensors alive, collect them
+        first (a full gc per turn costs more than the GPU work of a small case)."""
         if self._lock is None or not self.held:
             return
         try:
-            import gc
             import torch
-            gc.collect()
+            if collect:
+                import gc
+                gc.collect()
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
-                torch.cuda.empty_cache()
+                if collect or torch.cuda.memory_reserved() > self.KEEP_CACHED_BYTES:
+                    torch.cuda.empty_cache()
         except RuntimeError:
             pass   # a CUDA fault already failed the test: keep its error, still pass the turn on
         finally:
@@ -124,7 +131,7 @@ class GpuTurn:
         return self
 
     def __exit__(self, *exc):
-        self.release()
+        self.release(collect=exc[0] is not None)
 
 
 @pytest.fixture

@@ -252,7 +252,7 @@ def test_gpu_case(family, model, case_index, schedule, gpu_store, gpu_turn):
     dev = torch.device("cuda")
     worst: dict[str, tuple[float, int]] = {}
     t0 = time.perf_counter()
-    # seconds per phase (launch holds loads and any compile; turn is the wait for the GPU under xdist)
+    # seconds per phase (launch holds loads and any compile or wait for one; turn: the wait for the GPU under xdist)
     phases: dict[str, float] = {}
     mark = [t0]
 
@@ -261,13 +261,14 @@ def test_gpu_case(family, model, case_index, schedule, gpu_store, gpu_turn):
         phases[name] = phases.get(name, 0.0) + now - (mark[0] if since is None else since)
         mark[0] = now
 
-    for i, t in enumerate(case.tokens):
-        # inputs drawn on the GPU (a CUDA generator; factories default to the GPU while they are made): drawing the
-        # largest cases' inputs on the host took longer than their launch and reference together
-        g = torch.Generator(device=dev).manual_seed(10_000 * case_index + i)
-        t_wait = time.perf_counter()
-        with gpu_turn:
-            phase("turn", t_wait)
+    # one GPU turn for the whole case (conftest.gpu_turn): a compile or a wait for one lets go of it
+    t_wait = time.perf_counter()
+    with gpu_turn:
+        phase("turn", t_wait)
+        for i, t in enumerate(case.tokens):
+            # inputs drawn on the GPU (a CUDA generator; factories default to the GPU while they are made): drawing
+            # the largest cases' inputs on the host took longer than their launch and reference together
+            g = torch.Generator(device=dev).manual_seed(10_000 * case_index + i)
             try:
                 with dev:
                     inputs = case.make_inputs(t, dev, g)
