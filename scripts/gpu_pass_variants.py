@@ -46,6 +46,7 @@ class BenchStep:
     schedules: tuple[str, ...] = ("native",)
     kernels: tuple[str, ...] = ()
     fixes: dict = field(default_factory=dict, hash=False)
+    quantized_inputs: bool = False  # each fp8 GEMM's bf16 input quantized first (act_quant_fp8 over its K)
 
     def command(self, out_dir: str) -> list[str]:
         return ["python3", *(a.replace("{out}", out_dir) for a in self.argv)]
@@ -53,25 +54,24 @@ class BenchStep:
 
 BOTH = ("native", "sm_120a")
 GEMM_M = (1, 8, 32, 64, 2048, 8192)      # bench_gemm.py's default --decode and --prefill
-GEMM = ("gemm", "quant")                 # bench_gemm quantizes its activations with act_quant_fp8
 BENCH_STEPS: tuple[BenchStep, ...] = (
-    BenchStep("bench_attention", 45, ("benchmarks/attention/bench_attention.py", "--heads", "64", "16", "--batch", "1",
+    BenchStep("bench_attention", 40, ("benchmarks/attention/bench_attention.py", "--heads", "64", "16", "--batch", "1",
                                       "8", "64", "--layers", "8", "--out", "{out}/bench_attention.json"),
               ("attention",), ((FLASH, 1), (FLASH, 4)), (1, 8, 64), BOTH, fixes={"kv_format": "fp8_ds_mla"}),
-    BenchStep("bench_indexer", 30, ("benchmarks/indexer/bench_indexer.py", "--no-torch",
+    BenchStep("bench_indexer", 25, ("benchmarks/indexer/bench_indexer.py", "--no-torch",
                                     "--out", "{out}/bench_indexer.json"),
               ("indexer",), ((FLASH, 1),), (1, 8, 64), ("native",), fixes={"next_n": 1}),
-    BenchStep("bench_indexer_sm120", 30, ("benchmarks/indexer/bench_indexer.py", "--no-torch", "--arch", "sm_120a",
+    BenchStep("bench_indexer_sm120", 25, ("benchmarks/indexer/bench_indexer.py", "--no-torch", "--arch", "sm_120a",
                                           "--out", "{out}/bench_indexer_sm120.json"),
               ("indexer",), ((FLASH, 1),), (1, 8, 64), ("sm_120a",), fixes={"next_n": 1}),
-    BenchStep("bench_gemm", 30, ("benchmarks/gemm/bench_gemm.py", "--out", "{out}/bench_gemm.json"),
-              GEMM, ((FLASH, 1),), GEMM_M),
-    BenchStep("bench_gemm_pro", 30, ("benchmarks/gemm/bench_gemm.py", "--model", PRO, "--tp", "8",
+    BenchStep("bench_gemm", 25, ("benchmarks/gemm/bench_gemm.py", "--out", "{out}/bench_gemm.json"),
+              ("gemm",), ((FLASH, 1),), GEMM_M, quantized_inputs=True),
+    BenchStep("bench_gemm_pro", 25, ("benchmarks/gemm/bench_gemm.py", "--model", PRO, "--tp", "8",
                                      "--out", "{out}/bench_gemm_pro.json"),
-              GEMM, ((PRO, 8),), GEMM_M),
+              ("gemm",), ((PRO, 8),), GEMM_M, quantized_inputs=True),
     BenchStep("bench_gemm_sm120", 20, ("benchmarks/gemm/bench_gemm.py", "--arch", "sm_120a", "--prefill",
                                        "--out", "{out}/bench_gemm_sm120.json"),
-              GEMM, ((FLASH, 1),), GEMM_M[:4], ("sm_120a",)),
+              ("gemm",), ((FLASH, 1),), GEMM_M[:4], ("sm_120a",), quantized_inputs=True),
     BenchStep("bench_moe", 20, ("benchmarks/moe/bench_moe.py", "--tokens", "1", "8", "64", "--layers", "8",
                                 "--out", "{out}/bench_moe.json"),
               ("moe",), ((FLASH, 1),), (1, 8, 64), kernels=("fp4_moe_gemm",)),
@@ -82,7 +82,7 @@ BENCH_STEPS: tuple[BenchStep, ...] = (
                                       "--arch", "sm_120a", "--out", "{out}/bench_moe_sm120.json"),
               ("moe",), ((FLASH, 1),), (1, 8, 64), ("sm_120a",), kernels=("fp4_moe_gemm",)),
     # the peers (vLLM's TileLang mHC, tile-kernels) compile their own kernels inside this budget
-    BenchStep("bench_mhc", 50, ("benchmarks/mhc/bench_mhc.py", "--tokens", "1", "64", "4096",
+    BenchStep("bench_mhc", 90, ("benchmarks/mhc/bench_mhc.py", "--tokens", "1", "64", "4096",
                                 "--out", "{out}/bench_mhc.json"),
               ("mhc",), ((FLASH, 1), (PRO, 1)), (1, 64, 4096)),
     BenchStep("bench_compressor", 15, ("benchmarks/compressor/bench_compressor.py",
@@ -147,11 +147,12 @@ def case_list(fams, arch: str = GPU_ARCH) -> dict[str, dict]:
 
 def bench_list(step: BenchStep, arch: str = GPU_ARCH) -> dict[tuple, tuple]:
     """{(kernel, params, schedule): (spec, variant, step log)} of every point a benchmark step times."""
-    from dsv4_jit.family import all_families
+    from dsv4_jit.family import KernelUse, all_families
     from dsv4_jit.model_config import ParallelConfig, load_model_config
+    from dsv4_jit.spec import get_spec
     native, sm120 = schedules(arch)
     profs = [{"native": native, "sm_120a": sm120}[s] for s in step.schedules]
-    out: dict[tuple, tuple] = {}
+    uses = []
     for name in step.families:
         for model, tp in step.at:
             for use in all_families()[name].uses(load_model_config(model), ParallelConfig(tp_size=tp)):
@@ -159,10 +160,16 @@ def bench_list(step: BenchStep, arch: str = GPU_ARCH) -> dict[tuple, tuple]:
                     continue
                 if any(use.static.get(k, v) != v for k, v in step.fixes.items()):
                     continue
-                for prof in profs:
-                    for t in step.tokens:
-                        v = use.spec.select(prof, use.static, t)
-                        out.setdefault((v.kernel, v.params, v.schedule), (use.spec, v, step.log))
+                uses.append(use)
+                if step.quantized_inputs and use.spec.name == "fp8_gemm":
+                    k = use.static["k"] * use.static.get("groups", 1)
+                    uses.append(KernelUse(get_spec("act_quant_fp8"), {"n": k}, f"{use.label} input"))
+    out: dict[tuple, tuple] = {}
+    for use in uses:
+        for prof in profs:
+            for t in step.tokens:
+                v = use.spec.select(prof, use.static, t)
+                out.setdefault((v.kernel, v.params, v.schedule), (use.spec, v, step.log))
     return out
 
 
@@ -196,11 +203,13 @@ def _artifact_key(spec, variant) -> str:
     return artifact_key(spec, variant)
 
 
-def report_beyond(pass_: str, arch: str) -> int:
-    """Print how many store entries the pass's list lacks, and which (from each entry's key fields)."""
+def report_beyond(pass_: str, arch: str, since: float | None = None) -> int:
+    """Print how many store entries the pass's list lacks (only those created from `since`, a Unix time, when given:
+    the store may hold an earlier pass's entries), and which, from each entry's key fields."""
     from dsv4_jit.jit import default_store
     listed = {v.key for vs in compile_list(pass_, None, arch).values() for v in vs}
-    extra = [e for e in default_store().entries("writable") if e.key not in listed]
+    extra = [e for e in default_store().entries("writable")
+             if e.key not in listed and (since is None or e.manifest.get("created", 0) >= since)]
     print(f"variants compiled beyond the list: {len(extra)}")
     for e in extra[:20]:
         f = e.fields
@@ -224,9 +233,10 @@ def main() -> int:
     ap.add_argument("--beyond", action="store_true",
                     help="after a pass: name the store's entries that are not in the list (what the tests and "
                          "benchmarks compiled for themselves; none when the list is complete); nothing else")
+    ap.add_argument("--since", type=float, default=None, help="with --beyond: only entries created from this Unix time")
     args = ap.parse_args()
     if args.beyond:
-        return report_beyond(args.pass_, args.arch)
+        return report_beyond(args.pass_, args.arch, args.since)
     if args.bench_steps is not None:
         for step in BENCH_STEPS:
             print(step.log, step.budget, *step.command(args.bench_steps))

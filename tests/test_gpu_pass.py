@@ -134,7 +134,7 @@ def test_each_gpu_pass_fits_one_device_call(tmp_path):
                         (("bench",), ["env", "compile", "floors", "bench", "scoreboard"])):
         budgets, cmds, total = _listed(tmp_path, *args)
         assert list(budgets) == steps
-        assert sum(b for s, b in budgets.items() if s != "compile") == total and total <= 560
+        assert sum(b for s, b in budgets.items() if s != "compile") == total and total <= 570
         assert budgets["compile"] <= total - budgets["env"]
         assert all(sum(t for t, _ in cmds[s]) <= budgets[s] for s in steps if s != "compile")
         assert f"scripts/gpu_pass_variants.py --pass {args[0]} -j 14" in cmds["compile"][0][1]  # two cores stay free
