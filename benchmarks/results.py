@@ -59,6 +59,24 @@ def sources(docs: dict[str, dict]) -> list[str]:
     return _table(["file", "GPU", "date", "command"], rows)
 
 
+def cases_source(path: Path) -> list[str]:
+    """Where the GPU cases' rows came from: the file, its rows, GPU(s) and dates."""
+    rows = []
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                continue
+    if not rows:
+        return ["GPU cases: no `gpu_cases.jsonl` given (run `bash scripts/gpu_pass.sh`, then `--cases`)."]
+    devices = sorted({r.get("device", "a GPU not recorded") for r in rows})
+    dates = sorted(r["date"] for r in rows if r.get("date"))
+    when = f", {dates[0]} to {dates[-1]}" if dates else ""
+    return [f"GPU cases: {len(rows)} passed cases in `gpu_cases.jsonl` of `bash scripts/gpu_pass.sh` "
+            f"(`python3 -m pytest -q -m gpu tests`), on {', '.join(devices)}{when}; a failed case writes no row."]
+
+
 def status(sb: dict | None, cases: dict) -> list[str]:
     keys = sorted({(s["family"], s["schedule"]) for s in (sb or {}).get("summary", [])} | set(cases))
     rows = []
@@ -108,6 +126,7 @@ def render(d: Path, cases_path: Path | None = None) -> str:
            "`scripts/gpu_pass.sh`); rerun it after a pass instead of editing this file. What each benchmark "
            "measures and its floor: [README.md](README.md).", "", "## Where the figures come from", ""]
     out += sources(docs)
+    out += [""] + cases_source(cases_path or d / "gpu_cases.jsonl")
     out += ["", "## Status", "", "GPU cases: the family's cases on both models, outputs NaN-poisoned, worst "
             "per-token error against float64. Goals: see below.", ""]
     out += status(sb, cases)

@@ -298,6 +298,7 @@ def test_gpu_case(family, model, case_index, schedule, gpu_store, gpu_turn):
     line = {"family": family.name, "model": model, "case": case.name, "tp": case.tp_size, "schedule": f"{schedule.schedule} on {schedule.name}",
             "worst_per_token_rel_err": {k: [float(f"{e:.3e}"), t] for k, (e, t) in worst.items()},
             "variants": len(asked), "seconds": round(time.perf_counter() - t0, 1),
+            "device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "phases": {k: round(v, 2) for k, v in phases.items()}}
     print("\n" + json.dumps(line))
     report = os.environ.get("DSV4_JIT_GPU_REPORT")
