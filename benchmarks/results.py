@@ -70,9 +70,15 @@ def cases_source(path: Path) -> list[str]:
                 continue
     if not rows:
         return ["GPU cases: no `gpu_cases.jsonl` given (run `bash scripts/gpu_pass.sh`, then `--cases`)."]
-    devices = sorted({r.get("device", "a GPU not recorded") for r in rows})
+    # rows name their GPU and date; a pass's env.log beside the file (GPU, driver, memory) stands in where they don't
+    env = path.parent / "env.log"
+    env_gpu = env.read_text().splitlines()[0].split(",")[0].strip() if env.is_file() and env.read_text() else None
+    devices = sorted({r.get("device") or env_gpu or "a GPU not recorded" for r in rows})
     dates = sorted(r["date"] for r in rows if r.get("date"))
-    when = f", {dates[0]} to {dates[-1]}" if dates else ""
+    if not dates and env_gpu:
+        import datetime
+        dates = [datetime.datetime.fromtimestamp(env.stat().st_mtime, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")]
+    when = "" if not dates else f", {dates[0]}" if dates[0] == dates[-1] else f", {dates[0]} to {dates[-1]}"
     return [f"GPU cases: {len(rows)} passed cases in `gpu_cases.jsonl` of `bash scripts/gpu_pass.sh` "
             f"(`python3 -m pytest -q -m gpu tests`), on {', '.join(devices)}{when}; a failed case writes no row."]
 
