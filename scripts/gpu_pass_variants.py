@@ -129,9 +129,9 @@ def schedules(arch: str = GPU_ARCH) -> list:
     return [native, get_profile("sm_120a").emulated(native)]
 
 
-def case_list(fams, arch: str = GPU_ARCH) -> dict[str, dict]:
-    """family -> {(kernel, params, schedule): (spec, variant, case name)} of every GPU case, both models, both
-    schedules, in the order the tests run them."""
+def case_list(fams, arch: str = GPU_ARCH, case_filter: str | None = None) -> dict[str, dict]:
+    """family -> {(kernel, params, schedule): (spec, variant, case name)} of every GPU case (only those whose name
+    holds `case_filter`, where given), both models, both schedules, in the order the tests run them."""
     from dsv4_jit.model_config import EMBEDDED, load_model_config
     from dsv4_jit.testing import case_variants
     out: dict[str, dict] = {}
@@ -139,6 +139,8 @@ def case_list(fams, arch: str = GPU_ARCH) -> dict[str, dict]:
         for model in EMBEDDED:
             m = load_model_config(model)
             for case in fam.gpu_cases(m):
+                if case_filter and case_filter not in case.name:
+                    continue
                 for prof in schedules(arch):
                     for k, (spec, v) in case_variants(fam, case, m, prof).items():
                         out.setdefault(fam.name, {}).setdefault(k, (spec, v, case.name))
@@ -173,7 +175,8 @@ def bench_list(step: BenchStep, arch: str = GPU_ARCH) -> dict[tuple, tuple]:
     return out
 
 
-def compile_list(pass_: str = "cases", names=None, arch: str = GPU_ARCH, key_fn=None) -> dict[str, list]:
+def compile_list(pass_: str = "cases", names=None, arch: str = GPU_ARCH, key_fn=None,
+                 case_filter: str | None = None) -> dict[str, list]:
     """What a pass compiles first, as family -> its PlannedVariants (each key once over the whole list): the cases
     pass, every GPU case's variants (`names`: only these families); the bench pass, every benchmark step's points."""
     from dsv4_jit.warmup.planner import PlannedVariant
@@ -181,7 +184,7 @@ def compile_list(pass_: str = "cases", names=None, arch: str = GPU_ARCH, key_fn=
         raise ValueError(f"--pass: {pass_!r} is not one of {', '.join(PASSES)}")
     key_fn = key_fn or _artifact_key
     if pass_ == "cases":
-        groups = case_list(families(names), arch)
+        groups = case_list(families(names), arch, case_filter)
     else:
         groups, seen = {}, set()
         for step in BENCH_STEPS:
@@ -225,6 +228,7 @@ def main() -> int:
     ap.add_argument("--list", action="store_true", help="print the list (counts per family and schedule); no compile")
     ap.add_argument("--json", default=None, help="write every variant (family, kernel, schedule, params, key) here")
     ap.add_argument("--families", nargs="+", default=None, help="only these families (default: all, with the toy)")
+    ap.add_argument("--case", default=None, help="cases pass: only the cases whose name holds this text")
     ap.add_argument("--arch", default=GPU_ARCH, help="the GPU's arch (default sm_90a: H100 / H200)")
     ap.add_argument("-j", "--jobs", type=int, default=None, help="compile processes (default: the CPUs available)")
     ap.add_argument("--time-budget", type=float, default=None, help="start no compile after this many seconds")
@@ -243,7 +247,7 @@ def main() -> int:
         return 0
     t0 = time.perf_counter()
     try:
-        lists = compile_list(args.pass_, args.families, args.arch)
+        lists = compile_list(args.pass_, args.families, args.arch, case_filter=args.case)
     except ValueError as e:
         print(f"gpu_pass_variants: {e}", file=sys.stderr)
         return 2

@@ -291,3 +291,26 @@ def test_decode_rejects_bad_tensors_with_the_argument_named(change, match):
     with pytest.raises(ValueError, match=match):
         ops.sparse_mla_decode(a["q"], a["kv_cache"], a["indices"], a["lengths"], a["attn_sink"], block_size=64,
                               arch=get_profile("sm_90a"), get_kernel=lambda *x: pytest.fail("launched"))
+
+
+@pytest.mark.gpu
+def test_decode_takes_the_cache_as_vllm_binds_it():
+    """vLLM 0.33 binds the fp8_ds_mla cache as [num_blocks, states, 584] at a block stride rounded up to 576 B: the
+    op reads it in place at that stride; a page that is not contiguous, or a stride past the storage, is refused."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from dsv4_jit.kernels.attention.family import _vllm_view
+    pages, bs = 3, 64
+    stride = reference.page_bytes_for(bs)                        # 64 x 584 = 37,376 B -> 37,440 B
+    buf = torch.zeros(pages, stride, dtype=torch.uint8, device="cuda")
+    view = _vllm_view(buf, bs)
+    assert not view.is_contiguous() and view.shape == (pages, bs, 584)
+    n, pb, flat = ops._page_geometry(view, "kv_cache", bs, view.device)
+    assert (n, pb) == (pages, stride) and flat.data_ptr() == buf.data_ptr() and flat.shape == (pages, stride)
+    strided = torch.zeros(pages, bs, 2 * 584, dtype=torch.uint8, device="cuda")[:, :, :584]
+    with pytest.raises(ValueError, match="kv_cache: a page's bytes must be contiguous"):
+        ops._page_geometry(strided, "kv_cache", bs, strided.device)
+    tight = torch.zeros((pages - 1) * stride + bs * 584, dtype=torch.uint8, device="cuda")
+    short = tight.as_strided((pages, bs, 584), (stride, 584, 1))
+    with pytest.raises(ValueError, match="overrun the tensor's storage"):
+        ops._page_geometry(short, "kv_cache", bs, short.device)

@@ -116,9 +116,19 @@ def _decode_inputs(m, tp: int, ratio: int, ctx: int, t: int, device, g) -> dict:
     return {k: v.to(device) for k, v in d.items()}
 
 
-def _decode_case(m, tp: int, ratio: int, ctx: int) -> GpuCase:
+def _vllm_view(cache, block: int):
+    """A packed cache as vLLM 0.33 binds it: [pages, block, 584] over each page's bytes at the page's stride (the
+    page rounded up to 576 B), so dim 0 is not contiguous (64 x 584 = 37,376 B at a 37,440 B stride)."""
+    row = sparse_mla.TOKEN_BYTES + sparse_mla.SCALE_BYTES
+    return cache.as_strided((cache.shape[0], block, row), (cache.stride(0), row, 1))
+
+
+def _decode_case(m, tp: int, ratio: int, ctx: int, vllm_pages: bool = False) -> GpuCase:
+    """One decode step; vllm_pages: both caches passed as vLLM 0.33 binds them (_vllm_view), the reference reading
+    the packed buffers."""
     import torch
     from . import ops, reference
+    view = _vllm_view if vllm_pages else (lambda c, b: c)
 
     def make_outputs(inp, arch):
         q = inp["q"]
@@ -127,9 +137,10 @@ def _decode_case(m, tp: int, ratio: int, ctx: int) -> GpuCase:
     def launch(inp, out, arch, get_kernel):
         extra = {}
         if "cache2" in inp:
-            extra = dict(extra_kv_cache=inp["cache2"], extra_indices=inp["idx2"], extra_lengths=inp["len2"],
-                         extra_block_size=COMP_BLOCK)
-        ops.sparse_mla_decode(inp["q"], inp["cache1"], inp["idx1"], inp["len1"], inp["sink"], block_size=SWA_BLOCK,
+            extra = dict(extra_kv_cache=view(inp["cache2"], COMP_BLOCK), extra_indices=inp["idx2"],
+                         extra_lengths=inp["len2"], extra_block_size=COMP_BLOCK)
+        ops.sparse_mla_decode(inp["q"], view(inp["cache1"], SWA_BLOCK), inp["idx1"], inp["len1"], inp["sink"],
+                              block_size=SWA_BLOCK,
                               softmax_scale=m.head_dim ** -0.5, out=out["out"], arch=arch, get_kernel=get_kernel,
                               **extra)
 
@@ -140,7 +151,7 @@ def _decode_case(m, tp: int, ratio: int, ctx: int) -> GpuCase:
                                                 inp.get("len2"), inp["sink"], m.head_dim ** -0.5)}
 
     label = f"{ctx // 1024}K" if ctx >= 1024 else str(ctx)
-    return GpuCase(f"sparse_mla_decode[tp={tp},ratio={ratio},ctx={label}]",
+    return GpuCase(f"sparse_mla_decode[tp={tp},ratio={ratio},ctx={label}{',vllm_pages' if vllm_pages else ''}]",
                    lambda t, dev, g: _decode_inputs(m, tp, ratio, ctx, t, dev, g), make_outputs, launch, ref,
                    {"out": TOLERANCE}, tokens=DECODE_TOKENS, tp_size=tp, fixes={"kv_format": "fp8_ds_mla"})
 
@@ -254,6 +265,7 @@ def _gpu_cases(m) -> list[GpuCase]:
                   _decode_case(m, tp, 4, 65536), _decode_case(m, tp, 128, 262144)]
         cases.append(_prefill_case(m, tp, 8192))
     cases.append(_empty_rows_case(m))
+    cases.append(_decode_case(m, 1, 4, 65536, vllm_pages=True))
     return cases
 
 

@@ -65,21 +65,35 @@ def _check_list(name: str, idx, lens, t: int, dev) -> None:
     _check(lens, lname, [t], torch.int32, dev)
 
 
-def _page_geometry(cache, name: str, block_size, dev) -> tuple[int, int]:
-    """(pages, page_bytes) of an fp8_ds_mla cache: any contiguous uint8 tensor whose dim 0 is the page."""
+def _page_geometry(cache, name: str, block_size, dev) -> tuple[int, int, torch.Tensor]:
+    """(pages, page stride in bytes, the pages as a contiguous uint8 [pages, stride] view) of an fp8_ds_mla cache:
+    a contiguous [num_pages, page_bytes] buffer, or a view of one whose dim 0 is the page (vLLM 0.33 binds
+    [num_blocks, states, 584] at a block stride rounded up to 576 B): each page's bytes contiguous, only the page
+    stride padded."""
+    from dsv4_jit.validate import check_tensor
     if not isinstance(cache, torch.Tensor) or cache.dim() < 2:
         raise ValueError(f"{name}: expected a uint8 [num_pages, page_bytes] (or [num_pages, ...]) CUDA tensor")
     if cache.dtype != torch.uint8:
         raise ValueError(f"{name}: expected dtype torch.uint8 (fp8_ds_mla bytes), got {cache.dtype}")
-    _check(cache, name, [None] * cache.dim(), torch.uint8, dev)
+    check_tensor(cache, name, [None] * cache.dim(), torch.uint8, dev, contiguous=False)
     int_arg("block_size", block_size, op=name)
     pages = cache.shape[0]
-    pb = cache.numel() // max(pages, 1)
+    if pages < 1:
+        raise ValueError(f"{name}: needs at least one page")
+    if not cache[0].is_contiguous():
+        raise ValueError(f"{name}: a page's bytes must be contiguous (only the page stride may be padded)")
+    content = cache[0].numel()
+    pb = cache.stride(0) if pages > 1 else content   # a lone page's stride says nothing
     need = block_size * (TOKEN_BYTES + SCALE_BYTES)
-    if pages < 1 or pb % 16 or pb < need:
-        raise ValueError(f"{name}: a page of {block_size} tokens needs >= {need} B in a multiple of 16 B "
-                         f"(fp8_ds_mla: 576 B per token then 8 B of scales); got {pages} pages of {pb} B")
-    return pages, pb
+    if pb % 16 or pb < max(need, content):
+        raise ValueError(f"{name}: a page of {block_size} tokens needs >= {need} B at a stride that is a multiple of "
+                         f"16 B (fp8_ds_mla: 576 B per token then 8 B of scales); got {pages} pages of {content} B "
+                         f"at a {pb} B stride")
+    try:
+        flat = torch.as_strided(cache, (pages, pb), (pb, 1))
+    except RuntimeError as e:   # the last page's padding lies outside the tensor's storage
+        raise ValueError(f"{name}: {pages} pages at a {pb} B stride overrun the tensor's storage ({e})") from None
+    return pages, pb, flat
 
 
 def _check_ranges(name: str, idx, lens, rows: int) -> None:
@@ -185,7 +199,7 @@ def sparse_mla_decode(q, kv_cache, indices, lengths, attn_sink, *, block_size: i
     """Sparse MLA with the sink over the fp8_ds_mla paged cache. Returns out [T, H, 512] bf16.
 
     q [T, H, 512] bf16 (after q head-norm and RoPE); kv_cache uint8 [pages, page_bytes] (FlashMLA MODEL1
-    FP8 sparse pages of `block_size` tokens); indices [T, N] int32 slots (page * block_size + offset, -1 =
+    FP8 sparse pages of `block_size` tokens), or vLLM's [pages, states, 584] view at a padded page stride; indices [T, N] int32 slots (page * block_size + offset, -1 =
     hole) with lengths [T] int32 (entries past a token's length are ignored); attn_sink [H] fp32. The
     optional extra_* list reads a second cache (the compressed cache beside the SWA window). MTP: the 1+K
     query tokens of a request are rows of q with their own lists. softmax_scale defaults to 512^-0.5.
@@ -195,7 +209,7 @@ def sparse_mla_decode(q, kv_cache, indices, lengths, attn_sink, *, block_size: i
     t, h = _check_q(q)
     dev = q.device
     _check_list("indices", indices, lengths, t, dev)
-    pages1, pb1 = _page_geometry(kv_cache, "kv_cache", block_size, dev)
+    pages1, pb1, flat1 = _page_geometry(kv_cache, "kv_cache", block_size, dev)
     _check(attn_sink, "attn_sink", [h], torch.float32, dev)
     extra = (extra_kv_cache, extra_indices, extra_lengths)
     if any(x is not None for x in extra) and not all(x is not None for x in extra):
@@ -203,7 +217,7 @@ def sparse_mla_decode(q, kv_cache, indices, lengths, attn_sink, *, block_size: i
     if extra_kv_cache is not None:
         bs2 = block_size if extra_block_size is None else extra_block_size
         _check_list("extra_indices", extra_indices, extra_lengths, t, dev)
-        pages2, pb2 = _page_geometry(extra_kv_cache, "extra_kv_cache", bs2, dev)
+        pages2, pb2, flat2 = _page_geometry(extra_kv_cache, "extra_kv_cache", bs2, dev)
     scale = D ** -0.5 if softmax_scale is None else softmax_scale
     static = _static(h, scale, "fp8_ds_mla")
     out = _out(q, t, h, out, workspace)
@@ -211,11 +225,11 @@ def sparse_mla_decode(q, kv_cache, indices, lengths, attn_sink, *, block_size: i
         _check_ranges("indices", indices, lengths, pages1 * block_size)
         if extra_kv_cache is not None:
             _check_ranges("extra_indices", extra_indices, extra_lengths, pages2 * bs2)
-    v1 = _fp8_views(kv_cache, pages1, pb1)
+    v1 = _fp8_views(flat1, pages1, pb1)
     if extra_kv_cache is None:
         v2, (idx2, lens2), bs2 = v1, _no_list(indices, t), block_size
     else:
-        v2, idx2, lens2 = _fp8_views(extra_kv_cache, pages2, pb2), extra_indices, extra_lengths
+        v2, idx2, lens2 = _fp8_views(flat2, pages2, pb2), extra_indices, extra_lengths
     args = (q, *v1, indices, lengths, *v2, idx2, lens2, int(block_size), int(bs2))
     _launch(q, static, t, h, out, workspace, attn_sink, args, get_kernel)
     return out
