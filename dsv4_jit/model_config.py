@@ -39,6 +39,8 @@ class ModelConfig:
     # Routed experts (optional; V4-Flash's 6 of 256). The MoE kernels take the expert count at run time.
     n_routed_experts: int = 256
     num_experts_per_tok: int = 6
+    # "v4", or "v4.1" (DeepseekV41ForCausalLM): of V4.1's kernels only V4's mhc_post is planned (model_uses.V41_OPS)
+    generation: str = "v4"
 
     @property
     def layer_ratios(self) -> tuple:
@@ -90,7 +92,25 @@ _EMBEDDED_DIR = Path(__file__).parent / "model_configs"
 EMBEDDED = {"deepseek-v4-flash": "deepseek-v4-flash.json", "deepseek-v4-pro": "deepseek-v4-pro.json"}
 
 
+V41_ARCHITECTURES = ("DeepseekV41ForCausalLM", "DSparkV41DraftModel")
+
+
+def is_v41_config(d: dict) -> bool:
+    return d.get("model_type") == "deepseek_v41" or any(a in V41_ARCHITECTURES for a in d.get("architectures") or [])
+
+
+def flatten_text_config(d: dict) -> dict:
+    """A config whose text model is nested under `text_config` (DeepSeek V4.1), flattened as vLLM 0.33's
+    DeepseekV41Config does: the text fields at the top level (but its model_type), the top level's own winning."""
+    text = d.get("text_config")
+    if not isinstance(text, dict):
+        return d
+    return {**{k: v for k, v in text.items() if k != "model_type"}, **{k: v for k, v in d.items() if k != "text_config"}}
+
+
 def from_hf_dict(d: dict, name: str) -> ModelConfig:
+    d = flatten_text_config(d)
+    v41 = is_v41_config(d)
     missing = [k for k in _HF_FIELDS.values() if k not in d]
     if missing:
         raise ConfigError(f"{name}: config.json lacks {', '.join(missing)} (is this a DeepSeek V4 config?)")
@@ -99,14 +119,14 @@ def from_hf_dict(d: dict, name: str) -> ModelConfig:
         if d.get(k) is not None:
             kw[k] = (tuple(int(r) for r in d[k]) if k == "compress_ratios"
                      else float(d[k]) if k == "swiglu_limit" else int(d[k]))
-    cfg = ModelConfig(name=name, **kw)
+    cfg = ModelConfig(name=name, generation="v4.1" if v41 else "v4", **kw)
     if cfg.hc_mult < 1 or cfg.hidden_size % 256:
         raise ConfigError(f"{name}: unsupported hidden_size={cfg.hidden_size} / hc_mult={cfg.hc_mult}")
     if not 0 < cfg.qk_rope_head_dim < cfg.head_dim or cfg.sliding_window < 1 or cfg.index_topk < 1:
         raise ConfigError(f"{name}: unsupported head_dim={cfg.head_dim} / qk_rope_head_dim={cfg.qk_rope_head_dim} / "
                           f"sliding_window={cfg.sliding_window} / index_topk={cfg.index_topk}")
     bad = [r for r in cfg.compress_ratios if r not in (0, 4, 128)]
-    if bad:
+    if bad and not v41:   # V4.1's attention is not planned (model_uses.V41_OPS): its ratios bind nothing here
         raise ConfigError(f"{name}: compress_ratios holds {sorted(set(bad))}; DeepSeek V4 uses 0, 4 and 128")
     return cfg
 

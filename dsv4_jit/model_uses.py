@@ -41,11 +41,43 @@ def mtp_uses(model, parallel=None) -> list[KernelUse]:
                             hc)]
 
 
+# DeepSeek V4.1 (vLLM 0.33's `models/deepseek_v41`): of the kernels it runs, only V4's mhc_post op (at V4.1's shapes,
+# the same signature) is dsv4-jit's; the rest stays on the engine's kernels.
+V41_OPS = {"mhc": ("mhc_post",)}
+V41_NOT_COVERED = ("mhc_pre_delayed", "the mega-mHC ops", "hc_collapse", "attention", "the indexer", "the compressor",
+                   "the FP8 GEMMs", "the MoE")
+
+
+def is_v41(model) -> bool:
+    return getattr(model, "generation", "v4") == "v4.1"
+
+
+def v41_note() -> str:
+    ops = ", ".join(op for ops in V41_OPS.values() for op in ops)
+    return f"DeepSeek V4.1: only {ops} (V4's op at V4.1's shapes) is planned; {', '.join(V41_NOT_COVERED)} stay on " \
+           f"the engine's kernels"
+
+
+def v41_uses(model, parallel, families: Iterable[str] | None = None) -> list[KernelUse]:
+    """The uses of a V4.1 model that are V4's ops: V41_OPS's kernels (of the chosen families)."""
+    fams = all_families()
+    out = []
+    for name, ops in V41_OPS.items():
+        if families and name not in families:
+            continue
+        kernels = {k for op in ops for k in fams[name].ops[op]}
+        out += [u for u in fams[name].uses(model, parallel) if u.spec.name in kernels]
+    return out
+
+
 def forward_uses(model, parallel=None, *, families: Iterable[str] | None = None, mtp: bool = True
                  ) -> list[KernelUse]:
-    """The chosen families' uses (None: all), plus the MTP projections when `mtp` and the GEMM family is chosen."""
+    """The chosen families' uses (None: all), plus the MTP projections when `mtp` and the GEMM family is chosen.
+    A DeepSeek V4.1 model: only its uses that are V4's ops (v41_uses)."""
     from .model_config import ParallelConfig
     parallel = parallel or ParallelConfig()
+    if is_v41(model):
+        return v41_uses(model, parallel, families)
     fams = all_families()
     chosen = [fams[n] for n in families] if families else list(fams.values())
     uses = family_uses(chosen, model, parallel)

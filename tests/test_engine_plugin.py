@@ -559,3 +559,39 @@ def test_dsv41_is_planned_for_its_routed_op_only():
         assert "deepseek_v41.nvidia: model" in line and "mhc_pre_delayed_tilelang" in line and "stay on vLLM" in line
     finally:
         p.STATE["routed"] = saved
+
+
+def _v41_config_dir(tmp_path, hidden: int = 5120):
+    """A DeepSeek V4.1-shaped config.json: the text model nested under text_config (V4-Flash's numbers at another
+    hidden size), a vision tower beside it."""
+    import json
+    from pathlib import Path
+    import dsv4_jit
+    flash = json.loads((Path(dsv4_jit.__file__).parent / "model_configs" / "deepseek-v4-flash.json").read_text())
+    cfg = {"architectures": ["DeepseekV41ForCausalLM"], "model_type": "deepseek_v41",
+           "text_config": {**flash, "model_type": "deepseek_v4", "hidden_size": hidden},
+           "vision_config": {"hidden_size": 1024, "num_hidden_layers": 24}}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    return tmp_path
+
+
+def test_dsv41_config_json_plans_what_the_plugin_plans(tmp_path):
+    """`--model` reads a V4.1 config.json (text_config flattened as vLLM 0.33's DeepseekV41Config does) and plans what
+    the plugin plans for it: only mhc_post at V4.1's shapes, with a note naming what stays on the engine's kernels."""
+    from dsv4_jit.engines import vllm_plugin as p
+    from dsv4_jit.model_config import load_model_config
+    from dsv4_jit.warmup.engines import vllm_shapes
+    from dsv4_jit.warmup.planner import build_plan
+    m = load_model_config(_v41_config_dir(tmp_path))
+    assert m.generation == "v4.1" and m.hidden_size == 5120
+    plan = build_plan(m, vllm_shapes(), ["sm_90a"], key_fn=lambda s, v: v.name)
+    assert plan.variants and {v.spec.name for v in plan.variants} == {"mhc_post"}
+    assert all(dict(v.variant.params)["hidden"] == 5120 for v in plan.variants)
+    assert any(n.startswith("DeepSeek V4.1: only mhc_post") and "attention" in n for n in plan.notes)
+    cfg = _vllm_config(512, 8192, 1)
+    cfg.model_config.hf_config = types.SimpleNamespace(architectures=["DeepseekV41ForCausalLM"])
+    plugin = p.plan_from_vllm_config(cfg, model=m, arch="sm_90a")
+    assert {v.name for v in plugin.variants} == {v.name for v in plan.variants}
+    v4 = load_model_config("deepseek-v4-flash")
+    assert v4.generation == "v4" and len({v.spec.name for v in build_plan(
+        v4, vllm_shapes(), ["sm_90a"], key_fn=lambda s, v: v.name).variants}) > 1

@@ -225,6 +225,9 @@ def build_plan(model, shapes: EngineShapes, archs: Sequence[Any], *, arch_reason
         notes.append("no CUDA-graph capture sizes: the naive count (one compile per capture size) is 0")
     if families:
         notes.append(f"only kernel families: {', '.join(families)} (--family)")
+    from dsv4_jit.model_uses import is_v41, v41_note
+    if is_v41(model):
+        notes.append(v41_note())
     return Plan(name, shapes, [p.name for p in profiles], arch_reason, ordered, rows, notes,
                 families=list(families) if families else None)
 

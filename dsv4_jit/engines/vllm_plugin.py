@@ -251,13 +251,11 @@ def plan_from_vllm_config(vllm_config, *, model=None, arch: str | None = None, f
     archs, reason = resolve_archs(arch)
     uses = None
     if is_dsv41(vllm_config):                        # only mhc_post is routed there: plan what it launches
-        from dsv4_jit.family import all_families
         from dsv4_jit.model_config import ParallelConfig, load_model_config
+        from dsv4_jit.model_uses import v41_uses
         if isinstance(model, str):
             model = load_model_config(model)
-        mhc = all_families()["mhc"]
-        kernels = {k for name in ROUTE_OPS.values() for k in mhc.ops[name]}
-        uses = [u for u in mhc.uses(model, ParallelConfig(tp_size=shapes.tp_size)) if u.spec.name in kernels]
+        uses = v41_uses(model, ParallelConfig(tp_size=shapes.tp_size), families)
     return build_plan(model, shapes, [a.name for a in archs], arch_reason=reason, uses=uses,
                       families=list(families) if families else None)
 
