@@ -28,7 +28,7 @@ from dsv4_jit.arch import PROFILES, get_profile
 from dsv4_jit.family import KernelFamily, all_families
 from dsv4_jit.model_config import EMBEDDED, ParallelConfig, load_model_config
 from dsv4_jit.spec import all_specs
-from dsv4_jit.testing import case_uses, case_variants, check_case_outputs, poison, serving_getter
+from dsv4_jit.testing import case_variants, check_case_outputs, poison, serving_getter
 from toy_family.family import FAMILY as TOY
 
 FAMILIES: list[KernelFamily] = [*all_families().values(), TOY]
