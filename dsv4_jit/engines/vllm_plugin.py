@@ -59,8 +59,6 @@ PATCH_TARGETS: dict[str, tuple[str, ...]] = {
     "vllm.models.deepseek_v41.nvidia.model": ("mhc_post_tilelang",),
     "vllm.models.deepseek_v41.nvidia.dspark": ("mhc_post_tilelang",),
 }
-# vLLM route name -> the dsv4-jit mHC op it runs (what a V4.1 plan needs)
-ROUTE_OPS = {"mhc_post_tilelang": "mhc_post"}
 WORKER_MODULE = "vllm.v1.worker.gpu_worker"
 
 STATE: dict[str, Any] = {"registered": False, "routed": {}, "refused": None, "warmup": None, "sealed": None}
