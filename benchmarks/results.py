@@ -72,7 +72,8 @@ def cases_source(path: Path) -> list[str]:
         return ["GPU cases: no `gpu_cases.jsonl` given (run `bash scripts/gpu_pass.sh`, then `--cases`)."]
     # rows name their GPU and date; a pass's env.log beside the file (GPU, driver, memory) stands in where they don't
     env = path.parent / "env.log"
-    env_gpu = env.read_text().splitlines()[0].split(",")[0].strip() if env.is_file() and env.read_text() else None
+    env_lines = env.read_text().splitlines() if env.is_file() else []
+    env_gpu = env_lines[0].split(",")[0].strip() if env_lines else None
     devices = sorted({r.get("device") or env_gpu or "a GPU not recorded" for r in rows})
     dates = sorted(r["date"] for r in rows if r.get("date"))
     if not dates and env_gpu:

@@ -106,8 +106,13 @@ def case_uses(family, case: "GpuCase", model) -> list:
     uses = family.uses(model, ParallelConfig(tp_size=case.tp_size))
     if not case.planned:
         uses = _flags_widened(uses)
-    return [u for u in uses if (kernels is None or u.spec.name in kernels)
-            and all(u.static.get(k, v) == v for k, v in case.fixes.items())]
+    return [u for u in uses if (kernels is None or u.spec.name in kernels) and agrees(u.static, case.fixes)]
+
+
+def agrees(static, fixes) -> bool:
+    """A use's statics agree with what a case or benchmark fixes: equal where both name a value (a static the use
+    lacks agrees)."""
+    return all(static.get(k, v) == v for k, v in fixes.items())
 
 
 def case_variants(family, case: "GpuCase", model, profile: ArchProfile) -> dict[tuple, tuple]:
@@ -126,15 +131,18 @@ def case_variants(family, case: "GpuCase", model, profile: ArchProfile) -> dict[
     return out
 
 
-def gpu_profiles() -> list[ArchProfile]:
-    """The profiles this machine's GPU proves: its own schedule and, on a GPU outside the SM12x family, the SM120
-    schedule compiled for it. Empty without a GPU."""
-    native = detect_arch()
-    if native is None:
-        return []
+def profiles_proven_on(native: ArchProfile) -> list[ArchProfile]:
+    """The profiles a GPU of `native`'s arch proves: its own schedule and, outside the SM12x family, the SM120
+    schedule compiled for it."""
     if native.family == "blackwell_consumer":
         return [native]
     return [native, get_profile("sm_120a").emulated(native)]
+
+
+def gpu_profiles() -> list[ArchProfile]:
+    """The profiles this machine's GPU proves (profiles_proven_on its arch). Empty without a GPU."""
+    native = detect_arch()
+    return [] if native is None else profiles_proven_on(native)
 
 
 def profile_id(profile: ArchProfile) -> str:

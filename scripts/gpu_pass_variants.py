@@ -123,10 +123,10 @@ def compile_in_worker(spec_name: str, variant) -> dict:
 
 
 def schedules(arch: str = GPU_ARCH) -> list:
-    """The two schedules every GPU case runs: the GPU's own, and the SM120 schedule compiled for it."""
+    """The schedules every GPU case runs on a GPU of `arch`: its own, and (off SM12x) the SM120 one compiled for it."""
     from dsv4_jit.arch import get_profile
-    native = get_profile(arch)
-    return [native, get_profile("sm_120a").emulated(native)]
+    from dsv4_jit.testing import profiles_proven_on
+    return profiles_proven_on(get_profile(arch))
 
 
 def case_list(fams, arch: str = GPU_ARCH, case_filter: str | None = None) -> dict[str, dict]:
@@ -152,15 +152,16 @@ def bench_list(step: BenchStep, arch: str = GPU_ARCH) -> dict[tuple, tuple]:
     from dsv4_jit.family import KernelUse, all_families
     from dsv4_jit.model_config import ParallelConfig, load_model_config
     from dsv4_jit.spec import get_spec
-    native, sm120 = schedules(arch)
-    profs = [{"native": native, "sm_120a": sm120}[s] for s in step.schedules]
+    from dsv4_jit.testing import agrees
+    by_name = {"native" if p.schedule == p.name else p.schedule: p for p in schedules(arch)}
+    profs = [by_name[s] for s in step.schedules]
     uses = []
     for name in step.families:
         for model, tp in step.at:
             for use in all_families()[name].uses(load_model_config(model), ParallelConfig(tp_size=tp)):
                 if step.kernels and use.spec.name not in step.kernels:
                     continue
-                if any(use.static.get(k, v) != v for k, v in step.fixes.items()):
+                if not agrees(use.static, step.fixes):
                     continue
                 uses.append(use)
                 if step.quantized_inputs and use.spec.name == "fp8_gemm":
