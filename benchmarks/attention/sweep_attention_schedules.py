@@ -42,9 +42,9 @@ def run_variant(prof, v: Variant, p: dict, scale: float, out: torch.Tensor):
     if s > 1:
         cv = Variant.make(COMBINE.name, combine_params(h, s), prof, v.schedule)
         comb = jit.load(COMBINE, cv)
-    ws = torch.empty(max(1, s * t * h * (D + 1)), device="cuda")
-    o_part = ws[: s * t * h * D].view(s, t, h, D) if s > 1 else torch.empty(1, 1, h, D, device="cuda")
-    lse = ws[s * t * h * D: s * t * h * (D + 1)].view(s, t, h) if s > 1 else torch.empty(1, 1, h, device="cuda")
+    ws = torch.empty(max(1, ops.partials_numel(s, t, h)), device="cuda")
+    o_part, lse = (ops.carve_partials(ws, s, t, h) if s > 1 else
+                   (torch.empty(1, 1, h, D, dtype=torch.bfloat16, device="cuda"), torch.empty(1, 1, h, device="cuda")))
     args = (p["q"], *ops._fp8_views(c1, c1.shape[0], c1.shape[1]), i1, l1,
             *ops._fp8_views(c2, c2.shape[0], c2.shape[1]), i2, l2, bs1, bs2)
 

@@ -9,18 +9,19 @@ from .common import D, LOG2E
 def build_combine(heads: int, n_splits: int, head_block: int, threads: int):
     """out[t, h] = sum_s 2^lse_s o_s / (sum_s 2^lse_s + e^sink[h]), in log2 units against the max.
     A split with no candidate (lse = -inf) wrote no partial O and is not read: with 64 splits of a short list
-    most are empty."""
+    most are empty. Launched behind the forward kernel by PDL (the forward kernel lets it launch once its CTAs
+    leave their main loop); every split's partial is loaded at once, on its lse alone, while the weights are
+    computed (one round trip for all of them)."""
     import tilelang.language as T
 
     H, S, HC = heads, n_splits, head_block
     TPH = threads // HC          # threads per head
-    VD = D // TPH                # dims per thread (contiguous: one 16-byte load per split at 128 threads)
-    CH = min(S, 16)              # splits loaded at once
+    VD = D // TPH                # dims per thread (contiguous: one 4- or 8-byte bf16 load per split)
     num_tokens = T.dynamic("num_tokens")
 
     @T.prim_func
     def sparse_mla_combine(
-        o_part: T.Tensor[(S, num_tokens, H, D), "float32"],
+        o_part: T.Tensor[(S, num_tokens, H, D), "bfloat16"],
         lse_part: T.Tensor[(S, num_tokens, H), "float32"],
         sink: T.Tensor[(H,), "float32"],
         out: T.Tensor[(num_tokens, H, D), "bfloat16"],
@@ -30,32 +31,32 @@ def build_combine(heads: int, n_splits: int, head_block: int, threads: int):
             h = hc * HC + tx // TPH
             hh = T.min(h, H - 1)
             d0 = (tx % TPH) * VD
-            w = T.alloc_local([S], "float32")
-            st = T.alloc_local([2], "float32")   # running max, then the denominator
+            lse = T.alloc_local([S], "float32")
+            st = T.alloc_local([3], "float32")   # the sink in log2 units, the max, the denominator
             acc = T.alloc_local([VD], "float32")
-            part = T.alloc_local([CH * VD], "float32")
+            part = T.alloc_local([S * VD], "bfloat16")
             ob = T.alloc_local([VD], "bfloat16")
-            st[0] = sink[hh] * LOG2E
+            st[0] = sink[hh] * LOG2E   # a weight: read before the forward kernel's partials are complete
+            T.pdl_sync()
             for s in T.unroll(S):
-                st[0] = T.max(st[0], lse_part[s, t, hh])
-            st[1] = T.exp2(sink[hh] * LOG2E - st[0])
+                lse[s] = lse_part[s, t, hh]
             for s in T.unroll(S):
-                w[s] = T.exp2(lse_part[s, t, hh] - st[0])
-                st[1] = st[1] + w[s]
+                for v in T.vectorized(VD):
+                    part[s * VD + v] = T.if_then_else(lse[s] > T.float32(-3.0e38), o_part[s, t, hh, d0 + v],
+                                                      T.bfloat16(0))
+            st[1] = st[0]
+            for s in T.unroll(S):
+                st[1] = T.max(st[1], lse[s])
+            st[2] = T.exp2(st[0] - st[1])
             for v in T.unroll(VD):
                 acc[v] = T.float32(0)
-            # CH splits' loads are issued before any is used (predicated off for empty splits): loads inside
-            # a branch per split ran one DRAM round trip after another
-            for c in T.unroll(S // CH):
-                for s in T.unroll(CH):
-                    for v in T.vectorized(VD):
-                        part[s * VD + v] = T.if_then_else(w[c * CH + s] > 0, o_part[c * CH + s, t, hh, d0 + v],
-                                                          T.float32(0))
-                for s in T.unroll(CH):
-                    for v in T.unroll(VD):
-                        acc[v] = acc[v] + w[c * CH + s] * part[s * VD + v]
+            for s in T.unroll(S):
+                lse[s] = T.exp2(lse[s] - st[1])   # the split's weight (0 for an empty split)
+                st[2] = st[2] + lse[s]
+                for v in T.unroll(VD):
+                    acc[v] = acc[v] + lse[s] * T.Cast("float32", part[s * VD + v])
             for v in T.unroll(VD):
-                ob[v] = T.Cast("bfloat16", acc[v] / st[1])
+                ob[v] = T.Cast("bfloat16", acc[v] / st[2])
             if h < H:
                 for v in T.vectorized(VD):
                     out[t, hh, d0 + v] = ob[v]
@@ -66,5 +67,6 @@ def build_combine(heads: int, n_splits: int, head_block: int, threads: int):
 def combine_params(heads: int, n_splits: int) -> dict[str, Any]:
     """The combine variant for `n_splits` partials (select's, and the schedule sweep's). One head per CTA
     (tokens x heads CTAs): four heads per CTA left a one-token step's partials to a few SMs."""
-    return {"heads": heads, "n_splits": n_splits, "head_block": 1, "threads": 128}
+    # every split's loads in flight at once: 2 dims a thread (256 threads a head) from 32 splits, else 4
+    return {"heads": heads, "n_splits": n_splits, "head_block": 1, "threads": 256 if n_splits >= 32 else 128}
 

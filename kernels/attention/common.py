@@ -14,7 +14,7 @@ memory (bf16), O in registers (mma.sync or WGMMA through T.gemm). The scores go 
 row-per-thread-group softmax: the TPR = threads / HB threads of a head row are adjacent lanes, so the row max is
 a few shuffles; the row sum stays per thread and is reduced once at the end. With n_splits > 1 each split takes
 an even share of the token's tiles (computed from its real lengths at run time, so short requests do no work
-past their length) and writes O normalised within the split and its log2-sum-exp (a split with no candidate
+past their length) and writes O normalised within the split (bf16) and its log2-sum-exp (a split with no candidate
 writes only lse = -inf); the combine kernel (combine.py) merges splits and applies the sink. With n_splits == 1
 the kernel writes `out` itself.
 
@@ -195,28 +195,43 @@ def tile_macros(T, *, heads: int, head_block: int, block_i: int, threads: int, n
         rng[2] = T.min(split * per + per, t1 + t2)
 
     @T.macro
-    def finish(acc_o, st, l_s, m_s, tx, sink, out, o_part, lse_part, t, hb, split):
+    def finish(acc_o, st, l_s, m_s, alpha_s, tx, sink, out, o_part, lse_part, t, hb, split, q_s):
         # the row's partial sums -> its sum; (sum, running max) to shared for the per-element threads below.
         # acc_o is relative to the max (0 if -inf).
+        if S > 1:
+            # the combine may launch now (PDL): its CTAs wait in pdl_sync for this grid's writes, and its launch
+            # overlaps this epilogue instead of following the grid's end
+            T.pdl_trigger()
         for o in T.unroll(TPR_LOG):
             st[1] = st[1] + T.shfl_xor(st[1], 1 << o)
+        T.sync_threads()  # every thread's last rescale has read alpha_s
         if tx % TPR == 0:
             l_s[tx // TPR] = st[1]
             m_s[tx // TPR] = st[0]
+            alpha_s[tx // TPR] = T.float32(1) / T.max(st[1], T.float32(1e-30))
         T.sync_threads()
+        # O leaves through q_s (no tile reads Q any more), in bf16: the fragment's scattered 4-byte stores to
+        # global memory took longer than the tile's math at one tile a CTA; rows of 16-byte stores do not.
         if S == 1:
             for h, d in T.Parallel(HB, D):
+                hh = T.min(hb * HB + h, H - 1)
+                ref = T.if_then_else(m_s[h] == neg_inf, T.float32(0), m_s[h])
+                # a row with no candidate is 0 (softmax over the sink alone), also where e^sink underflows
+                q_s[h, d] = T.Cast("bfloat16", T.if_then_else(
+                    l_s[h] > 0, acc_o[h, d] / (l_s[h] + T.exp2(sink[hh] * LOG2E - ref)), T.float32(0)))
+            T.sync_threads()
+            for h, d in T.Parallel(HB, D):
                 if hb * HB + h < H:
-                    hh = T.min(hb * HB + h, H - 1)
-                    ref = T.if_then_else(m_s[h] == neg_inf, T.float32(0), m_s[h])
-                    # a row with no candidate is 0 (softmax over the sink alone), also where e^sink underflows
-                    out[t, hh, d] = T.Cast("bfloat16", T.if_then_else(
-                        l_s[h] > 0, acc_o[h, d] / (l_s[h] + T.exp2(sink[hh] * LOG2E - ref)), T.float32(0)))
+                    out[t, T.min(hb * HB + h, H - 1), d] = q_s[h, d]
         else:
-            # a row with no candidate in this split writes only lse = -inf (the combine skips it)
+            # O normalised within the split (bf16); a row with no candidate in this split writes only
+            # lse = -inf (the combine skips it)
+            for h, d in T.Parallel(HB, D):
+                q_s[h, d] = T.Cast("bfloat16", acc_o[h, d] * alpha_s[h])
+            T.sync_threads()
             for h, d in T.Parallel(HB, D):
                 if hb * HB + h < H and l_s[h] > 0:
-                    o_part[split, t, T.min(hb * HB + h, H - 1), d] = acc_o[h, d] / l_s[h]
+                    o_part[split, t, T.min(hb * HB + h, H - 1), d] = q_s[h, d]
             for h in T.Parallel(HB):
                 if hb * HB + h < H:
                     lse_part[split, t, T.min(hb * HB + h, H - 1)] = T.if_then_else(

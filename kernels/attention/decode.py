@@ -229,7 +229,7 @@ def build_decode(heads: int, head_block: int, block_i: int, threads: int, n_spli
         block_size2: T.int32,
         sink: T.Tensor[(H,), "float32"],
         out: T.Tensor[out_shape, "bfloat16"],
-        o_part: T.Tensor[part_shape, "float32"],
+        o_part: T.Tensor[part_shape, "bfloat16"],
         lse_part: T.Tensor[lse_shape, "float32"],
     ):
         if NST:
@@ -298,7 +298,7 @@ def build_decode(heads: int, head_block: int, block_i: int, threads: int, n_spli
                                  block_size2, pg_s, off_s, nope_s, rope_s, scr_s)
                     attend_tile(q_s, kv_s, acc_s, acc_b, acc_c, acc_d, s_s, valid_s, p_s, alpha_s, acc_o, st, tx)
                 T.ptx_wait_group(0)  # no copy outlives the CTA (an empty split issued its prologue too)
-                finish(acc_o, st, l_s, m_s, tx, sink, out, o_part, lse_part, t, hb, split)
+                finish(acc_o, st, l_s, m_s, alpha_s, tx, sink, out, o_part, lse_part, t, hb, split, q_s)
         else:
             with T.Kernel(num_tokens, NHB, S, threads=threads) as (t, hb, split):
                 q_s = T.alloc_shared([HB, D], "bfloat16")
@@ -354,6 +354,6 @@ def build_decode(heads: int, head_block: int, block_i: int, threads: int, n_spli
                             load_fp8(kvq2, kvs2, kvr2, pg_s, off_s, nope_r, rope_r, e_r, block_size2)
                     if it > 0:
                         attend_tile(q_s, kv_s, acc_s, acc_b, acc_c, acc_d, s_s, valid_s, p_s, alpha_s, acc_o, st, tx)
-                finish(acc_o, st, l_s, m_s, tx, sink, out, o_part, lse_part, t, hb, split)
+                finish(acc_o, st, l_s, m_s, alpha_s, tx, sink, out, o_part, lse_part, t, hb, split, q_s)
 
     return sparse_mla_fwd

@@ -25,11 +25,24 @@ _COMBINE = get_spec(SparseMlaCombineSpec.name)
 
 
 def sparse_mla_workspace_numel(arch: ArchProfile, heads: int, num_tokens: int, kv_format: str = "fp8_ds_mla") -> int:
-    """fp32 elements of the split workspace (partial O, then partial log-sum-exp) at this token count;
-    0 where the kernel does not split."""
+    """fp32 elements of the split workspace (partial O in bf16, two to an element, then partial log-sum-exp)
+    at this token count; 0 where the kernel does not split."""
     v = _FWD.select(arch, _static(heads, D ** -0.5, kv_format), num_tokens)
     s = v.p["n_splits"]
-    return 0 if s == 1 else s * num_tokens * heads * (D + 1)
+    return 0 if s == 1 else partials_numel(s, num_tokens, heads)
+
+
+def partials_numel(splits: int, num_tokens: int, heads: int) -> int:
+    """fp32 elements holding `splits` partial outputs (bf16 [splits, T, H, 512]) and their log-sum-exp (fp32)."""
+    return splits * num_tokens * heads * (D // 2 + 1)
+
+
+def carve_partials(workspace, splits: int, num_tokens: int, heads: int):
+    """(partial O bf16 [splits, T, H, 512], log-sum-exp fp32 [splits, T, H]) over an fp32 workspace."""
+    n_o = splits * num_tokens * heads * D // 2
+    o_part = workspace[:n_o].view(torch.bfloat16).view(splits, num_tokens, heads, D)
+    lse = workspace[n_o: n_o + splits * num_tokens * heads].view(splits, num_tokens, heads)
+    return o_part, lse
 
 
 def sparse_mla_workspace_max_numel(arch: ArchProfile, heads: int, max_tokens: int, kv_format: str = "fp8_ds_mla") -> int:
@@ -156,15 +169,13 @@ def _partials(q, t: int, h: int, splits: int, workspace):
     dev = q.device
     if splits == 1:
         return _dummy_parts(dev, h)
-    need = splits * t * h * (D + 1)
+    need = partials_numel(splits, t, h)
     if workspace is None:
         workspace = torch.empty(need, dtype=torch.float32, device=dev)
     elif workspace.numel() < need:
         raise ValueError(f"workspace: needs >= {need} fp32 elements at T={t}, H={h} "
                          f"({splits} splits; see sparse_mla_workspace_max_numel), got {workspace.numel()}")
-    o_part = workspace[: splits * t * h * D].view(splits, t, h, D)
-    lse = workspace[splits * t * h * D: need].view(splits, t, h)
-    return o_part, lse
+    return carve_partials(workspace, splits, t, h)
 
 
 _DUMMY: dict[tuple, tuple] = {}
@@ -175,7 +186,7 @@ def _dummy_parts(dev, h: int):
     key = (dev, h)
     d = _DUMMY.get(key)
     if d is None:
-        d = _DUMMY[key] = (torch.empty(1, 1, h, D, dtype=torch.float32, device=dev),
+        d = _DUMMY[key] = (torch.empty(1, 1, h, D, dtype=torch.bfloat16, device=dev),
                            torch.empty(1, 1, h, dtype=torch.float32, device=dev))
     return d
 

@@ -53,7 +53,7 @@ def build_prefill(heads: int, head_block: int, block_i: int, threads: int, n_spl
         lens2: T.Tensor[(num_tokens,), "int32"],
         sink: T.Tensor[(H,), "float32"],
         out: T.Tensor[out_shape, "bfloat16"],
-        o_part: T.Tensor[part_shape, "float32"],
+        o_part: T.Tensor[part_shape, "bfloat16"],
         lse_part: T.Tensor[lse_shape, "float32"],
     ):
         with T.Kernel(num_tokens, NHB, S, threads=threads) as (t, hb, split):
@@ -101,6 +101,6 @@ def build_prefill(heads: int, head_block: int, block_i: int, threads: int, n_spl
                         load_bf16(kv2, pg_s, raw_r)
                 if it > 0:
                     attend_tile(q_s, kv_s, acc_s, acc_b, acc_c, acc_d, s_s, valid_s, p_s, alpha_s, acc_o, st, tx)
-            finish(acc_o, st, l_s, m_s, tx, sink, out, o_part, lse_part, t, hb, split)
+            finish(acc_o, st, l_s, m_s, alpha_s, tx, sink, out, o_part, lse_part, t, hb, split, q_s)
 
     return sparse_mla_fwd_bf16
