@@ -262,6 +262,32 @@ def test_runner_hook_warms_and_seals_before_capture(route, standins, monkeypatch
     assert f"warmed {seen['plan'].compiles} variants on rank 0/2" in caplog.text and "sealed error" in caplog.text
 
 
+@pytest.mark.parametrize("seal", ["warn", "error"])
+def test_runner_hook_with_server_args_the_planner_refuses(route, standins, monkeypatch, caplog, seal):
+    """torch.compile graphs are not followed by the formula: no warmup, the routes still serve, nothing sealed
+    (DSV4_JIT_SEAL=error: SGLang does not start)."""
+    import dsv4_jit
+    from dsv4_jit.errors import ConfigError
+    runner_mod = _runner_module()
+    monkeypatch.setitem(sys.modules, runner_mod.__name__, runner_mod)
+    monkeypatch.setattr(dsv4_jit, "warm", lambda *a, **k: pytest.fail("warmed an unplanned config"))
+    monkeypatch.setenv("DSV4_JIT_SEAL", seal)
+    assert route.register(env={"DSV4_JIT_ARCH": "sm_120a"}, sglang_version="0.5.23")
+    sa = types.SimpleNamespace(model_path="deepseek-v4-flash", enable_torch_compile=True)
+    runner = runner_mod.ModelRunner(["DeepseekV4ForCausalLM"], sa)
+    if seal == "error":
+        with pytest.raises(ConfigError, match="enable_torch_compile"):
+            runner.init_cuda_graphs()
+        return
+    with caplog.at_level(logging.ERROR, logger="dsv4_jit.sglang"):
+        runner.init_cuda_graphs()
+    assert "no warmup for these ServerArgs" in caplog.text and route.STATE["sealed"] is None
+    from dsv4_jit.engines.sglang_ops import route_mhc_post
+    assert standins[MHC].mhc_post is route_mhc_post                # the routes still serve
+    runner.init_cuda_graphs()                                      # not retried
+    assert runner_mod.ModelRunner.calls[-2:] == [("capture", True), ("capture", True)]
+
+
 def test_runner_hook_gives_other_models_sglangs_functions(route, standins, monkeypatch):
     import dsv4_jit
     runner_mod = _runner_module()
@@ -531,6 +557,26 @@ def test_sglang_0_5_23_is_left_alone_off_sm12x_or_switched_off(sglang_files, env
     assert not any(f["bound"] for f in got["functions"].values())
     if SWITCH not in env:
         assert got["skipped"] == f"DSV4_JIT_ARCH={env['DSV4_JIT_ARCH']}"
+
+
+def test_live_server_args_plan(sglang_files):
+    """ServerArgs as SGLang 0.5.23's own parser builds them (every field at its default unless given) plan."""
+    r = _py(f"""
+        import sys
+        sys.path.insert(0, {str(REPO / 'tests')!r})
+        import engine_peer_loader as L
+        L._setup({str(PEERS)!r}, 'sglang')
+        from sglang.srt.server_args import ServerArgs
+        from dsv4_jit.engines import sglang_route as R
+        parser = L.sglang_parser()
+        for argv in ([], ['--tp-size', '2', '--speculative-algorithm', 'EAGLE', '--chunked-prefill-size', '4096']):
+            sa = ServerArgs.from_cli_args(parser.parse_args(['--model-path', 'deepseek-v4-flash', *argv]))
+            p = R.plan(sa, arch='sm_120a')
+            print('PLAN', p.shapes.tp_size, p.shapes.max_num_tokens, p.shapes.spec_tokens, p.compiles)
+    """)
+    assert r.returncode == 0, r.stderr[-3000:]
+    plans = [line.split()[1:] for line in r.stdout.splitlines() if line.startswith("PLAN")]
+    assert [p[:3] for p in plans] == [["1", "8192", "0"], ["2", "4096", "3"]] and all(int(p[3]) > 0 for p in plans)
 
 
 def _tree(files: Path, rel: str) -> ast.Module:

@@ -277,20 +277,41 @@ def warm_runner(runner) -> dict | None:
         log.info("dsv4-jit: %s is not DeepSeek V4; SGLang keeps its own %s", _architectures(runner) or "the model",
                  ", ".join(back) or "functions")
         return None
+    from dsv4_jit.errors import Dsv4JitError
     from dsv4_jit.model_config import ParallelConfig
     from .sglang_hook import model_from_server_args, warmup_from_server_args
     t0 = time.monotonic()
     sa = runner.server_args
-    model = model_from_server_args(sa, _live_model(runner))
     tp = int(getattr(sa, "tp_size", 1) or 1)
     rank = _tp_rank()
-    rep = warmup_from_server_args(sa, rank, model=model, families=("mhc", "indexer"), announce=False,
-                                  uses=route_uses(model, ParallelConfig(tp_size=tp)))
+    try:
+        model = model_from_server_args(sa, _live_model(runner))
+        rep = warmup_from_server_args(sa, rank, model=model, families=("mhc", "indexer"), announce=False,
+                                      uses=route_uses(model, ParallelConfig(tp_size=tp)), gpu_memory_gib=_gpu_gib())
+    except Dsv4JitError as e:
+        # a ServerArgs the planner does not follow: the routes still serve (compiling on first use), unsealed
+        if seal_mode() == "error":
+            raise
+        STATE["warmup"] = {"error": str(e)}
+        log.error("dsv4-jit: no warmup for these ServerArgs (%s); the routed calls compile on first use and "
+                  "nothing is sealed", e)
+        return STATE["warmup"]
     STATE["warmup"], STATE["sealed"] = rep, seal_mode()
     log.info("%s", routed_line(rep, rank, tp, time.monotonic() - t0, STATE["sealed"]))
     for f in rep["failures"]:
         log.error("dsv4-jit: warmup failure: %s", f)
     return rep
+
+
+def _gpu_gib() -> float | None:
+    """This GPU's memory in GiB, which SGLang's defaults (chunked prefill, decode batch sizes) follow."""
+    try:
+        import torch
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory / 2**30
+    except Exception:                     # noqa: BLE001
+        pass
+    return None
 
 
 def _tp_rank() -> int:
