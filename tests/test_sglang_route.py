@@ -46,7 +46,7 @@ def _py(code: str, env=None, timeout=300) -> subprocess.CompletedProcess:
 def route():
     from dsv4_jit.engines import sglang_ops, sglang_route as r
     saved, finders, originals = dict(r.STATE), list(sys.meta_path), dict(sglang_ops.ORIGINALS)
-    r.STATE.update(registered=False, routed={}, refused=None, skipped=None, warmup=None, sealed=None)
+    r.STATE.update(registered=False, routed={}, refused=None, skipped=None, warmup=None, sealed=None, unrouted=None)
     yield r
     sys.meta_path[:] = finders
     r.STATE.clear()
@@ -298,6 +298,27 @@ def test_runner_hook_gives_other_models_sglangs_functions(route, standins, monke
     assert standins[MHC].mhc_post is not orig
     runner_mod.ModelRunner(["LlamaForCausalLM"], types.SimpleNamespace()).init_cuda_graphs()
     assert standins[MHC].mhc_post is orig and route.STATE["routed"] == {} and route.STATE["warmup"] is None
+    assert route.route_module(standins[TL]) == [] and route.STATE["unrouted"] == "['LlamaForCausalLM']"
+
+
+def test_runner_hook_warms_before_sglang_imports_the_kernel_modules(route, monkeypatch, caplog):
+    """The indexer's module is imported at its first call (inside graph capture): the plan holds its variant
+    anyway, and the post-import hook rebinds it then."""
+    import dsv4_jit
+    runner_mod = _runner_module()
+    monkeypatch.setitem(sys.modules, runner_mod.__name__, runner_mod)
+    for m in (MHC, TL):
+        monkeypatch.delitem(sys.modules, m, raising=False)
+    seen = {}
+    monkeypatch.setattr(dsv4_jit, "warm", lambda plan, **kw: seen.update(plan=plan) or
+                        {"compiled": 0, "failures": [], "loaded": plan.compiles})
+    monkeypatch.setenv("DSV4_JIT_ARCH", "sm_120a")
+    assert route.register(env={"DSV4_JIT_ARCH": "sm_120a"}, sglang_version="0.5.23")
+    sa = types.SimpleNamespace(model_path="deepseek-v4-flash", tp_size=1)
+    with caplog.at_level(logging.INFO, logger="dsv4_jit.sglang"):
+        runner_mod.ModelRunner(["DeepseekV4ForCausalLM"], sa).init_cuda_graphs()
+    assert "indexer_decode_logits" in {v.kernel for v in seen["plan"].variants}
+    assert f"tilelang_fp8_paged_mqa_logits (when SGLang imports {TL})" in caplog.text
 
 
 # ---- conversions (CPU tensors) --------------------------------------------------------------------------------

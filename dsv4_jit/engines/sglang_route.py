@@ -56,7 +56,7 @@ NOT_ROUTED = ("attention", "hc_head", "the DeepGEMM/Triton mHC paths", "the inde
 ROUTED_MHC_KERNELS = ("mhc_pre_norm_fn", "mhc_pre_fuse", "mhc_sinkhorn", "mhc_post", "mhc_post_pre_fused")
 
 STATE: dict[str, Any] = {"registered": False, "routed": {}, "refused": None, "skipped": None, "warmup": None,
-                         "sealed": None}
+                         "sealed": None, "unrouted": None}
 
 
 class VersionRefused(RuntimeError):
@@ -107,7 +107,7 @@ def route_target(env=None, sm: int | None = None) -> tuple[bool, str]:
         prof = get_profile(forced.replace(",", " ").split()[0])
         return prof.family == ROUTE_FAMILY, f"{ENV_ARCH}={forced}"
     sm = device_sm() if sm is None else sm
-    if sm is None:
+    if not sm:
         return False, "no CUDA GPU"
     return sm // 10 == 12, f"GPU sm_{sm}"
 
@@ -181,7 +181,9 @@ def _same_parameters(a, b) -> bool:
 def route_module(module) -> list[str]:
     """Rebind one SGLang module's TileLang functions to dsv4-jit's adapters (only where the parameters match)."""
     from . import sglang_ops
-    done = []
+    done: list[str] = []
+    if STATE["unrouted"]:                 # the worker serves another model: SGLang keeps its functions
+        return done
     for fname, route in sglang_ops.ROUTES[module.__name__].items():
         orig = getattr(module, fname, None)
         if orig is None or getattr(orig, "__dsv4_jit_route__", False):
@@ -199,9 +201,10 @@ def route_module(module) -> list[str]:
     return done
 
 
-def unroute() -> list[str]:
-    """Give SGLang its own functions back (a model other than DeepSeek V4)."""
+def unroute(why: str = "another model") -> list[str]:
+    """Give SGLang its own functions back (a model other than DeepSeek V4), now and for modules imported later."""
     from . import sglang_ops
+    STATE["unrouted"] = why
     back = []
     for mname, names in STATE["routed"].items():
         module = sys.modules.get(mname)
@@ -270,10 +273,10 @@ def _live_model(runner):
 def warm_runner(runner) -> dict | None:
     """Before the first CUDA-graph capture of the process: warm this rank's share of the route's plan, wait for
     the other ranks, load everything, seal. Once per process; a model other than DeepSeek V4 is unrouted."""
-    if STATE["warmup"] is not None or not STATE["routed"]:
+    if STATE["warmup"] is not None or not STATE["registered"] or STATE["unrouted"]:
         return STATE["warmup"]
     if not is_dsv4(runner):
-        back = unroute()
+        back = unroute(str(_architectures(runner) or "the model"))
         log.info("dsv4-jit: %s is not DeepSeek V4; SGLang keeps its own %s", _architectures(runner) or "the model",
                  ", ".join(back) or "functions")
         return None
@@ -327,7 +330,11 @@ def _tp_rank() -> int:
 def routed_line(rep: dict | None = None, rank: int = 0, world: int = 1, seconds: float = 0.0,
                 sealed: str | None = None) -> str:
     """The one INFO line: what was routed, and the warmup it got."""
+    from .sglang_ops import ROUTES
     parts = [f"{', '.join(names)} ({m})" for m, names in sorted(STATE["routed"].items()) if names]
+    # a module SGLang imports later (the indexer's, at its first call) is rebound then by the post-import hook
+    parts += [f"{', '.join(sorted(ROUTES[m]))} (when SGLang imports {m})" for m in sorted(ROUTES)
+              if m not in STATE["routed"]]
     line = (f"dsv4-jit: routed SGLang SM12x calls {'; '.join(parts) or '(none)'} to dsv4-jit ops; "
             f"{', '.join(NOT_ROUTED)} stay on SGLang's kernels")
     if rep is not None:
