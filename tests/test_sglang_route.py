@@ -393,7 +393,9 @@ def test_mhc_unsupported_falls_back_to_sglang(case):
     import torch
     from dsv4_jit.engines import sglang_ops as o
     hc, h = 4, 256
-    res = _t(6, hc, h, dtype=torch.bfloat16) if case != "residual_nc" else _t(hc, 6, h, dtype=torch.bfloat16).transpose(0, 1)
+    res = _t(6, hc, h, dtype=torch.bfloat16)
+    if case == "residual_nc":
+        res = _t(hc, 6, h, dtype=torch.bfloat16).transpose(0, 1)
     nw = _t(h, dtype=torch.bfloat16)
     eps2 = 1e-5 if case == "eps" else 1e-6
     norm_eps = None if case == "norm_eps_none" else 1e-6
@@ -529,7 +531,8 @@ stand.EntryClass = [DeepseekV4ForCausalLM]
 sys.modules[stand.__name__] = stand
 import sglang.srt.models.registry as reg                   # imports SGLANG_EXTERNAL_MODEL_PACKAGE
 out = {{'version': __version__, 'registered': R.STATE['registered'], 'skipped': R.STATE['skipped'],
-        'external_models': sorted(reg.ModelRegistry.models), 'defaults_loaded': reg.ModelRegistry._default_models_loaded,
+        'external_models': sorted(reg.ModelRegistry.models),
+        'defaults_loaded': reg.ModelRegistry._default_models_loaded,
         'pkg_imported': 'dsv4_jit.engines.sglang_models' in sys.modules}}
 cls, arch = reg.ModelRegistry.resolve_model_cls(['DeepseekV4ForCausalLM'])
 out['resolved'] = [cls is DeepseekV4ForCausalLM, arch]
@@ -692,8 +695,10 @@ def _mhc_inputs(m, t, g, dev):
     hc, h = m.hc_mult, m.hidden_size
     scale = torch.exp(torch.rand(t, generator=g) * 5 - 2)
     res = (torch.randn(t, hc, h, generator=g) * scale[:, None, None]).to(torch.bfloat16)
-    return {"residual": res.to(dev), "fn": (torch.randn(m.mix_width, hc * h, generator=g) * (4.0 / (hc * h) ** 0.5)).to(dev),
-            "hc_scale": (torch.rand(3, generator=g) + 0.5).to(dev), "hc_base": (torch.randn(m.mix_width, generator=g) * 0.5).to(dev),
+    return {"residual": res.to(dev),
+            "fn": (torch.randn(m.mix_width, hc * h, generator=g) * (4.0 / (hc * h) ** 0.5)).to(dev),
+            "hc_scale": (torch.rand(3, generator=g) + 0.5).to(dev),
+            "hc_base": (torch.randn(m.mix_width, generator=g) * 0.5).to(dev),
             "norm_weight": (torch.rand(h, generator=g) + 0.5).to(torch.bfloat16).to(dev),
             "x": (torch.randn(t, h, generator=g) * scale[:, None]).to(torch.bfloat16).to(dev),
             "post": (torch.rand(t, hc, generator=g) * 2).to(dev),
