@@ -79,8 +79,9 @@ UNMODELLED = {
     "dcp_size": "decode context parallelism splits the tokens of a forward",
     "enable_prefill_cp": "prefill context parallelism splits the tokens of a forward",
 }
+# SGLang 0.5.23's own defaults of those flags (a live ServerArgs holds them): they change nothing.
 UNMODELLED_DEFAULTS = {"pp_size": 1, "disaggregation_mode": "null", "moe_a2a_backend": "none", "attn_cp_size": 1,
-                       "dcp_size": 1}
+                       "dcp_size": 1, "torch_compile_max_bs": 32}
 
 FLAG_NAMES = {f.dest: f.display for f in FLAGS.by_dest.values()}
 

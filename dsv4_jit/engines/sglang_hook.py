@@ -7,7 +7,8 @@ SGLang is never imported: `ServerArgs` is read duck-typed by the attribute names
 `dsv4_jit.warmup.sglang._OBJECT_ATTRS` (SGLang 0.5.23's input fields: cuda_graph_max_bs_decode,
 cuda_graph_bs_decode, cuda_graph_config, chunked_prefill_size, max_running_requests, tp_size, attn_dp_size,
 speculative_* ...), plus `model_path` for
-the model's config.json. Routing SGLang's own mHC calls is not done here (warmup + seal only).
+the model's config.json. Routing SGLang's own calls to dsv4-jit is `dsv4_jit.engines.sglang_route`
+(enabled with SGLANG_EXTERNAL_MODEL_PACKAGE=dsv4_jit.engines.sglang_models), which warms through this module.
 """
 from __future__ import annotations
 
@@ -34,8 +35,9 @@ def model_from_server_args(server_args: Any, model=None):
 
 
 def plan_from_server_args(server_args: Any, *, model=None, arch: str | None = None, families=("mhc",),
-                          gpu_memory_gib: float | None = None):
-    """The plan for a live ServerArgs (same formula as `dsv4-jit plan --sglang-args ...`)."""
+                          gpu_memory_gib: float | None = None, uses=None):
+    """The plan for a live ServerArgs (same formula as `dsv4-jit plan --sglang-args ...`). `uses`: the kernel
+    uses to plan (default: the families' uses for a forward pass)."""
     from dsv4_jit.arch import resolve_archs
     from dsv4_jit.warmup import sglang as _sg
     from dsv4_jit.warmup.planner import build_plan
@@ -48,24 +50,25 @@ def plan_from_server_args(server_args: Any, *, model=None, arch: str | None = No
         arch = current_arch().name
     archs, reason = resolve_archs(arch)
     return build_plan(model_from_server_args(server_args, model), shapes, [a.name for a in archs],
-                      arch_reason=reason, families=list(families) if families else None)
+                      arch_reason=reason, uses=uses, families=list(families) if families else None)
 
 
 def warmup_from_server_args(server_args: Any, tp_rank: int = 0, *, world_size: int | None = None, model=None,
                             arch: str | None = None, seal: str | None = None, families=("mhc",),
-                            gpu_memory_gib: float | None = None) -> dict:
+                            gpu_memory_gib: float | None = None, uses=None, announce: bool = True) -> dict:
     """Compile this TP rank's share of the plan, wait for the others, load everything, seal.
 
     world_size defaults to ServerArgs.tp_size; seal to DSV4_JIT_SEAL (warn | error | off, default warn).
     A torch.distributed barrier is used only when the default group has exactly world_size ranks; otherwise
-    ranks wait on the shared cache (see dsv4_jit.warmup.runner.warmup_in_engine)."""
+    ranks wait on the shared cache (see dsv4_jit.warmup.runner.warmup_in_engine). `uses` as plan_from_server_args;
+    announce=False leaves the INFO line to the caller."""
     import dsv4_jit
     mode = seal or os.environ.get(ENV_SEAL, "warn")
     if mode not in ("warn", "error", "off"):
         raise ValueError(f"seal mode {mode!r}: expected warn, error or off")
     world = int(world_size if world_size is not None else getattr(server_args, "tp_size", 1) or 1)
     plan = plan_from_server_args(server_args, model=model, arch=arch, families=families,
-                                 gpu_memory_gib=gpu_memory_gib)
+                                 gpu_memory_gib=gpu_memory_gib, uses=uses)
     use_dist = False
     try:
         import torch.distributed as dist
@@ -75,6 +78,7 @@ def warmup_from_server_args(server_args: Any, tp_rank: int = 0, *, world_size: i
     rep = dsv4_jit.warm(plan, rank=int(tp_rank), world_size=world, seal_mode=None if mode == "off" else mode,
                         use_dist=use_dist)
     rep["variants"] = plan.compiles
-    log.info("dsv4-jit: SGLang tp rank %d/%d warmed %d variants (%d compiled here), sealed %s", tp_rank, world,
-             plan.compiles, rep["compiled"], mode)
+    if announce:
+        log.info("dsv4-jit: SGLang tp rank %d/%d warmed %d variants (%d compiled here), sealed %s", tp_rank,
+                 world, plan.compiles, rep["compiled"], mode)
     return rep

@@ -22,25 +22,35 @@ from typing import Any, Callable
 
 log = logging.getLogger("dsv4_jit.vllm")
 
-FALLBACKS: Counter = Counter()          # reason -> calls served by vLLM's own function
+class Fallbacks:
+    """Calls an adapter cannot serve exactly: counted per reason, warned once per reason, and served by the
+    engine's own function (`originals`, filled by the engine hook when it rebinds a name)."""
+
+    def __init__(self, engine: str, logger: logging.Logger):
+        self.engine, self.log = engine, logger
+        self.counts: Counter = Counter()         # "name: reason" -> calls served by the engine's own function
+        self.originals: dict[str, Callable] = {}  # engine function name -> its original
+        self.warned: set[str] = set()
+
+    def __call__(self, name: str, reason: str, *args, **kwargs):
+        self.counts[f"{name}: {reason}"] += 1
+        if reason not in self.warned:
+            self.warned.add(reason)
+            self.log.warning("dsv4-jit: %s served by %s's own kernel (%s)", name, self.engine, reason)
+        orig = self.originals.get(name)
+        if orig is None:
+            raise RuntimeError(f"dsv4-jit: {name}: {reason}, and {self.engine}'s original function is not known")
+        return orig(*args, **kwargs)
+
+
+_fallback = Fallbacks("vLLM", log)
+FALLBACKS: Counter = _fallback.counts   # reason -> calls served by vLLM's own function
 ROUTED: Counter = Counter()             # vLLM function name -> calls served by dsv4-jit
-_ORIGINALS: dict[str, Callable] = {}    # vLLM function name -> its original (set by the plugin)
-_WARNED: set[str] = set()
+_ORIGINALS: dict[str, Callable] = _fallback.originals   # vLLM function name -> its original (set by the plugin)
 
 
 class Unsupported(Exception):
-    """This call cannot be routed with views alone; vLLM's own function serves it."""
-
-
-def _fallback(name: str, reason: str, *args, **kwargs):
-    FALLBACKS[f"{name}: {reason}"] += 1
-    if reason not in _WARNED:
-        _WARNED.add(reason)
-        log.warning("dsv4-jit: %s served by vLLM's own kernel (%s)", name, reason)
-    orig = _ORIGINALS.get(name)
-    if orig is None:
-        raise RuntimeError(f"dsv4-jit: {name}: {reason}, and vLLM's original function is not known")
-    return orig(*args, **kwargs)
+    """This call cannot be routed with views alone; the engine's own function serves it."""
 
 
 def _hc_eps(hc_pre_eps: float, hc_sinkhorn_eps: float) -> float:
@@ -226,10 +236,7 @@ def fused_result(shape, residual_cur, layer_input, post, comb):
 def route_mhc_fused_post_pre(x, residual, post_layer_mix, comb_res_mix, fn, hc_scale, hc_base, rms_eps,
                              hc_pre_eps, hc_sinkhorn_eps, hc_post_mult_value, sinkhorn_repeat, n_splits=1,
                              tile_n=1, norm_weight=None, norm_eps=1e-6):
-    """Replaces vLLM's `mhc_fused_post_pre_tilelang`. Up to FUSED_POST_PRE_MAX_TOKENS tokens: post fused
-    with the next prenorm GEMM, then the big fuse on its partials; above: mhc_post, then mhc_pre."""
-    import dsv4_jit
-    from dsv4_jit.kernels.mhc.post import use_fused_post_pre
+    """Replaces vLLM's `mhc_fused_post_pre_tilelang` (`fused_post_pre`)."""
     try:
         pargs, kw, shape = fused_args(x, residual, post_layer_mix, comb_res_mix, fn, hc_scale, hc_base, rms_eps,
                                       hc_pre_eps, hc_sinkhorn_eps, hc_post_mult_value, sinkhorn_repeat, n_splits,
@@ -239,6 +246,15 @@ def route_mhc_fused_post_pre(x, residual, post_layer_mix, comb_res_mix, fn, hc_s
                          hc_scale, hc_base, rms_eps, hc_pre_eps, hc_sinkhorn_eps, hc_post_mult_value,
                          sinkhorn_repeat, n_splits, tile_n, norm_weight, norm_eps)
     ROUTED["mhc_fused_post_pre_tilelang"] += 1
+    return fused_post_pre(pargs, kw, shape, fn, hc_scale, hc_base)
+
+
+def fused_post_pre(pargs, kw, shape, fn, hc_scale, hc_base):
+    """`fused_args`' conversion -> (residual_cur, post_mix, comb, layer_input) in the engine's shapes. Up to
+    FUSED_POST_PRE_MAX_TOKENS tokens: post fused with the next prenorm GEMM, then the big fuse on its partials;
+    above: mhc_post, then mhc_pre."""
+    import dsv4_jit
+    from dsv4_jit.kernels.mhc.post import use_fused_post_pre
     t = pargs[1].shape[0]
     if use_fused_post_pre(t):
         residual_cur, mix_part, sq_part = dsv4_jit.mhc_post_pre_fused(*pargs, fn)

@@ -70,9 +70,9 @@ class VersionRefused(RuntimeError):
 
 # ---- switches -------------------------------------------------------------------------------------------
 
-def switch(env=None) -> str:
-    """'on' | 'off' | 'require' from DSV4_JIT_VLLM_PLUGIN (unset: on)."""
-    v = str((env if env is not None else os.environ).get(ENV_SWITCH, "1")).strip().lower()
+def switch(env=None, name: str = ENV_SWITCH) -> str:
+    """'on' | 'off' | 'require' from the switch variable `name` (DSV4_JIT_VLLM_PLUGIN; unset: on)."""
+    v = str((env if env is not None else os.environ).get(name, "1")).strip().lower()
     if v in ("0", "off", "false", "no", "disable", "disabled"):
         return "off"
     if v in ("require", "required", "strict"):
@@ -139,13 +139,17 @@ def register(*, env=None, vllm_version: str | None = None) -> bool:
 
 # ---- post-import hook ---------------------------------------------------------------------------------
 
-class _PostImportFinder(importlib.abc.MetaPathFinder):
-    """Runs `_on_import(module)` right after one of the watched vLLM modules executes."""
+class PostImportFinder(importlib.abc.MetaPathFinder):
+    """Runs `on_import(module)` right after one of the `watched` modules executes (the engine's own loader
+    runs first; nothing else about the import changes)."""
 
     _busy: set[str] = set()
 
+    def __init__(self, watched, on_import):
+        self.watched, self.on_import = frozenset(watched), on_import
+
     def find_spec(self, fullname, path=None, target=None):
-        if fullname not in PATCH_TARGETS and fullname != WORKER_MODULE or fullname in self._busy:
+        if fullname not in self.watched or fullname in self._busy:
             return None
         self._busy.add(fullname)
         try:
@@ -154,7 +158,7 @@ class _PostImportFinder(importlib.abc.MetaPathFinder):
             self._busy.discard(fullname)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
-        loader = spec.loader
+        loader, on_import = spec.loader, self.on_import
 
         class _Loader(importlib.abc.Loader):
             def create_module(self, s):
@@ -162,10 +166,17 @@ class _PostImportFinder(importlib.abc.MetaPathFinder):
 
             def exec_module(self, module):
                 loader.exec_module(module)
-                _on_import(module)
+                on_import(module)
 
         spec.loader = _Loader()
         return spec
+
+
+class _PostImportFinder(PostImportFinder):
+    """The vLLM plugin's: the DeepSeek V4 model modules and the GPU worker."""
+
+    def __init__(self):
+        super().__init__((*PATCH_TARGETS, WORKER_MODULE), _on_import)
 
 
 def _on_import(module) -> None:
