@@ -190,3 +190,18 @@ def select_only_getter(profile: ArchProfile) -> Callable[["KernelSpec", Mapping[
     def get_kernel(spec, static, num_tokens):
         return UnlaunchedKernel(spec.select(profile, static, num_tokens))
     return get_kernel
+
+
+def sglang_route_gpu_server_args():
+    """The ServerArgs stand-in the SGLang route's GPU tests warm from (512-token prefill chunks, 8 decode requests),
+    shared with the GPU pass's compile list so those tests find their variants compiled."""
+    import types
+    return types.SimpleNamespace(model_path="deepseek-v4-flash", tp_size=1, chunked_prefill_size=512,
+                                 cuda_graph_max_bs_decode=8, max_running_requests=8)
+
+
+def sglang_route_gpu_plan(arch: str):
+    """The plan the SGLang route's GPU tests warm on a GPU of `arch`."""
+    from dsv4_jit.engines import sglang_route
+    return sglang_route.plan(sglang_route_gpu_server_args(), arch=arch)
+

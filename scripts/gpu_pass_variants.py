@@ -147,6 +147,15 @@ def case_list(fams, arch: str = GPU_ARCH, case_filter: str | None = None) -> dic
     return out
 
 
+def sglang_route_list(arch: str = GPU_ARCH) -> dict[tuple, tuple]:
+    """{(kernel, params, schedule): (spec, variant, label)} of the plan the SGLang route's GPU tests warm."""
+    from dsv4_jit.spec import get_spec
+    from dsv4_jit.testing import sglang_route_gpu_plan
+    return {(pv.variant.kernel, pv.variant.params, pv.variant.schedule): (get_spec(pv.variant.kernel), pv.variant,
+                                                                           "sglang route GPU tests")
+            for pv in sglang_route_gpu_plan(arch).variants}
+
+
 def bench_list(step: BenchStep, arch: str = GPU_ARCH) -> dict[tuple, tuple]:
     """{(kernel, params, schedule): (spec, variant, step log)} of every point a benchmark step times."""
     from dsv4_jit.family import KernelUse, all_families
@@ -186,6 +195,9 @@ def compile_list(pass_: str = "cases", names=None, arch: str = GPU_ARCH, key_fn=
     key_fn = key_fn or _artifact_key
     if pass_ == "cases":
         groups = case_list(families(names), arch, case_filter)
+        if not names and not case_filter:
+            listed = {k for g in groups.values() for k in g}
+            groups["sglang-route"] = {k: v for k, v in sglang_route_list(arch).items() if k not in listed}
     else:
         groups, seen = {}, set()
         for step in BENCH_STEPS:

@@ -30,7 +30,7 @@ def _key(v) -> tuple:
 def test_the_list_holds_every_variant_each_case_may_launch(compile_list):
     import test_families as tf
     from dsv4_jit.model_config import load_model_config
-    from dsv4_jit.testing import case_variants
+    from dsv4_jit.testing import case_variants, sglang_route_gpu_plan
     have = {_key(v.variant) for vs in compile_list.values() for v in vs}
     # compiled for the GPU: the SM120 schedule's variants carry arch sm_90a, so the cases' keys are these
     assert {v.variant.arch for vs in compile_list.values() for v in vs} == {"sm_90a"}
@@ -45,7 +45,9 @@ def test_the_list_holds_every_variant_each_case_may_launch(compile_list):
                     assert not missing, f"{fam.name} {model} {case.name} ({prof.schedule}): {sorted(missing)[:3]}"
                     checked += 1
     assert checked == 2 * sum(len(f.gpu_cases(load_model_config(m))) for f in tf.FAMILIES for m in tf.MODELS)
-    assert set(compile_list) == {f.name for f in tf.FAMILIES}
+    assert set(compile_list) == {f.name for f in tf.FAMILIES} | {"sglang-route"}
+    # the SGLang route's GPU tests warm a plan of their own: every variant of it is on the list
+    assert {_key(pv.variant) for pv in sglang_route_gpu_plan("sm_90a").variants} <= have
     # each key once over all groups: the pool compiles each variant once
     assert len(have) == sum(len(vs) for vs in compile_list.values())
 

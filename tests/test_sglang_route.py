@@ -679,9 +679,8 @@ def warmed():
     import dsv4_jit
     from dsv4_jit.engines import sglang_route as r
     from dsv4_jit.model_config import load_model_config
-    sa = types.SimpleNamespace(model_path="deepseek-v4-flash", tp_size=1, chunked_prefill_size=512,
-                               cuda_graph_max_bs_decode=8, max_running_requests=8)
-    plan = r.plan(sa)
+    from dsv4_jit.testing import sglang_route_gpu_server_args
+    plan = r.plan(sglang_route_gpu_server_args())
     rep = dsv4_jit.warm(plan, seal_mode="error")
     assert not rep["failures"], rep["failures"]
     before = dsv4_jit.counters()["compiles"]
