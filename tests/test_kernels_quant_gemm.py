@@ -219,7 +219,15 @@ def test_gemm_select_ladder_and_split():
                     for t in (1, 16, 17, 64):
                         p = spec.select(arch, st, t).p
                         assert kb % p["split"] == 0 and s["n"] % p["block_n"] == 0
-                        assert s["groups"] * s["n"] // p["block_n"] * p["split"] >= arch.num_sms_hint or p["split"] == kb
+                        tiles = s["groups"] * s["n"] // p["block_n"]
+                        # every SM streams weight, or the split is the most allowed: every K block where the N
+                        # tiles are few, else shares of at least MIN_SPLIT_K_BLOCKS
+                        cap = kb
+                        if 4 * tiles >= 3 * arch.num_sms_hint:
+                            cap = max(1, kb // gemm_kernel.MIN_SPLIT_K_BLOCKS)
+                        most = max(d for d in range(1, cap + 1) if kb % d == 0)
+                        assert p["split"] <= cap
+                        assert tiles * p["split"] >= arch.num_sms_hint or p["split"] == most
                     for t in (65, 128, 129, 256):
                         p = spec.select(arch, st, t).p
                         # Hopper: 64-row WGMMA tiles up to 128 rows where they are 64 columns wide, else 128 x 128

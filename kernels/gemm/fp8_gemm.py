@@ -16,7 +16,8 @@ stacked), sa [M, G*K/128], sb [G*ceil(N/128), K/128]; C[:, g*N:(g+1)*N] = A[:, g
 Schedules (`select` picks one of four by the token count; the same on every arch family but M > 64 on Hopper):
   * decode, M <= 16 / M <= 64: one M tile (16 / 64 rows), N tiles of 128 columns, or 64 when 128-column tiles
     alone would leave SMs idle, and split-K over a divisor of the K blocks until (N tiles x splits) reaches
-    the SM count, so small-M GEMMs stream the weight with the whole GPU. Split > 1 writes fp32 partials
+    the SM count, so small-M GEMMs stream the weight with the whole GPU (in shares of at least
+    MIN_SPLIT_K_BLOCKS K blocks where the N tiles alone occupy 3/4 of the SMs). Split > 1 writes fp32 partials
     [split, M, N] to a workspace and `fp8_gemm_reduce` sums them into bf16 C. The main loop is a cp.async ring
     (`ring`, k_stage K blocks per stage: 256 B runs of each weight row) that requests its first weight stages
     before the grid dependency sync, so under programmatic dependent launch (PDL; the ring GEMM and the reduce
@@ -104,9 +105,20 @@ def _stages(block_m: int, block_n: int, k_iters: int) -> int:
     return max(1, min(s, k_iters))
 
 
+# Where the N tiles alone occupy 3/4 of the SMs, a split must leave each CTA this many K blocks: shorter shares
+# paid more in partials and the reduce launch than the last SMs' fill gained (H100 sweep: V4-Pro TP 8's shared
+# expert w2, K = 384, 5.9 -> 3.5 us at M = 8 and 10.3 -> 5.6 at M = 64 unsplit; K = 1,024 unsplit level or faster;
+# K >= 1,536 still gains from 2 splits at M = 64).
+MIN_SPLIT_K_BLOCKS = 5
+
+
 def decode_split(n_tiles: int, k_blocks: int, num_sms: int, most: int | None = None) -> int:
     """Smallest divisor d of k_blocks with n_tiles * d >= num_sms (every SM streams weight), else the largest
-    divisor; never above `most` (when given)."""
+    divisor; never above `most` (when given), nor above k_blocks / MIN_SPLIT_K_BLOCKS where the N tiles alone
+    occupy 3/4 of the SMs."""
+    if 4 * n_tiles >= 3 * num_sms:
+        cap = max(1, k_blocks // MIN_SPLIT_K_BLOCKS)
+        most = cap if most is None else min(most, cap)
     divs = [d for d in range(1, k_blocks + 1) if k_blocks % d == 0 and (most is None or d <= max(1, most))]
     for d in divs:
         if n_tiles * d >= num_sms:
