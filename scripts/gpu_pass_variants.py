@@ -149,10 +149,8 @@ def case_list(fams, arch: str = GPU_ARCH, case_filter: str | None = None) -> dic
 
 def sglang_route_list(arch: str = GPU_ARCH) -> dict[tuple, tuple]:
     """{(kernel, params, schedule): (spec, variant, label)} of the plan the SGLang route's GPU tests warm."""
-    from dsv4_jit.spec import get_spec
     from dsv4_jit.testing import sglang_route_gpu_plan
-    return {(pv.variant.kernel, pv.variant.params, pv.variant.schedule): (get_spec(pv.variant.kernel), pv.variant,
-                                                                           "sglang route GPU tests")
+    return {(pv.variant.kernel, pv.variant.params, pv.variant.schedule): (pv.spec, pv.variant, "sglang route GPU tests")
             for pv in sglang_route_gpu_plan(arch).variants}
 
 
