@@ -211,15 +211,26 @@ def test_gemm_select_ladder_and_split():
                 for s in gemm_shapes(load_model_config(model), tp):
                     st = gops.gemm_static(s["n"], s["k"], s["groups"])
                     seen = {spec.select(arch, st, t) for t in range(1, 16385)}
-                    # (large M's 64 x 128 tile can equal the batched-decode variant where that one needs no split)
-                    # (Hopper: the 128-row WGMMA tile with split-K at 129-256 rows, and past 256 rows the 64 x 64
-                    # tile while 128 x 128 tiles fill at most half the SMs, then up to three N tiles a CTA)
-                    assert 2 <= len(seen) <= (8 if arch.has_wgmma else 4), [v.name for v in seen]
+                    # (ring tiles of 16 / 32 / 64 rows; large M's 64 x 128 tile can equal the batched-decode variant
+                    # where that one needs no split)
+                    # (Hopper: the 64 x 64 WGMMA tile from 33 rows, the 128-row WGMMA tile with split-K at 129-256
+                    # rows, and past 256 rows the 64 x 64 tile while 128 x 128 tiles fill at most half the SMs, then
+                    # up to three N tiles a CTA)
+                    assert 3 <= len(seen) <= (9 if arch.has_wgmma else 5), [v.name for v in seen]
                     kb = s["k"] // 128
-                    for t in (1, 16, 17, 64):
+                    for t in (1, 16, 17, 32, 33, 64):
                         p = spec.select(arch, st, t).p
                         assert kb % p["split"] == 0 and s["n"] % p["block_n"] == 0
                         tiles = s["groups"] * s["n"] // p["block_n"]
+                        if arch.has_wgmma and t > 32:
+                            # Hopper from 33 rows: 64 x 64 WGMMA tiles, split until the CTAs reach 2/3 of the SMs
+                            assert (p["block_m"], p["block_n"], p["threads"], p["wgmma"]) == (64, 64, 128, True)
+                            want = -(-2 * arch.num_sms_hint // 3)
+                            smaller = [d for d in range(1, p["split"]) if kb % d == 0]
+                            assert all(tiles * d < want for d in smaller)   # the fewest splits that reach it
+                            assert tiles * p["split"] >= want or p["split"] == kb or 4 * tiles >= 3 * want
+                            continue
+                        assert p["block_m"] == (16 if t <= 16 else 32 if t <= 32 else 64) and p.get("ring")
                         # every SM streams weight, or the split is the most allowed: every K block where the N
                         # tiles are few, else shares of at least MIN_SPLIT_K_BLOCKS
                         cap = kb
@@ -303,11 +314,14 @@ def test_decode_selects_the_ring_within_budget():
             for tp in (1, 2, 4, 8):
                 for s in gemm_shapes(load_model_config(model), tp):
                     st = gops.gemm_static(s["n"], s["k"], s["groups"])
-                    for t in (1, 16, 17, 64):
+                    for t in (1, 16, 17, 32, 33, 64):
                         p = spec.select(arch, st, t).p
+                        assert spec.smem_bytes(spec.select(arch, st, t)) <= arch.max_smem_per_block
+                        if arch.has_wgmma and t > 32:   # Hopper's WGMMA form (fp8 mma.sync is emulated there)
+                            assert p["wgmma"] and "ring" not in p
+                            continue
                         kps = s["k"] // 128 // p["split"]
                         assert p["ring"] and kps % p["k_stage"] == 0 and 1 <= p["stages"] <= kps // p["k_stage"]
-                        assert spec.smem_bytes(spec.select(arch, st, t)) <= arch.max_smem_per_block
                     assert "ring" not in spec.select(arch, st, 65).p
 
 

@@ -32,12 +32,31 @@ GEMM, REDUCE = get_spec("fp8_gemm"), get_spec("fp8_gemm_reduce")
 def candidates(prof, n: int, k: int, groups: int, m: int, args) -> list[dict]:
     """Hand-built decode params around what gemm_params picks (which is always included)."""
     kb = k // gk.BLOCK_K
-    block_m = 16 if m <= 16 else gk.DECODE_MAX_M
     picked = gk.gemm_params(prof, n, k, m, groups)
+    block_ms = [bm for bm in args.block_m if bm >= m or bm == gk.DECODE_MAX_M] if args.block_m else \
+        [picked["block_m"]]
     out = [picked]
+    if not picked.get("wgmma"):
+        for bm in block_ms:   # the pick with another M tile (its ring depth refitted)
+            q = {**picked, "block_m": bm}
+            out.append({**q, **gk.ring_stages(q)} if q.get("ring") else q)
     budget, most = gk._STAGE_BUDGET
-    for bn, split, ring, ks, thr in itertools.product(args.block_n, [d for d in range(1, kb + 1) if kb % d == 0],
-                                                      args.ring, args.k_stage, args.threads):
+    splits = [d for d in range(1, kb + 1) if kb % d == 0]
+    if args.wgmma and prof.has_wgmma:
+        # Hopper's WGMMA form (TMA, warp specialization) at decode sizes: the 64 x 64 tile at each split, and
+        # wgmma_params' own pick from both N-tile rules
+        for split in splits:
+            ctas = groups * (n // 64) * split
+            if split == 1 or prof.num_sms_hint // 2 <= ctas <= args.max_waves * prof.num_sms_hint:
+                out.append({"n": n, "k": k, "groups": groups, "block_m": 64, "block_n": 64, "split": split,
+                            "threads": 128, "stages": max(1, min(4, kb // split)), "wgmma": True})
+        for dbn in (64, 128):
+            d_split = gk.decode_split(groups * n // dbn, kb, prof.num_sms_hint)
+            out.append(gk.wgmma_params(n, k, kb, groups, max(m, 65), dbn, d_split, prof.num_sms_hint))
+    for block_m, bn, split, ring, ks, thr in itertools.product(block_ms, args.block_n, splits, args.ring,
+                                                               args.k_stage, args.threads):
+        if args.picked_only:
+            break
         ctas = groups * (n // bn) * split
         if n % bn or (kb // split) % ks or (ks > 1 and not ring) or (thr > 128 and bn < 128) or (thr > 128 and not ring):
             continue
@@ -65,7 +84,12 @@ def main() -> int:
     ap.add_argument("--model", default="deepseek-v4-flash")
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--m", type=int, nargs="+", default=[1, 64])
+    ap.add_argument("--block-m", type=int, nargs="+", default=None,
+                    help="M tiles to try (those >= M, and 64); default: gemm_params' rule (16 up to M = 16, else 64)")
     ap.add_argument("--block-n", type=int, nargs="+", default=[64, 128])
+    ap.add_argument("--picked-only", action="store_true",
+                    help="only the pick, the pick with each --block-m, and (--wgmma) the WGMMA forms")
+    ap.add_argument("--wgmma", action="store_true", help="also Hopper's WGMMA form at decode sizes (sm_90a only)")
     ap.add_argument("--ring", type=int, nargs="+", default=[0, 1],
                     help="0: the T.Pipelined main loop; 1: the PDL cp.async ring with the scale prefetch")
     ap.add_argument("--k-stage", type=int, nargs="+", default=[1, 2, 4], help="K blocks per stage (ring only)")
@@ -148,9 +172,9 @@ def main() -> int:
             row.update(us=us, why=why, pct_copy=pct, per_layer_us=lus, per_layer_pct_copy=lpct,
                        max_token_rel_err=err, weight_bytes=wbytes)
             rows.append(row)
-            print(f"{s['label'][:28]:<28} {groups * k:>6}->{groups * n:<6} M={m:<3} bn={p['block_n']:<3} "
+            print(f"{s['label'][:28]:<28} {groups * k:>6}->{groups * n:<6} M={m:<3} bm={p['block_m']:<3} bn={p['block_n']:<3} "
                   f"split={p['split']:<3} st={p['stages']} ring={int(p.get('ring', False))} "
-                  f"ks={p.get('k_stage', 1)} thr={p['threads']}: "
+                  f"ks={p.get('k_stage', 1)} thr={p['threads']}{' wgmma' if p.get('wgmma') else ''}: "
                   f"{us if us is None else round(us, 1)} us {pct if pct is None else round(pct, 1)}% | per layer "
                   f"{lus if lus is None else round(lus, 1)} us {lpct if lpct is None else round(lpct, 1)}% "
                   f"err {err:.1e}{'  <- select' if row['selected'] else ''}", flush=True)

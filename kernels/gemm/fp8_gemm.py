@@ -13,8 +13,8 @@ Grouped form (`groups` G > 1, the grouped output projection wo_a): C [M, G*N], A
 stacked), sa [M, G*K/128], sb [G*ceil(N/128), K/128]; C[:, g*N:(g+1)*N] = A[:, g*K:(g+1)*K] . B_g^T, one launch
 (grid z = groups x splits).
 
-Schedules (`select` picks one of four by the token count; the same on every arch family but M > 64 on Hopper):
-  * decode, M <= 16 / M <= 64: one M tile (16 / 64 rows), N tiles of 128 columns, or 64 when 128-column tiles
+Schedules (`select` picks one of four by the token count; the same on every arch family but M > 32 on Hopper):
+  * decode, M <= 16 / 32 / 64: one M tile (16 / 32 / 64 rows), N tiles of 128 columns, or 64 when 128-column tiles
     alone would leave SMs idle, and split-K over a divisor of the K blocks until (N tiles x splits) reaches
     the SM count, so small-M GEMMs stream the weight with the whole GPU (in shares of at least
     MIN_SPLIT_K_BLOCKS K blocks where the N tiles alone occupy 3/4 of the SMs). Split > 1 writes fp32 partials
@@ -27,7 +27,7 @@ Schedules (`select` picks one of four by the token count; the same on every arch
   * batched decode, 64 < M <= 256: the same 64-row tiles (2..4 M tiles), split-K counted for 2 M tiles and
     capped so the partials (split x 256 x N fp32) never outweigh the weight (N x K fp8): a 128 x 128 tile
     would give e.g. the fused wq_a+wkv (N = 1,536) only 12..24 CTAs. On Hopper the WGMMA form below runs it
-    instead (see wgmma_params).
+    instead (see wgmma_params), and from 33 rows on: fp8 mma.sync is emulated there.
   * large M (> 256): 64 x 128 tiles (K block 128) over 4 warps, no split, 4 cp.async stages (99,328 B of SM12x's
     101,376). On a GPU with WGMMA (Hopper) instead: 128 x 128 tiles, TMA loads into 4 stages, one producer and two
     consumer warp groups (warp specialization, setmaxnreg), wgmma m64n128k32, 1 / 2 / 4 N tiles a CTA in one
@@ -51,7 +51,13 @@ FP8 = "float8_e4m3"
 QBLOCK = 128          # quantization block (activations 1x128, weights 128x128)
 BLOCK_K = 128
 DECODE_MAX_M = 64
+# 17..32 rows: 32-row ring tiles. A 64-row tile there paid for 64 rows of mma.sync (emulated for fp8 on Hopper) and
+# was 4-24% slower per layer at M = 32 (H100 sweep, every V4-Flash TP 1 / V4-Pro TP 8 shape; e.g. V4-Flash wq_b
+# 18.2 -> 15.0 us, wo_b 21.8 -> 18.0)
+DECODE_MID_M = 32
 SPLIT_MAX_M = 256
+# Hopper's WGMMA form at 33..64 rows (64 x 64 tiles): split until the CTAs reach 2/3 of the SMs (two fit an SM)
+WGMMA_DECODE_SM_SHARE = (2, 3)
 
 
 # Pipeline-stage budget (bytes of shared memory the stages may take) and the most stages, on every family: the
@@ -72,9 +78,9 @@ _TILE_FILL_BLOCKS = 8
 
 
 def uses_wgmma(arch: ArchProfile, num_tokens: int) -> bool:
-    """Past the decode ring (M > 64) on a GPU with WGMMA (a real Hopper profile; an SM120 schedule emulated on
-    sm_90a has none)."""
-    return num_tokens > DECODE_MAX_M and arch.has_wgmma
+    """Past the 32-row decode ring (M > 32) on a GPU with WGMMA (a real Hopper profile; an SM120 schedule emulated
+    on sm_90a has none)."""
+    return num_tokens > DECODE_MID_M and arch.has_wgmma
 
 
 def stage_bytes(block_m: int, block_n: int) -> int:
@@ -130,7 +136,7 @@ def gemm_params(arch: ArchProfile, n: int, k: int, num_tokens: int, groups: int 
     """The schedule: pure in (arch, n, k, groups, num_tokens)."""
     kb = k // BLOCK_K
     if num_tokens <= SPLIT_MAX_M:
-        block_m = 16 if num_tokens <= 16 else DECODE_MAX_M
+        block_m = 16 if num_tokens <= 16 else DECODE_MID_M if num_tokens <= DECODE_MID_M else DECODE_MAX_M
         m_tiles = 1 if num_tokens <= DECODE_MAX_M else 2
         block_n = 128 if n % 128 == 0 and m_tiles * groups * n // 128 >= arch.num_sms_hint else 64
         tiles = m_tiles * groups * n // block_n
@@ -157,12 +163,19 @@ def gemm_params(arch: ArchProfile, n: int, k: int, num_tokens: int, groups: int 
 
 def wgmma_params(n: int, k: int, kb: int, groups: int, num_tokens: int, decode_block_n: int, decode_split_k: int,
                  num_sms: int) -> dict:
-    """Hopper past the decode ring (M > 64). Up to 128 rows where the mma.sync rule picked 64-column tiles: those
-    tiles and split on WGMMA, 64 x 64 over one consumer warp group, two CTAs an SM (registers capped). Otherwise
-    the 128 x 128 tile over two consumer warp groups, split-K (M <= 256) as the batched decode counts it: faster
-    than the mma.sync form at every V4-Flash shape but wo_a (benchmarks/RESULTS.md)."""
+    """Hopper past the 32-row decode ring (M > 32). Up to 64 rows: 64 x 64 tiles over one consumer warp group, two
+    CTAs an SM (registers capped), split-K until the CTAs reach 2/3 of the SMs; per layer on an H100 against the
+    64-row mma.sync ring at M = 64: 1.0-1.4x faster at every V4-Flash TP 1 / V4-Pro TP 8 shape (e.g. V4-Flash
+    wo_a 21.9 -> 17.7 us, V4-Pro wq_b 13.0 -> 9.4; benchmarks/gemm/sweep_gemm_decode.py --wgmma). Up to 128 rows
+    where the mma.sync rule picked 64-column tiles: those tiles and split. Otherwise the 128 x 128 tile over two
+    consumer warp groups, split-K (M <= 256) as the batched decode counts it: faster than the mma.sync form at
+    every V4-Flash shape but wo_a (benchmarks/RESULTS.md)."""
     extra = {}
-    if num_tokens <= 2 * DECODE_MAX_M and decode_block_n == 64:
+    if num_tokens <= DECODE_MAX_M:
+        share, of = WGMMA_DECODE_SM_SHARE
+        block_m, block_n, threads = DECODE_MAX_M, 64, 128
+        split = decode_split(groups * n // block_n, kb, -(-share * num_sms // of))
+    elif num_tokens <= 2 * DECODE_MAX_M and decode_block_n == 64:
         block_m, block_n, threads, split = DECODE_MAX_M, 64, 128, decode_split_k
     else:
         block_m, block_n, threads, _ = _WGMMA_TILE
