@@ -43,7 +43,7 @@ J=${JOBS:-$(nproc)}
 CJ=$(( J > 4 ? J - 2 : J ))        # compile workers: two cores stay with the GPU's work meanwhile
 TJ=${TEST_JOBS:-4}                 # GPU test workers: they take turns on the GPU; more only wait
 # time budgets in seconds; each pass's steps after the compile sum to under 600 s, with room for the call's setup
-B_env=${B_env:-10} B_tests=${B_tests:-540} B_floors=${B_floors:-150} B_bench=${B_bench:-385} B_scoreboard=${B_scoreboard:-10}
+B_env=${B_env:-10} B_tests=${B_tests:-540} B_floors=${B_floors:-150} B_bench=${B_bench:-400} B_scoreboard=${B_scoreboard:-10}
 if [ "$PASS" = cases ]; then B_compile=${B_compile:-420}; else B_compile=${B_compile:-200}; fi
 B_container=${B_container:-300} B_plugin=${B_plugin:-200} B_warm_load=${B_warm_load:-60} B_host=${B_host:-60}
 export PYTHONUNBUFFERED=1 DSV4_JIT_CACHE_DIR=${DSV4_JIT_CACHE_DIR:-/tmp/dsv4-jit-cache} DSV4_JIT_BENCH_REP_MS=${DSV4_JIT_BENCH_REP_MS:-50}
@@ -82,7 +82,7 @@ wait_compile() {
   echo "   compile ended at $((SECONDS - t_pass)) s"
 }
 beyond() {
-  run beyond_list 30 python3 scripts/gpu_pass_variants.py --beyond --pass "$PASS" --since "$t_start"
+  run beyond_list 15 python3 scripts/gpu_pass_variants.py --beyond --pass "$PASS" --since "$t_start"
   [ "$mode" = list ] || sed 's/^/  /' "$P/beyond_list.log"
 }
 
