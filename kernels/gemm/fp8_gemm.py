@@ -52,7 +52,7 @@ QBLOCK = 128          # quantization block (activations 1x128, weights 128x128)
 BLOCK_K = 128
 DECODE_MAX_M = 64
 # 17..32 rows: 32-row ring tiles. A 64-row tile there paid for 64 rows of mma.sync (emulated for fp8 on Hopper) and
-# was 4-24% slower per layer at M = 32 (H100 sweep, every V4-Flash TP 1 / V4-Pro TP 8 shape; e.g. V4-Flash wq_b
+# was 2-24% slower per layer at M = 32 (H100 sweep, every V4-Flash TP 1 / V4-Pro TP 8 shape; e.g. V4-Flash wq_b
 # 18.2 -> 15.0 us, wo_b 21.8 -> 18.0)
 DECODE_MID_M = 32
 SPLIT_MAX_M = 256
