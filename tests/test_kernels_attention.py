@@ -86,6 +86,8 @@ def test_schedule_fits_and_splits_only_small_batches(arch, heads):
         assert t * nhb * v.p["n_splits"] <= max(prof.num_sms_hint * per_sm, t * nhb)  # one wave at most
         c = COMBINE.select(prof, static, t)
         assert c.p["n_splits"] == max(2, v.p["n_splits"])
+        # the combine lets the next layer's kernel launch early (PDL) at small batches only
+        assert c.p["pdl"] == (t <= sparse_mla.combine.PDL_TRIGGER_MAX_TOKENS)
         splits.append(v.p["n_splits"])
     assert splits == sorted(splits, reverse=True) and splits[-1] == 1
     if prof.family == "blackwell_consumer":

@@ -40,7 +40,7 @@ def run_variant(prof, v: Variant, p: dict, scale: float, out: torch.Tensor):
     fwd = jit.load(FWD, v)
     comb = None
     if s > 1:
-        cv = Variant.make(COMBINE.name, combine_params(h, s), prof, v.schedule)
+        cv = Variant.make(COMBINE.name, combine_params(h, s, t), prof, v.schedule)
         comb = jit.load(COMBINE, cv)
     ws = torch.empty(max(1, ops.partials_numel(s, t, h)), device="cuda")
     o_part, lse = (ops.carve_partials(ws, s, t, h) if s > 1 else
@@ -85,8 +85,7 @@ def precompile(prof, scale: float, args) -> None:
             continue
         jobs.append((FWD.name, params, prof.name, prof.schedule))
         if s > 1:
-            jobs.append((COMBINE.name, combine_params(heads, s),
-                         prof.name, prof.schedule))
+            jobs += [(COMBINE.name, combine_params(heads, s, b), prof.name, prof.schedule) for b in args.batch]
     jobs = list({str(j): j for j in jobs}.values())
     with ProcessPoolExecutor(args.jobs) as ex:
         for msg in ex.map(compile_job, jobs):

@@ -6,12 +6,13 @@ from typing import Any
 from .common import D, LOG2E
 
 
-def build_combine(heads: int, n_splits: int, head_block: int, threads: int):
+def build_combine(heads: int, n_splits: int, head_block: int, threads: int, pdl: bool = False):
     """out[t, h] = sum_s 2^lse_s o_s / (sum_s 2^lse_s + e^sink[h]), in log2 units against the max.
     A split with no candidate (lse = -inf) wrote no partial O and is not read: with 64 splits of a short list
     most are empty. Launched behind the forward kernel by PDL (the forward kernel lets it launch once its CTAs
     leave their main loop); every split's partial is loaded at once, on its lse alone, while the weights are
-    computed (one round trip for all of them)."""
+    computed (one round trip for all of them). pdl: every CTA lets the kernel behind it (the next layer's forward
+    kernel, which waits in its pdl_sync) launch at once."""
     import tilelang.language as T
 
     H, S, HC = heads, n_splits, head_block
@@ -36,6 +37,8 @@ def build_combine(heads: int, n_splits: int, head_block: int, threads: int):
             acc = T.alloc_local([VD], "float32")
             part = T.alloc_local([S * VD], "bfloat16")
             ob = T.alloc_local([VD], "bfloat16")
+            if pdl:
+                T.pdl_trigger()
             st[0] = sink[hh] * LOG2E   # a weight: read before the forward kernel's partials are complete
             T.pdl_sync()
             for s in T.unroll(S):
@@ -64,9 +67,17 @@ def build_combine(heads: int, n_splits: int, head_block: int, threads: int):
     return sparse_mla_combine
 
 
-def combine_params(heads: int, n_splits: int) -> dict[str, Any]:
-    """The combine variant for `n_splits` partials (select's, and the schedule sweep's). One head per CTA
-    (tokens x heads CTAs): four heads per CTA left a one-token step's partials to a few SMs."""
+# The combine lets the next kernel launch early (PDL trigger) up to this many tokens. Per layer on an H100, 8 layers
+# a graph: at 1 token every point gains (H64 ratio 4 12.0 -> 11.1 us, H16 11.5 -> 10.8, both schedules); at 8 tokens
+# 64 heads gain (17.4 -> 16.7) but 16 heads on the SM120 schedule lose (12.5 -> 13.8, 256K 20.8 -> 23.4): the early
+# forward CTAs cost more than the overlap gains there, as at 64 tokens (36.5 -> 38.4 on an H200).
+PDL_TRIGGER_MAX_TOKENS = 1
+
+
+def combine_params(heads: int, n_splits: int, num_tokens: int) -> dict[str, Any]:
+    """The combine variant for `n_splits` partials at `num_tokens` (select's, and the schedule sweep's). One head per
+    CTA (tokens x heads CTAs): four heads per CTA left a one-token step's partials to a few SMs."""
     # every split's loads in flight at once: 2 dims a thread (256 threads a head) from 32 splits, else 4
-    return {"heads": heads, "n_splits": n_splits, "head_block": 1, "threads": 256 if n_splits >= 32 else 128}
+    return {"heads": heads, "n_splits": n_splits, "head_block": 1, "threads": 256 if n_splits >= 32 else 128,
+            "pdl": num_tokens <= PDL_TRIGGER_MAX_TOKENS}
 

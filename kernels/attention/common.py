@@ -198,10 +198,9 @@ def tile_macros(T, *, heads: int, head_block: int, block_i: int, threads: int, n
     def finish(acc_o, st, l_s, m_s, alpha_s, tx, sink, out, o_part, lse_part, t, hb, split, q_s):
         # the row's partial sums -> its sum; (sum, running max) to shared for the per-element threads below.
         # acc_o is relative to the max (0 if -inf).
-        if S > 1:
-            # the combine may launch now (PDL): its CTAs wait in pdl_sync for this grid's writes, and its launch
-            # overlaps this epilogue instead of following the grid's end
-            T.pdl_trigger()
+        # the kernel behind this one may launch now (PDL; the combine, or with one split the next layer's): its CTAs
+        # wait in pdl_sync for this grid's writes, and its launch overlaps this epilogue instead of following it
+        T.pdl_trigger()
         for o in T.unroll(TPR_LOG):
             st[1] = st[1] + T.shfl_xor(st[1], 1 << o)
         T.sync_threads()  # every thread's last rescale has read alpha_s

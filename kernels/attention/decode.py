@@ -258,6 +258,8 @@ def build_decode(heads: int, head_block: int, block_i: int, threads: int, n_spli
                 slot_r = T.alloc_local([NST + 1], "int32")  # [0]: the next tile's; all NST + 1 in the prologue
                 tx = T.get_thread_binding()
 
+                # launched behind its producer (PDL: the top-k, q's kernel): everything read here is its output
+                T.pdl_sync()
                 load_q_async(q, q_s, t, hb)
                 T.clear(acc_o)
                 st[0] = neg_inf
@@ -325,6 +327,7 @@ def build_decode(heads: int, head_block: int, block_i: int, threads: int, n_spli
                 slot_r = T.alloc_local([1], "int32")
                 tx = T.get_thread_binding()
 
+                T.pdl_sync()  # as the ring kernel's
                 load_q(q, q_s, t, hb)
                 T.clear(acc_o)
                 st[0] = neg_inf

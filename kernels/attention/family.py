@@ -269,6 +269,16 @@ def _gpu_cases(m) -> list[GpuCase]:
     return cases
 
 
+def _check_source(variant, src: str) -> None:
+    """Programmatic dependent launch where the params say: both kernels wait for their producer's grid; the forward
+    kernel lets the kernel behind it launch in its epilogue, the combine at its start up to a few tokens (pdl)."""
+    trigger = "cudaTriggerProgrammaticLaunchCompletion"
+    if "cudaGridDependencySynchronize" not in src:
+        raise AssertionError(f"{variant.name}: cudaGridDependencySynchronize missing")
+    if (trigger in src) != variant.p.get("pdl", True):
+        raise AssertionError(f"{variant.name}: {trigger} {'emitted' if trigger in src else 'missing'}")
+
+
 FAMILY = register_family(KernelFamily(
     name="attention",
     specs=(get_spec("sparse_mla_fwd"), get_spec("sparse_mla_combine")),
@@ -277,6 +287,7 @@ FAMILY = register_family(KernelFamily(
     ops={"sparse_mla_decode": ("sparse_mla_fwd", "sparse_mla_combine"),
          "sparse_mla_prefill": ("sparse_mla_fwd", "sparse_mla_combine")},
     doc="sparse MLA attention with the sink: fp8_ds_mla paged decode (split-KV + combine) and bf16 prefill",
+    check_source=_check_source,
 ))
 
 __all__ = ["FAMILY", "sparse_mla"]

@@ -76,6 +76,7 @@ def build_prefill(heads: int, head_block: int, block_i: int, threads: int, n_spl
             rng = T.alloc_local([3], "int32")
             tx = T.get_thread_binding()
 
+            T.pdl_sync()  # launched behind its producer (PDL), as decode.py's kernels
             load_q(q, q_s, t, hb)
             T.clear(acc_o)
             st[0] = neg_inf

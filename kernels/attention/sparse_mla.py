@@ -199,7 +199,7 @@ class SparseMlaCombineSpec(KernelSpec):
         # Where the forward kernel does not split, no combine runs; select still names the 2-split combine
         # (compiled anyway for the token counts that split) so the planner's enumeration stays total.
         s = max(2, fwd.p["n_splits"])
-        params = combine_params(fwd.p["heads"], s)
+        params = combine_params(fwd.p["heads"], s, num_tokens)
         return Variant.make(self.name, params, arch, schedule_name(arch))
 
     def build(self, variant: Variant):
