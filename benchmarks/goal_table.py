@@ -12,11 +12,14 @@ The goals (GOALS below):
   gemm       dense FP8 GEMM at decode, M <= 64: <= 1.3x floor
   moe        MXFP4 MoE grouped GEMM: <= 1.5x floor at 1 token, <= 1.25x from 8 tokens
   large M    FP8 GEMM past M = 64: as fast as cuBLAS (torch's blockwise _scaled_mm) on the same shape
+  block      the attention block as the engine runs it (bench_attention_block.py: indexer logits -> top-k -> sparse
+             MLA on a ratio-4 layer, sparse MLA alone on a ratio-128 layer, one graph): its floor is the sum of its
+             steps' floors, its goal the sum of its steps' goal times (a chained block may beat its steps' sum)
 A point is met (ours <= the goal's time), short (ours misses a goal at or above the floor: work remains),
 unreachable (an absolute goal under the floor: no kernel meets it on this GPU) or "no data" (not measured).
 Both schedules are judged: the GPU's own and the SM120 schedule compiled for it.
 
-    python benchmarks/goal_table.py bench_out [--out bench_out/goals.json]      (reads bench_out/bench_floor*.json)
+    python benchmarks/goal_table.py bench_out [later_pass ...] [--out bench_out/goals.json]   (bench_floor*.json)
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 FAMILIES = ("attention", "indexer", "gemm", "moe")
+BLOCK = "attention block"   # not a floor family: its rows are sums of the attention and indexer points
 
 
 @dataclass(frozen=True)
@@ -65,8 +69,10 @@ def load(path: Path) -> dict | None:
 
 def family_of(doc: dict) -> str | None:
     """Which family benchmark wrote a file ("attention", "indexer", "gemm", "moe", "mhc", "compressor"), from its
-    `benchmark` path, else from its first row's keys; None for anything else (bench_mma_peak, bench_floor)."""
+    `benchmark` path, else from its first row's keys ("attention block" for bench_attention_block.py); None for anything else (bench_mma_peak, bench_floor)."""
     bench = doc.get("benchmark") or ""
+    if bench == "benchmarks/attention/bench_attention_block.py":
+        return BLOCK
     for fam in (*FAMILIES, "mhc", "compressor"):
         if bench == f"benchmarks/{fam}/bench_{fam}.py":
             return fam
@@ -159,6 +165,17 @@ def verdict(ours: float | None, goal_us: float, floor: float) -> str:
     return "unreachable" if floor > goal_us else "short"
 
 
+def point_floors(p: dict, launch: float | None, peaks: dict[str, float], m: int | None = None) -> dict:
+    """One floor point's read, math (at M rows for a decode GEMM) and launch floors, and the largest of them."""
+    flops = p.get("flops") if m is None else p.get("flops_per_row", 0) * m
+    peak = peaks.get(p.get("mma", ""))
+    floors = {"read": p["floor_us"],
+              "math": flops / (peak * 1e6) if flops and peak else None,
+              "launch": p.get("kernels", 1) * launch if launch else None}
+    bound, floor = max(((k, v) for k, v in floors.items() if v is not None), key=lambda kv: kv[1])
+    return {**floors, "bound": bound, "floor": floor}
+
+
 def judge(floor_doc: dict, files: list[dict], peaks: dict[str, float] | None = None) -> list[dict]:
     """One row per (point, schedule, decode M): our time, the three floors and the largest, the goal, the verdict."""
     measured = measured_by_point(files)
@@ -170,21 +187,55 @@ def judge(floor_doc: dict, files: list[dict], peaks: dict[str, float] | None = N
             raise ValueError("goal_table: the floor file's points have no family and key: run bench_floor.py again")
         found = measured.get(point_key(p["family"], p["key"])) or [Measured("-", "", None, None, None, None)]
         for ms in found:
-            flops = p.get("flops") if ms.m is None else p.get("flops_per_row", 0) * ms.m
-            peak = peaks.get(p.get("mma", ""))
-            floors = {"read": p["floor_us"],
-                      "math": flops / (peak * 1e6) if flops and peak else None,
-                      "launch": p.get("kernels", 1) * launch if launch else None}
-            bound, floor = max(((k, v) for k, v in floors.items() if v is not None), key=lambda kv: kv[1])
+            f = point_floors(p, p.get("_launch", launch), p.get("_peaks", peaks), ms.m)
             g = goal(p["family"], p["key"])
-            goal_us = g.time_us(floor)
+            goal_us = g.time_us(f["floor"])
             us = ms.ours_us
             rows.append({"family": p["family"], "schedule": ms.schedule,
                          "point": p["point"] + (f" {ms.what}" if ms.what else ""), "bytes": p["bytes"],
-                         "ours_us": us, "read_floor_us": floors["read"], "math_floor_us": floors["math"],
-                         "launch_floor_us": floors["launch"], "floor_us": floor, "bound": bound,
-                         "ours_over_floor": None if us is None else us / floor, "goal": str(g), "goal_us": goal_us,
-                         "peer": ms.peer, "peer_us": ms.peer_us, "verdict": verdict(us, goal_us, floor)})
+                         "ours_us": us, "read_floor_us": f["read"], "math_floor_us": f["math"],
+                         "launch_floor_us": f["launch"], "floor_us": f["floor"], "bound": f["bound"],
+                         "ours_over_floor": None if us is None else us / f["floor"], "goal": str(g), "goal_us": goal_us,
+                         "peer": ms.peer, "peer_us": ms.peer_us, "verdict": verdict(us, goal_us, f["floor"])})
+    return rows
+
+
+def block_rows(floor_doc: dict, files: list[dict], peaks: dict[str, float] | None = None) -> list[dict]:
+    """The attention block (bench_attention_block.py), per layer and schedule, against the sum of its steps' floors:
+    the sparse MLA point and, on a ratio-4 layer, the indexer step at the same context and batch. Each floor column
+    is the sum of the steps' own; the goal is the sum of the steps' goal times. A block whose step has no floor
+    point is left out (no data to judge it by)."""
+    launch = floor_doc.get("pdl_one_cta_kernel_us")
+    by_key = {point_key(p["family"], p["key"]): p for p in floor_doc["rows"] if "key" in p and "family" in p}
+    rows = []
+    for doc in files:
+        if family_of(doc) != BLOCK:
+            continue
+        arch = doc.get("arch", "sm_90a")
+        for r in doc.get("rows") or []:
+            steps = [("attention", {k: r[k] for k in ("heads", "ratio", "ctx", "batch")})]
+            if r["ratio"] == 4:
+                steps.append(("indexer", {"ctx": r["ctx"], "batch": r["batch"]}))
+            pts = [by_key.get(point_key(fam, key)) for fam, key in steps]
+            if None in pts:
+                continue
+            fl = [point_floors(p, p.get("_launch", launch), p.get("_peaks", peaks or {})) for p in pts]
+            total = {k: None if any(f[k] is None for f in fl) else sum(f[k] for f in fl)
+                     for k in ("read", "math", "launch", "floor")}
+            goal_us = sum(goal(p["family"], p["key"]).time_us(f["floor"]) for p, f in zip(pts, fl))
+            for col in ("ours_sm90", "ours_sm120"):
+                if col not in r:
+                    continue
+                sched = (r[col] or {}).get("schedule") or ("sm_120a" if col == "ours_sm120" else arch)
+                us = (r[col] or {}).get("us")
+                rows.append({"family": BLOCK, "schedule": arch if sched == arch else f"{sched} on {arch}",
+                             "point": f"H{r['heads']} ratio {r['ratio']} {r['ctx'] // 1024}K x {r['batch']}",
+                             "bytes": sum(p["bytes"] for p in pts), "ours_us": us, "read_floor_us": total["read"],
+                             "math_floor_us": total["math"], "launch_floor_us": total["launch"],
+                             "floor_us": total["floor"], "bound": "sum",
+                             "ours_over_floor": None if us is None else us / total["floor"],
+                             "goal": f"<= steps' goals ({goal_us:.1f} us)", "goal_us": goal_us, "peer": None,
+                             "peer_us": None, "verdict": verdict(us, goal_us, total["floor"])})
     return rows
 
 
@@ -217,29 +268,97 @@ def summary(rows: list[dict]) -> dict[tuple[str, str], dict[str, int]]:
     return out
 
 
-def scoreboard(d: Path) -> dict:
-    """Everything the scoreboard says about one pass's folder, as one JSON-able dict."""
-    floors = [doc for f in sorted(d.glob("bench_floor*.json")) if (doc := load(f)) is not None]
-    if not floors:
-        raise SystemExit(f"goal_table: no readable {d}/bench_floor*.json (run benchmarks/bench_floor.py first)")
-    # bench_floor*.json: one file, or one a part (--families attention indexer, --families gemm moe)
-    floor_doc = {**floors[0], "rows": [r for doc in floors for r in doc.get("rows", [])]}
-    launches = [doc["pdl_one_cta_kernel_us"] for doc in floors if doc.get("pdl_one_cta_kernel_us")]
-    floor_doc["pdl_one_cta_kernel_us"] = min(launches) if launches else None
-    docs = [doc for f in sorted(d.glob("*.json")) if not f.name.startswith(("bench_floor", "goals"))
-            and (doc := load(f)) is not None]
-    peaks: dict[str, float] = {}
-    for doc in docs:
-        for kind, v in mma_peaks(doc).items():
-            peaks[kind] = max(peaks.get(kind, 0.0), v)
-    files = [doc for doc in docs if family_of(doc) in FAMILIES]
-    rows = judge(floor_doc, files, peaks)
-    big = large_m_rows(files, peaks.get("fp8"))
-    return {"device": floor_doc.get("device"), "date": floor_doc.get("date"),
-            "copy_bandwidth_gbs": floor_doc.get("copy_bandwidth_gbs"),
-            "pdl_one_cta_kernel_us": floor_doc["pdl_one_cta_kernel_us"], "mma_peak_tflops": peaks,
-            "rows": rows, "large_m": big,
+def _pass_docs(d: Path) -> tuple[list[tuple[str, dict]], list[tuple[str, dict]]]:
+    """(floor files, other files) of one pass's folder, as (name, document); goals.json is its own output."""
+    floors = [(f.name, doc) for f in sorted(d.glob("bench_floor*.json")) if (doc := load(f)) is not None]
+    others = [(f.name, doc) for f in sorted(d.glob("*.json")) if not f.name.startswith(("bench_floor", "goals"))
+              and (doc := load(f)) is not None]
+    return floors, others
+
+
+def read_passes(dirs: list[Path]) -> dict:
+    """One bench pass's folder, optionally followed by later passes that re-ran some families (their floors with
+    `bench_floor.py --families ...` and those families' benchmarks, in one GPU call). A later pass's floor families
+    replace the earlier floors and benchmark files of those families; each point keeps the launch floor and MMA
+    peaks of the pass that timed it, so every verdict compares figures from one GPU call. Returns the floor rows
+    (each with its pass's "_launch" and "_peaks"), the family files judged against them, the other files (mhc,
+    compressor: the latest of each name), one summary a pass, and (name, document) of every file used."""
+    floor_pass: dict[str, int] = {}
+    passes, per_pass = [], []
+    for i, d in enumerate(dirs):
+        floors, others = _pass_docs(d)
+        if not floors and i == 0:
+            raise SystemExit(f"goal_table: no readable {d}/bench_floor*.json (run benchmarks/bench_floor.py first)")
+        peaks: dict[str, float] = {}
+        for _, doc in others:
+            for kind, v in mma_peaks(doc).items():
+                peaks[kind] = max(peaks.get(kind, 0.0), v)
+        # bench_floor*.json: one file, or one a part (--families attention indexer, --families gemm moe)
+        launches = [doc["pdl_one_cta_kernel_us"] for _, doc in floors if doc.get("pdl_one_cta_kernel_us")]
+        fams = sorted({r["family"] for _, doc in floors for r in doc.get("rows", []) if "family" in r})
+        for fam in fams:
+            floor_pass[fam] = i
+        first = floors[0][1] if floors else {}
+        passes.append({"dir": str(d), "device": first.get("device"), "date": first.get("date"),
+                       "copy_bandwidth_gbs": first.get("copy_bandwidth_gbs"),
+                       "pdl_one_cta_kernel_us": min(launches) if launches else None, "mma_peak_tflops": peaks,
+                       "families": fams})
+        per_pass.append((floors, others))
+    rows, files, extra, used = [], [], {}, []
+    for i, (floors, others) in enumerate(per_pass):
+        info = passes[i]
+        for name, doc in floors:
+            mine = [r for r in doc.get("rows", []) if floor_pass.get(r.get("family")) == i]
+            rows += [{**r, "_launch": info["pdl_one_cta_kernel_us"], "_peaks": info["mma_peak_tflops"]} for r in mine]
+            if mine:
+                used.append((name, doc))
+        for name, doc in others:
+            fam = family_of(doc)
+            judged_by = "attention" if fam == BLOCK else fam
+            if fam in (*FAMILIES, BLOCK):
+                if floor_pass.get(judged_by) == i:
+                    files.append(doc)
+                    used.append((name, doc))
+            elif fam is not None:
+                extra[name] = doc
+            elif mma_peaks(doc) and any(floor_pass.get(f) == i for f in FAMILIES):
+                used.append((name, doc))
+    used += sorted(extra.items())
+    for i, info in enumerate(passes):
+        info["families"] = [f for f in info["families"] if floor_pass[f] == i]   # what it still provides
+    rows.sort(key=lambda r: FAMILIES.index(r["family"]) if r.get("family") in FAMILIES else len(FAMILIES))
+    return {"floor_rows": rows, "files": files, "extra": extra, "passes": passes, "used": used}
+
+
+def scoreboard(dirs) -> dict:
+    """Everything the scoreboard says about one pass's folder (or a pass followed by partial re-runs, see
+    read_passes), as one JSON-able dict."""
+    dirs = [Path(d) for d in (dirs if isinstance(dirs, (list, tuple)) else [dirs])]
+    got = read_passes(dirs)
+    base = got["passes"][0]
+    floor_doc = {"rows": got["floor_rows"], "pdl_one_cta_kernel_us": base["pdl_one_cta_kernel_us"]}
+    files = [doc for doc in got["files"] if family_of(doc) in FAMILIES]
+    blocks = [doc for doc in got["files"] if family_of(doc) == BLOCK]
+    rows = judge(floor_doc, files, base["mma_peak_tflops"]) + block_rows(floor_doc, blocks, base["mma_peak_tflops"])
+    gemm_pass = next((p for p in reversed(got["passes"]) if "gemm" in p["families"]), base)
+    big = large_m_rows(files, gemm_pass["mma_peak_tflops"].get("fp8"))
+    return {"device": base["device"], "date": base["date"], "copy_bandwidth_gbs": base["copy_bandwidth_gbs"],
+            "pdl_one_cta_kernel_us": base["pdl_one_cta_kernel_us"], "mma_peak_tflops": base["mma_peak_tflops"],
+            "passes": got["passes"], "rows": rows, "large_m": big,
             "summary": [{"family": f, "schedule": s, **c} for (f, s), c in summary(rows + big).items()]}
+
+
+def pass_lines(sb: dict) -> list[str]:
+    """One line a pass: its GPU, copy bandwidth, launch floor and MMA peaks (and, with several, its families)."""
+    out = []
+    for p in sb.get("passes") or [sb]:
+        launch = p["pdl_one_cta_kernel_us"]
+        fams = f" ({', '.join(p['families'])})" if len(sb.get("passes") or []) > 1 else ""
+        out.append(f"{p['device'] or '?'}{fams}: copy {p['copy_bandwidth_gbs'] or 0:,.0f} GB/s; a PDL-chained one-CTA "
+                   f"kernel {'%.2f us a layer' % launch if launch else 'not measured'}; MMA peaks "
+                   + (", ".join(f"{k} {v:,.0f}" for k, v in p["mma_peak_tflops"].items()) or "not measured")
+                   + " TFLOP/s")
+    return out
 
 
 def _f(v, w: int = 8, p: int = 2) -> str:
@@ -248,15 +367,14 @@ def _f(v, w: int = 8, p: int = 2) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("dir", help="a GPU pass's output folder (bench_floor.json and the family benchmarks' JSON)")
-    ap.add_argument("--out", default=None, help="JSON here (default DIR/goals.json)")
+    ap.add_argument("dir", nargs="+", help="a GPU pass's output folder (bench_floor.json and the family benchmarks' "
+                                           "JSON), then any later partial passes (see read_passes)")
+    ap.add_argument("--out", default=None, help="JSON here (default DIR/goals.json, the first DIR)")
     args = ap.parse_args()
-    d = Path(args.dir)
-    sb = scoreboard(d)
-    launch = sb["pdl_one_cta_kernel_us"]
-    print(f"{sb['device'] or '?'}: copy {sb['copy_bandwidth_gbs'] or 0:,.0f} GB/s; a PDL-chained 1-CTA kernel "
-          f"{'%.2f us a layer' % launch if launch else 'not measured'}; MMA peaks "
-          + (", ".join(f"{k} {v:,.0f}" for k, v in sb["mma_peak_tflops"].items()) or "not measured") + " TFLOP/s")
+    d = Path(args.dir[0])
+    sb = scoreboard([Path(x) for x in args.dir])
+    for line in pass_lines(sb):
+        print(line)
     print(f"{'family':<9} {'schedule':<17} {'point':<44} {'ours us':>8} {'floor':>8} {'bound':>6} {'/floor':>6} "
           f"{'goal':>16}  verdict")
     for r in sb["rows"]:

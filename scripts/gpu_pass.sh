@@ -19,6 +19,8 @@
 #              (DSV4_JIT_BENCH_REP_MS=50), then the variants compiled off the list
 #   scoreboard (bench) goal_table.py (goals.json) and results.py (RESULTS.md; CASES=path/gpu_cases.jsonl adds a cases
 #              pass's results) from this pass's JSON
+# FAMILIES="attention indexer" (bench): only those families' floors and benchmarks, into gpu_pass_bench (a re-run after
+# changing a family; `results.py FULL_PASS_DIR THIS_DIR` judges them on this call's floors, the rest on the full pass's).
 # Extra steps, for a call of their own (STEPS="container plugin"): container (BUNDLE=path: a bundle built with no GPU,
 # imported and run with compiles forbidden, scripts/container_case.py; CONTAINER_ARGS adds families), plugin (the vLLM
 # plugin on both models), warm_load and host (warm-start and host-overhead benchmarks).
@@ -39,6 +41,11 @@ done
 OUT=${OUT:-bench_out}
 P=$OUT/gpu_pass_$PASS
 if [ "$PASS" = cases ]; then STEPS=${STEPS:-"env compile tests"}; else STEPS=${STEPS:-"env compile floors bench scoreboard"}; fi
+FAMILIES=${FAMILIES:-}
+fam_args=(); [ -n "$FAMILIES" ] && fam_args=(--families $FAMILIES)
+# bench_floor.py knows the scoreboard's families only
+floor_fams=(); for f in $FAMILIES; do case "$f" in attention|indexer|gemm|moe) floor_fams+=("$f") ;; esac; done
+floor_args=(); [ -n "$FAMILIES" ] && floor_args=(--families "${floor_fams[@]}")
 J=${JOBS:-$(nproc)}
 CJ=$(( J > 4 ? J - 2 : J ))        # compile workers: two cores stay with the GPU's work meanwhile
 TJ=${TEST_JOBS:-4}                 # GPU test workers: they take turns on the GPU; more only wait
@@ -99,7 +106,7 @@ if step compile; then
   begin compile "$B_compile"
   # the pool starts no compile in the budget's last 40 s, so the ones running finish inside it
   cmd=(python3 scripts/gpu_pass_variants.py --pass "$PASS" -j "$CJ" --time-budget $((B_compile - 40))
-       --json "$P/variants.json")
+       --json "$P/variants.json" "${fam_args[@]}")
   if [ "$mode" = list ]; then
     run compile "$B_compile" "${cmd[@]}"
   else
@@ -121,7 +128,9 @@ fi
 
 if step floors; then
   begin floors "$B_floors"
-  run bench_floor 130 python3 benchmarks/bench_floor.py --out "$P/bench_floor.json"
+  if [ -z "$FAMILIES" ] || [ ${#floor_fams[@]} -gt 0 ]; then
+    run bench_floor 130 python3 benchmarks/bench_floor.py --out "$P/bench_floor.json" "${floor_args[@]}"
+  fi
   run mma_peak 20 python3 benchmarks/bench_mma_peak.py --out "$P/mma_peak.json"
   end floors
 fi
@@ -132,7 +141,7 @@ if step bench; then
   while read -r log budget cmd; do
     # shellcheck disable=SC2086  (the command's words: paths and flags, no spaces)
     run "$log" "$budget" $cmd
-  done < <(python3 scripts/gpu_pass_variants.py --bench-steps "$P")
+  done < <(python3 scripts/gpu_pass_variants.py --bench-steps "$P" "${fam_args[@]}")
   beyond
   end bench
 fi

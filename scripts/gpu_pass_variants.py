@@ -12,7 +12,7 @@ the commands `--bench-steps` prints, so the table and the step cannot drift apar
     python scripts/gpu_pass_variants.py --list [--pass cases|bench]   # counts per family and schedule; no compile
     python scripts/gpu_pass_variants.py --list --json FILE             # and every variant as JSON
     python scripts/gpu_pass_variants.py --pass cases -j 16 [--time-budget 300] [--families attention indexer]
-    python scripts/gpu_pass_variants.py --bench-steps DIR              # the bench commands: "log budget command"
+    python scripts/gpu_pass_variants.py --bench-steps DIR [--families F ...]   # the bench commands: "log budget command"
     python scripts/gpu_pass_variants.py --beyond --pass cases          # after a pass: what was compiled off the list
 
 Compiles go to the default store (DSV4_JIT_CACHE_DIR); variants already there count as cached.
@@ -58,6 +58,10 @@ BENCH_STEPS: tuple[BenchStep, ...] = (
     BenchStep("bench_attention", 40, ("benchmarks/attention/bench_attention.py", "--heads", "64", "16", "--batch", "1",
                                       "8", "64", "--layers", "8", "--out", "{out}/bench_attention.json"),
               ("attention",), ((FLASH, 1), (FLASH, 4)), (1, 8, 64), BOTH, fixes={"kv_format": "fp8_ds_mla"}),
+    # the attention block as the engine chains it (indexer step -> sparse MLA), V4-Flash's 64 heads, both schedules
+    BenchStep("bench_attention_block", 30, ("benchmarks/attention/bench_attention_block.py", "--heads", "64",
+                                            "--out", "{out}/bench_attention_block.json"),
+              ("attention", "indexer"), ((FLASH, 1),), (1, 8, 64), BOTH, fixes={"kv_format": "fp8_ds_mla", "next_n": 1}),
     BenchStep("bench_indexer", 20, ("benchmarks/indexer/bench_indexer.py", "--no-torch",
                                     "--out", "{out}/bench_indexer.json"),
               ("indexer",), ((FLASH, 1),), (1, 8, 64), ("native",), fixes={"next_n": 1}),
@@ -69,16 +73,16 @@ BENCH_STEPS: tuple[BenchStep, ...] = (
     BenchStep("bench_gemm_pro", 25, ("benchmarks/gemm/bench_gemm.py", "--model", PRO, "--tp", "8",
                                      "--out", "{out}/bench_gemm_pro.json"),
               ("gemm",), ((PRO, 8),), GEMM_M, quantized_inputs=True),
-    BenchStep("bench_gemm_sm120", 30, ("benchmarks/gemm/bench_gemm.py", "--arch", "sm_120a", "--prefill",
+    BenchStep("bench_gemm_sm120", 25, ("benchmarks/gemm/bench_gemm.py", "--arch", "sm_120a", "--prefill",
                                        "--out", "{out}/bench_gemm_sm120.json"),
               ("gemm",), ((FLASH, 1),), GEMM_M[:4], ("sm_120a",), quantized_inputs=True),
-    BenchStep("bench_moe", 20, ("benchmarks/moe/bench_moe.py", "--tokens", "1", "8", "64", "--layers", "8",
+    BenchStep("bench_moe", 15, ("benchmarks/moe/bench_moe.py", "--tokens", "1", "8", "64", "--layers", "8",
                                 "--out", "{out}/bench_moe.json"),
               ("moe",), ((FLASH, 1),), (1, 8, 64), kernels=("fp4_moe_gemm",)),
-    BenchStep("bench_moe_pro", 20, ("benchmarks/moe/bench_moe.py", "--model", PRO, "--tp", "8", "--tokens", "1", "8",
+    BenchStep("bench_moe_pro", 15, ("benchmarks/moe/bench_moe.py", "--model", PRO, "--tp", "8", "--tokens", "1", "8",
                                     "64", "--layers", "8", "--out", "{out}/bench_moe_pro.json"),
               ("moe",), ((PRO, 8),), (1, 8, 64), kernels=("fp4_moe_gemm",)),
-    BenchStep("bench_moe_sm120", 20, ("benchmarks/moe/bench_moe.py", "--tokens", "1", "8", "64", "--layers", "8",
+    BenchStep("bench_moe_sm120", 15, ("benchmarks/moe/bench_moe.py", "--tokens", "1", "8", "64", "--layers", "8",
                                       "--arch", "sm_120a", "--out", "{out}/bench_moe_sm120.json"),
               ("moe",), ((FLASH, 1),), (1, 8, 64), ("sm_120a",), kernels=("fp4_moe_gemm",)),
     # the peers (vLLM's TileLang mHC, tile-kernels) compile their own kernels inside this budget
@@ -254,7 +258,8 @@ def main() -> int:
         return report_beyond(args.pass_, args.arch, args.since)
     if args.bench_steps is not None:
         for step in BENCH_STEPS:
-            print(step.log, step.budget, *step.command(args.bench_steps))
+            if not args.families or set(step.families) & set(args.families):
+                print(step.log, step.budget, *step.command(args.bench_steps))
         return 0
     t0 = time.perf_counter()
     try:

@@ -116,8 +116,15 @@ def _pass_files(points) -> dict:
     mhc = {"device": "H100", "benchmark": "benchmarks/mhc/bench_mhc.py", "date": "2026-11-26 10:05 UTC",
            "command": "python3 benchmarks/mhc/bench_mhc.py --out bench_out/bench_mhc.json",
            "rows": [{"model": "flash", "T": 1, "pre_graph_us": 6.3}]}
+    # the attention block: ratio 4 at 64K (sparse MLA + the indexer step), and a point with no floor of its own
+    block = {"device": "H100", "benchmark": "benchmarks/attention/bench_attention_block.py", "arch": "sm_90a",
+             "rows": [{"heads": 64, "ratio": 4, "ctx": 65536, "batch": 1, "layers": 8,
+                       "ours_sm90": {"us": 7.0, "schedule": "sm_90a"}, "ours_sm120": {"us": 9.0, "schedule": "sm_120a"}},
+                      {"heads": 64, "ratio": 128, "ctx": 65536, "batch": 1, "layers": 8,
+                       "ours_sm90": {"us": 5.0, "schedule": "sm_90a"}}]}
     return {"bench_floor.json": floor, "mma_peak.json": peak, "bench_attention.json": att, "bench_indexer.json": idx,
-            "bench_gemm.json": gemm, "bench_gemm_sm120.json": sm120, "bench_moe.json": moe, "bench_mhc.json": mhc}
+            "bench_gemm.json": gemm, "bench_gemm_sm120.json": sm120, "bench_moe.json": moe, "bench_mhc.json": mhc,
+            "bench_attention_block.json": block}
 
 
 def test_goal_table_judges_each_point_against_the_largest_floor(points, tmp_path):
@@ -127,7 +134,7 @@ def test_goal_table_judges_each_point_against_the_largest_floor(points, tmp_path
     for name, doc in _pass_files(points).items():
         (tmp_path / name).write_text(json.dumps(doc))
     sb = gt.scoreboard(tmp_path)
-    got = {(r["schedule"], r["point"]): r for r in sb["rows"]}
+    got = {(r["schedule"], r["point"]): r for r in sb["rows"] if r["family"] != "attention block"}
     att = got[("sm_90a", "H64 ratio 4 64K x 64")]
     # 64 x 64 heads x 640 candidates x 2048 flops at 600 TFLOP/s = 8.95 us: under the read floor of 10
     assert att["math_floor_us"] == pytest.approx(64 * 64 * 640 * 2048 / 600e6) and att["bound"] == "read"
@@ -151,6 +158,14 @@ def test_goal_table_judges_each_point_against_the_largest_floor(points, tmp_path
     big = sb["large_m"]
     assert [(r["point"], r["verdict"]) for r in big] == [("flash TP1 wq_b M=8192", "met")]
     assert big[0]["share_of_fp8_peak"] == pytest.approx(0.75)
+    # the attention block: the sum of its steps' floors (each two PDL launches here: 3.0 + 3.0) and of their goal
+    # times (4 + 4 us at batch 1); the ratio-128 block has no floor point in this pass, so it is not judged
+    blk = {(r["schedule"], r["point"]): r for r in sb["rows"] if r["family"] == "attention block"}
+    assert set(blk) == {("sm_90a", "H64 ratio 4 64K x 1"), ("sm_120a on sm_90a", "H64 ratio 4 64K x 1")}
+    b90 = blk[("sm_90a", "H64 ratio 4 64K x 1")]
+    assert b90["floor_us"] == pytest.approx(6.0) and b90["launch_floor_us"] == pytest.approx(6.0)
+    assert b90["read_floor_us"] == pytest.approx(2.0 + 2.3) and b90["goal_us"] == pytest.approx(8.0)
+    assert b90["verdict"] == "met" and blk[("sm_120a on sm_90a", "H64 ratio 4 64K x 1")]["verdict"] == "short"
     # an absolute goal under the floor: no kernel meets it
     assert gt.verdict(6.0, 4.0, 5.0) == "unreachable" and gt.verdict(None, 4.0, 1.0) == "no data"
     with pytest.raises(ValueError, match="no family and key"):
@@ -175,6 +190,9 @@ def test_results_md_names_every_source_and_summarises_each_family_and_schedule(p
     assert "| attention | sm_90a | - | 1.17-1.40x | 2 met |" in status
     assert "| flash TP1 wq_b M=8192 | 500.00 | 520.00 |" in md
     assert "## mhc (`bench_mhc.json`)" in md and "| flash | 1 | 6.30 |" in md
+    # the block's rows are scoreboard rows (with their own status line), not an unjudged family's table
+    assert "| attention block | sm_90a | - | 1.17-1.17x | 1 met |" in status
+    assert "| attention block | sm_90a | H64 ratio 4 64K x 1 | 7.00 |" in md and "## attention block" not in md
     for word in ("session", "issue", "#9", "device time"):
         assert word not in md
 
@@ -193,3 +211,38 @@ def test_large_m_sweep_candidates_swap_only_the_tile_width_and_count():
     # V4-Pro TP 8 shared w1+w3: 6 tiles a row of 128, so no 4
     _, cands = sweep.candidates(get_profile("sm_90a"), 768, 7168, 1, 8192, [128], [1, 2, 4])
     assert sorted(p["tiles_per_cta"] for p in cands) == [1, 2]
+
+
+def test_a_later_partial_pass_replaces_the_families_it_measured(points, tmp_path):
+    """A pass, then a re-run of one family's floors and benchmark in another call: that family is judged on the later
+    call's floors, launch floor and peaks alone, the others on the first pass's; RESULTS.md names both calls' files."""
+    gt, res = _load("goal_table"), _load("results")
+    first, later = tmp_path / "pass", tmp_path / "later"
+    first.mkdir()
+    later.mkdir()
+    files = _pass_files(points)
+    for name, doc in files.items():
+        (first / name).write_text(json.dumps(doc))
+    floor = files["bench_floor.json"]
+    # the later call: attention floors only (read floor 10 us at batch 64, launch 1.0), its own peaks and timings
+    att_rows = [{**r, "floor_us": 10.0 if r["point"].endswith("x 64") else r["floor_us"]} for r in floor["rows"]
+                if r["family"] == "attention"]
+    (later / "bench_floor.json").write_text(json.dumps({**floor, "date": "2026-11-26 11:00 UTC",
+                                                        "pdl_one_cta_kernel_us": 1.0, "rows": att_rows}))
+    (later / "mma_peak.json").write_text(json.dumps(files["mma_peak.json"]))
+    att = files["bench_attention.json"]
+    (later / "bench_attention.json").write_text(json.dumps(
+        {**att, "date": "2026-11-26 11:01 UTC", "rows": [{**r, "ours_sm90": {"us": 11.0}} for r in att["rows"]]}))
+    sb = gt.scoreboard([first, later])
+    got = {(r["family"], r["schedule"], r["point"]): r for r in sb["rows"]}
+    a64 = got[("attention", "sm_90a", "H64 ratio 4 64K x 64")]
+    assert a64["ours_us"] == 11.0 and a64["floor_us"] == 10.0 and a64["verdict"] == "met"   # 11 <= 1.5 x 10
+    a1 = got[("attention", "sm_90a", "H64 ratio 4 64K x 1")]
+    assert a1["launch_floor_us"] == pytest.approx(2.0) and a1["bound"] == "read"            # 2 x 1.0, under 2.0 read
+    # the first pass still judges the families the later one did not re-run, with its own launch floor (1.5)
+    assert got[("indexer", "sm_90a", "64K x 1")]["launch_floor_us"] == pytest.approx(3.0)
+    assert got[("gemm", "sm_90a", "flash TP1 wq_b 1024->32768 M=1")]["verdict"] == "met"
+    assert [p["families"] for p in sb["passes"]] == [["gemm", "indexer", "moe"], ["attention"]]
+    md = res.render([first, later])
+    assert "2026-11-26 11:01 UTC" in md and md.count("`bench_floor.json`") == 2
+    assert "- H100 (attention): copy" in md and "- H100 (gemm, indexer, moe): copy" in md

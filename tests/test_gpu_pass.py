@@ -105,9 +105,9 @@ def test_unknown_family_is_one_line_and_exit_2():
     assert "Traceback" not in r.stderr
 
 
-def _listed(tmp_path, *args: str) -> tuple[dict, dict, int]:
+def _listed(tmp_path, *args: str, **extra_env: str) -> tuple[dict, dict, int]:
     """(step -> budget, step -> [(timeout, command)], total) from `gpu_pass.sh --list ARGS`."""
-    env = {**os.environ, "OUT": str(tmp_path / "out"), "JOBS": "16"}
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "JOBS": "16", **extra_env}
     r = subprocess.run(["bash", "scripts/gpu_pass.sh", "--list", *args], cwd=ROOT, capture_output=True, text=True,
                        env=env, timeout=120)
     assert r.returncode == 0, r.stderr
@@ -142,6 +142,18 @@ def test_each_gpu_pass_fits_one_device_call(tmp_path):
     bench = [c for _, c in cmds["bench"] if "--beyond" not in c]
     assert [c.split()[1] for c in bench] == [s.argv[0] for s in gpv.BENCH_STEPS]
     assert any("--arch sm_120a" in c for c in bench)                                 # both schedules benchmarked
+
+
+def test_a_bench_pass_of_some_families_runs_their_floors_and_benchmarks_only(tmp_path):
+    _, cmds, _ = _listed(tmp_path, "bench", FAMILIES="attention indexer mhc")
+    bench = [c.split()[1] for _, c in cmds["bench"] if "--beyond" not in c]
+    assert bench == [s.argv[0] for s in gpv.BENCH_STEPS if set(s.families) & {"attention", "indexer", "mhc"}]
+    assert "benchmarks/attention/bench_attention_block.py" in bench and "benchmarks/gemm/bench_gemm.py" not in bench
+    # the floors of the scoreboard's families among them (mHC has none); the compile is those families' list
+    assert cmds["floors"][0][1].endswith("--families attention indexer")
+    assert cmds["compile"][0][1].endswith("--families attention indexer mhc")
+    _, cmds, _ = _listed(tmp_path, "bench", FAMILIES="mhc")
+    assert [c.split()[1] for _, c in cmds["floors"]] == ["benchmarks/bench_mma_peak.py"]
 
 
 def test_gpu_pass_rejects_an_unknown_argument():

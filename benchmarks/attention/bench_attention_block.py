@@ -1,4 +1,4 @@
-"""The attention block of a decode step as the engine runs it, per layer, against the sum of its kernels' floors.
+"""The attention block of a decode step as the engine runs it, per layer, on both schedules.
 
   ratio 4    indexer logits -> top-k 512 (compressed slots) -> sparse MLA over the SWA window + those slots
              (indexer_decode_topk, logits and top-k PDL-paired, then sparse_mla_decode on its output)
@@ -9,24 +9,23 @@ page table (vLLM: one block table for the layer's compressed caches), so the top
 cache directly.
 
 Time: one CUDA graph holds --layers layers, each with its own inputs and caches, replayed with L2 flushed before it;
-per layer = graph time / layers. Floors (--floor-json, bench_floor.py's output): the block's floor is the sum of the
-floors of its steps at the same point (the indexer step, the sparse MLA step); a step bench_floor does not list
-(attention at batch 1) leaves the sum empty. At batch <= 8 the first layer's attention output is checked against the
-float64 reference over the lists the kernels produced.
+per layer = graph time / layers. Columns: ours with the GPU's own schedule and with the SM120 schedule compiled for
+it (mma.sync path; an H100 timing, never an SM120 one). At batch <= 8 the first layer's attention output is checked
+against the float64 reference over the lists the kernels produced. The scoreboard (goal_table.py) sets each row
+against the sum of its steps' floors (the sparse MLA point, and at ratio 4 the indexer step's).
 
-    python benchmarks/bench_attention_block.py --out bench_out/attention_block.json [--floor-json bench_out/floor.json]
+    python benchmarks/attention/bench_attention_block.py --out bench_out/bench_attention_block.json
 """
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from mhc_bench_common import graph_us_or_reason, row_rel_err, write_rows  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: benchmarks.* imports
+from benchmarks.harness import graph_us_or_reason, row_rel_err, write_rows  # noqa: E402
 
 from dsv4_jit.kernels.attention import ops as attn_ops, reference as attn_ref  # noqa: E402
 from dsv4_jit.kernels.attention.sparse_mla import D, NOPE, SCALE_BYTES, TOKEN_BYTES  # noqa: E402
@@ -109,33 +108,26 @@ def run_layer(d: dict, arch, ws: torch.Tensor) -> None:
                                extra_block_size=PAGE, out=d["out"], workspace=ws, check_indices=False, arch=arch)
 
 
-def floors(path: str | None) -> dict:
-    if not path:
-        return {}
-    rows = json.loads(Path(path).read_text())["rows"]
-    return {(r["issue"], json.dumps(r["key"], sort_keys=True)): r["floor_us"] for r in rows if "key" in r}
+SCHEDULES = {"ours_sm90": None, "ours_sm120": "sm_120a"}   # column -> schedule (None: the GPU's own)
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--heads", type=int, nargs="+", default=[64, 16])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--heads", type=int, nargs="+", default=[64, 16], help="64/TP for V4-Flash at TP 1/4")
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 8, 64])
     ap.add_argument("--ctx", type=int, nargs="+", default=[65536])
     ap.add_argument("--ratios", type=int, nargs="+", default=[4, 128])
     ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--schedule", default=None, help="sm_120a: the SM120 schedule compiled for this GPU")
-    ap.add_argument("--floor-json", default=None)
-    ap.add_argument("--out", default="bench_out/attention_block.json")
+    ap.add_argument("--out", default="bench_out/bench_attention_block.json")
     args = ap.parse_args()
-    import dsv4_jit
     from dsv4_jit.arch import detect_arch, get_profile
     native = detect_arch()
-    arch = native if args.schedule is None else get_profile(args.schedule).emulated(native)
-    fl = floors(args.floor_json)
+    archs = {col: native if s is None else get_profile(s).emulated(native) for col, s in SCHEDULES.items()}
     g = torch.Generator(device="cuda").manual_seed(0)
     rows = []
-    print(f"{torch.cuda.get_device_name()}; schedule {arch.schedule} on {arch.name}; per layer, {args.layers} layers a graph")
-    print(f"{'H':>3} {'ratio':>5} {'ctx':>6} {'B':>3} {'block us':>9} {'floor sum':>9} {'x floor':>7} {'err':>9}")
+    print(f"{torch.cuda.get_device_name()}; per layer, {args.layers} layers a graph; "
+          + ", ".join(f"{col} = {a.schedule} on {a.name}" for col, a in archs.items()))
+    print(f"{'H':>3} {'ratio':>5} {'ctx':>6} {'B':>3} " + " ".join(f"{col:>12} {'err':>8}" for col in archs))
     for heads in args.heads:
         for ratio in args.ratios:
             for ctx in args.ctx:
@@ -143,42 +135,40 @@ def main() -> int:
                     s = swa_step(batch, ctx, g)
                     swa = (s["cache"], s["idx"], s["len"])
                     layers = [make_layer(batch, heads, ctx, ratio, swa, g) for _ in range(args.layers)]
-                    ws = torch.empty(max(1, attn_ops.sparse_mla_workspace_numel(arch, heads, batch)), device="cuda")
+                    row = {"heads": heads, "ratio": ratio, "ctx": ctx, "batch": batch, "layers": args.layers}
+                    cells = []
+                    for col, arch in archs.items():
+                        ws = torch.empty(max(1, attn_ops.sparse_mla_workspace_numel(arch, heads, batch)), device="cuda")
 
-                    def step():
-                        dsv4_jit.indexer_swa_indices(s["positions"], s["req"], s["block_table"], window=WINDOW,
-                                                     page_size=PAGE, arch=arch, out=(s["idx"], s["len"]))
+                        def step(arch=arch, ws=ws):
+                            import dsv4_jit
+                            dsv4_jit.indexer_swa_indices(s["positions"], s["req"], s["block_table"], window=WINDOW,
+                                                         page_size=PAGE, arch=arch, out=(s["idx"], s["len"]))
+                            for d in layers:
+                                run_layer(d, arch, ws)
                         for d in layers:
-                            run_layer(d, arch, ws)
-                    step()
-                    torch.cuda.synchronize()
-                    err = None
-                    if batch <= 8:
-                        d = layers[0]
-                        rows2 = attn_ref.unpack_fp8_ds_mla(d["comp_cache"], PAGE)
-                        want = attn_ref.ref_sparse_mla(d["q"], attn_ref.unpack_fp8_ds_mla(s["cache"], PAGE), s["idx"],
-                                                       s["len"], rows2, d["idx2"], d["len2"], d["sink"], D ** -0.5)
-                        err = row_rel_err(d["out"], want)
-                    us, why = graph_us_or_reason(step, reps=1)
-                    per = None if us is None else us / args.layers
-                    parts = [fl.get((9, json.dumps({"heads": heads, "ratio": ratio, "ctx": ctx, "batch": batch},
-                                                   sort_keys=True)))]
-                    if ratio == 4:
-                        parts.append(fl.get((10, json.dumps({"ctx": ctx, "batch": batch}, sort_keys=True))))
-                    fsum = None if None in parts else sum(parts)
-                    rows.append({"heads": heads, "ratio": ratio, "ctx": ctx, "batch": batch, "layers": args.layers,
-                                 "schedule": arch.schedule, "block_us": per, "floor_sum_us": fsum,
-                                 "x_floor": None if per is None or not fsum else per / fsum, "err": err,
-                                 "notes": [why] if why else []})
-                    r = rows[-1]
-                    print(f"{heads:>3} {ratio:>5} {ctx // 1024:>5}K {batch:>3} "
-                          + (f"{per:9.1f}" if per is not None else f"{'-':>9}")
-                          + (f" {fsum:9.2f} {r['x_floor']:7.2f}" if fsum else f" {'-':>9} {'-':>7}")
-                          + (f" {err:9.2e}" if err is not None else f" {'-':>9}") + (f"  ({why})" if why else ""),
-                          flush=True)
-                    layers = s = None
+                            d["out"].fill_(float("nan"))   # a row the kernels leave unwritten fails the check
+                        step()
+                        torch.cuda.synchronize()
+                        err = None
+                        if batch <= 8:
+                            d = layers[0]
+                            want = attn_ref.ref_sparse_mla(d["q"], attn_ref.unpack_fp8_ds_mla(s["cache"], PAGE), s["idx"],
+                                                           s["len"], attn_ref.unpack_fp8_ds_mla(d["comp_cache"], PAGE),
+                                                           d["idx2"], d["len2"], d["sink"], D ** -0.5)
+                            err = row_rel_err(d["out"], want)
+                        many, why = graph_us_or_reason(step, reps=1)
+                        us = None if many is None else many / args.layers
+                        row[col] = {"us": us, "max_token_rel_err": err, "why": why, "schedule": arch.schedule}
+                        cells.append((f"{us:12.2f}" if us is not None else f"{'fail':>12}")
+                                     + (f" {err:8.1e}" if err is not None else f" {'-':>8}"))
+                        ws = None
+                    rows.append(row)
+                    print(f"{heads:>3} {ratio:>5} {ctx // 1024:>5}K {batch:>3} " + " ".join(cells), flush=True)
+                    layers = s = swa = None
                     torch.cuda.empty_cache()
-    write_rows(args.out, rows, layers=args.layers, schedule=arch.schedule)
+    write_rows(args.out, rows, arch=native.name, layers=args.layers,
+               note="us a layer; ours_sm120 = the SM120 schedule compiled for this GPU and timed on it")
     return 0
 
 
