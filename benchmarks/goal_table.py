@@ -69,7 +69,8 @@ def load(path: Path) -> dict | None:
 
 def family_of(doc: dict) -> str | None:
     """Which family benchmark wrote a file ("attention", "indexer", "gemm", "moe", "mhc", "compressor"), from its
-    `benchmark` path, else from its first row's keys ("attention block" for bench_attention_block.py); None for anything else (bench_mma_peak, bench_floor)."""
+    `benchmark` path, else from its first row's keys ("attention block" for bench_attention_block.py); None for
+    anything else (bench_mma_peak, bench_floor)."""
     bench = doc.get("benchmark") or ""
     if bench == "benchmarks/attention/bench_attention_block.py":
         return BLOCK
@@ -208,9 +209,7 @@ def block_rows(floor_doc: dict, files: list[dict], peaks: dict[str, float] | Non
     launch = floor_doc.get("pdl_one_cta_kernel_us")
     by_key = {point_key(p["family"], p["key"]): p for p in floor_doc["rows"] if "key" in p and "family" in p}
     rows = []
-    for doc in files:
-        if family_of(doc) != BLOCK:
-            continue
+    for doc in (d for d in files if family_of(d) == BLOCK):
         arch = doc.get("arch", "sm_90a")
         for r in doc.get("rows") or []:
             steps = [("attention", {k: r[k] for k in ("heads", "ratio", "ctx", "batch")})]
@@ -281,8 +280,8 @@ def read_passes(dirs: list[Path]) -> dict:
     `bench_floor.py --families ...` and those families' benchmarks, in one GPU call). A later pass's floor families
     replace the earlier floors and benchmark files of those families; each point keeps the launch floor and MMA
     peaks of the pass that timed it, so every verdict compares figures from one GPU call. Returns the floor rows
-    (each with its pass's "_launch" and "_peaks"), the family files judged against them, the other files (mhc,
-    compressor: the latest of each name), one summary a pass, and (name, document) of every file used."""
+    (each with its pass's "_launch" and "_peaks"), the family files judged against them, one summary a pass, and
+    (name, document) of every file used (of mhc and compressor files, the latest of each name)."""
     floor_pass: dict[str, int] = {}
     passes, per_pass = [], []
     for i, d in enumerate(dirs):
@@ -327,19 +326,18 @@ def read_passes(dirs: list[Path]) -> dict:
     for i, info in enumerate(passes):
         info["families"] = [f for f in info["families"] if floor_pass[f] == i]   # what it still provides
     rows.sort(key=lambda r: FAMILIES.index(r["family"]) if r.get("family") in FAMILIES else len(FAMILIES))
-    return {"floor_rows": rows, "files": files, "extra": extra, "passes": passes, "used": used}
+    return {"floor_rows": rows, "files": files, "passes": passes, "used": used}
 
 
-def scoreboard(dirs) -> dict:
+def scoreboard(dirs, got: dict | None = None) -> dict:
     """Everything the scoreboard says about one pass's folder (or a pass followed by partial re-runs, see
-    read_passes), as one JSON-able dict."""
-    dirs = [Path(d) for d in (dirs if isinstance(dirs, (list, tuple)) else [dirs])]
-    got = read_passes(dirs)
+    read_passes; `got`: their read_passes, where the caller has it), as one JSON-able dict."""
+    if got is None:
+        got = read_passes([Path(d) for d in (dirs if isinstance(dirs, (list, tuple)) else [dirs])])
     base = got["passes"][0]
     floor_doc = {"rows": got["floor_rows"], "pdl_one_cta_kernel_us": base["pdl_one_cta_kernel_us"]}
-    files = [doc for doc in got["files"] if family_of(doc) in FAMILIES]
-    blocks = [doc for doc in got["files"] if family_of(doc) == BLOCK]
-    rows = judge(floor_doc, files, base["mma_peak_tflops"]) + block_rows(floor_doc, blocks, base["mma_peak_tflops"])
+    files = got["files"]   # judge, block_rows and large_m_rows each take their own families' files
+    rows = judge(floor_doc, files, base["mma_peak_tflops"]) + block_rows(floor_doc, files, base["mma_peak_tflops"])
     gemm_pass = next((p for p in reversed(got["passes"]) if "gemm" in p["families"]), base)
     big = large_m_rows(files, gemm_pass["mma_peak_tflops"].get("fp8"))
     return {"device": base["device"], "date": base["date"], "copy_bandwidth_gbs": base["copy_bandwidth_gbs"],

@@ -131,7 +131,8 @@ def render(d, cases_path: Path | None = None) -> str:
     d = dirs[0]
     has_floors = any(d.glob("bench_floor*.json"))
     if has_floors:
-        sb, used = scoreboard(dirs), read_passes(dirs)["used"]
+        got = read_passes(dirs)
+        sb, used = scoreboard(dirs, got), got["used"]
     else:
         sb, used = None, [(f.name, doc) for f in sorted(d.glob("*.json")) if f.name != "goals.json"
                           and (doc := load(f)) is not None]
