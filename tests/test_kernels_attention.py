@@ -91,8 +91,10 @@ def test_schedule_fits_and_splits_only_small_batches(arch, heads):
         splits.append(v.p["n_splits"])
     assert splits == sorted(splits, reverse=True) and splits[-1] == 1
     if prof.family == "blackwell_consumer":
-        # the public one-CTA-per-64-heads tile (141,312 B) is never what SM12x gets
+        # the public one-CTA-per-64-heads tile (64 rows, 141,312 B) is never what SM12x gets: 32-head CTAs at one
+        # token, 64-head ones over 16-row tiles where they fit
         assert FWD.select(prof, static, 1).p["head_block"] <= 32
+        assert all(FWD.select(prof, static, t).p["block_i"] <= 32 for t in (1, 64, 4096))
 
 
 def test_softmax_row_groups_fit_every_selected_variant_and_bad_ones_are_refused():
@@ -117,8 +119,9 @@ def test_softmax_row_groups_fit_every_selected_variant_and_bad_ones_are_refused(
 
 
 def test_fp8_gather_is_the_cp_async_ring_and_small_steps_take_32_head_ctas():
-    # the 1-stage cp.async ring everywhere it fits (SM12x at 32 heads included: 91,648 B of 101,376); where 64
-    # heads a CTA would split a list 16+ ways (registers at 64 splits included), select takes 32-head ring CTAs
+    # the 1-stage cp.async ring everywhere it fits (SM12x at 32 heads included: 91,648 B of 101,376; at 64 heads over
+    # 16-row tiles: 99,392 B); where 64 heads a CTA would split a list 16+ ways (registers at 64 splits included),
+    # select takes 32-head ring CTAs
     for arch in sorted(PROFILES):
         prof = get_profile(arch)
         for heads in (8, 16, 32, 64, 128):
@@ -127,7 +130,8 @@ def test_fp8_gather_is_the_cp_async_ring_and_small_steps_take_32_head_ctas():
                 p = v.p
                 assert FWD.smem_bytes(v) <= prof.max_smem_per_block
                 assert p["stages"] == 1, (arch, heads, t, p)
-                assert sparse_mla.kv_stages(p["head_block"], 32, prof, p["n_splits"]) == 1
+                assert sparse_mla.kv_stages(p["head_block"], sparse_mla.narrow_tile(p["head_block"], prof), prof,
+                                            p["n_splits"]) == 1
                 bf16 = FWD.select(prof, {"heads": heads, "softmax_scale": SCALE, "kv_format": "bf16"}, t).p
                 assert "stages" not in bf16
     hopper = get_profile("sm_90a")
@@ -140,6 +144,7 @@ def test_fp8_gather_is_the_cp_async_ring_and_small_steps_take_32_head_ctas():
     assert FWD.select(hopper, {"heads": 64, "softmax_scale": SCALE, "kv_format": "bf16"}, 1).p["head_block"] == 64
     assert sparse_mla.smem_bytes_for(32, 32, 1) == 91_648
     assert sparse_mla.smem_bytes_for(32, 32, 2) > get_profile("sm_120a").max_smem_per_block  # why one stage on SM12x
+    assert sparse_mla.smem_bytes_for(64, 16, 1) == 99_392 <= get_profile("sm_120a").max_smem_per_block
     pytest.importorskip("tilelang")
     with pytest.raises(ValueError, match="stages must be"):
         sparse_mla.build_sparse_mla(heads=16, head_block=16, block_i=32, threads=128, kv_format="bf16", n_splits=1,
@@ -204,7 +209,8 @@ def test_wide_tiles_only_on_wgmma_64_head_ctas_with_long_shares():
                     ring = p.get("stages", 0) >= 1
                     wide = (prof.has_wgmma and p["head_block"] >= 64
                             and (p["n_splits"] <= 2 if ring else p["n_splits"] == 1))
-                    assert p["block_i"] == (64 if wide else 32), (arch, heads, t, fmt, p)
+                    assert p["block_i"] == (64 if wide else sparse_mla.narrow_tile(p["head_block"], prof)), (
+                        arch, heads, t, fmt, p)
                     assert FWD.smem_bytes(v) <= prof.max_smem_per_block
                     if wide:
                         thr = p["threads"]
@@ -216,9 +222,28 @@ def test_wide_tiles_only_on_wgmma_64_head_ctas_with_long_shares():
     assert FWD.select(hopper, {"heads": 64, "softmax_scale": SCALE}, 8).p["block_i"] == 32
     assert FWD.select(hopper, {"heads": 64, "softmax_scale": SCALE, "kv_format": "bf16"}, 2049).p["block_i"] == 64
     assert FWD.select(hopper, {"heads": 64, "softmax_scale": SCALE}, 1).p["block_i"] == 32   # 32-head CTAs
-    assert FWD.select(get_profile("sm_120a"), {"heads": 64, "softmax_scale": SCALE}, 64).p["block_i"] == 32
+    sm120 = get_profile("sm_120a")
+    assert FWD.select(sm120, {"heads": 64, "softmax_scale": SCALE, "kv_format": "bf16"}, 64).p["block_i"] == 32
     assert sparse_mla.smem_bytes_for(64, 64, 1) == 195_584
     assert sparse_mla.smem_bytes_for(64, 64, 0) == 160_256
+
+
+def test_sm12x_decode_runs_64_head_ctas_over_16_row_tiles_where_they_fit():
+    # one CTA dequantizes each candidate once for all 64 heads (two 32-head CTAs did it twice); 16-row tiles make
+    # it fit SM12x's 101,376 B. A few tokens still take 32-head CTAs (a 64-head CTA would split a list 16+ ways);
+    # the bf16 prefill keeps 32 heads over 32-row tiles.
+    sm120 = get_profile("sm_120a")
+    for heads, tokens, want in ((64, 1, (32, 32)), (64, 8, (32, 32)), (64, 16, (64, 16)), (64, 64, (64, 16)),
+                                (64, 4096, (64, 16)), (128, 8, (64, 16)), (32, 64, (32, 32)), (16, 64, (16, 32))):
+        v = FWD.select(sm120, {"heads": heads, "softmax_scale": SCALE}, tokens)
+        assert (v.p["head_block"], v.p["block_i"]) == want, (heads, tokens, v.p)
+        assert v.p["stages"] == 1 and v.p["threads"] == (128 if want[0] == 16 else 256)
+        assert FWD.smem_bytes(v) <= sm120.max_smem_per_block
+    v = FWD.select(sm120, {"heads": 64, "softmax_scale": SCALE}, 64)
+    assert v.p["n_splits"] == sparse_mla.num_splits(64, 1, sm120.num_sms_hint, 1)   # one 99 KB CTA an SM
+    bf16 = FWD.select(sm120, {"heads": 64, "softmax_scale": SCALE, "kv_format": "bf16"}, 64).p
+    assert (bf16["head_block"], bf16["block_i"]) == (32, 32)
+    assert sparse_mla.narrow_tile(64, get_profile("sm_90a")) == 32
 
 
 def test_ctas_per_sm_counts_registers_and_shared_memory():
@@ -245,7 +270,7 @@ def test_workspace_is_bounded_and_zero_without_splits():
     prof = get_profile("sm_120a")
     assert ops.sparse_mla_workspace_numel(prof, 64, 4096) == 0
     most = ops.sparse_mla_workspace_max_numel(prof, 64, 256)
-    assert 0 < most <= prof.num_sms_hint * 32 * 513  # (tokens x head blocks x splits) <= SMs, HB = 32
+    assert 0 < most <= prof.num_sms_hint * 64 * 513  # (tokens x head blocks x splits) <= SMs, HB <= 64
 
 
 @pytest.mark.parametrize("bad, match", [

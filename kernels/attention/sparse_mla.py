@@ -2,10 +2,12 @@
 decode.py (fp8_ds_mla paged cache), prefill.py (gathered bf16 rows), combine.py (split-KV merge + sink), sharing
 common.py's per-tile math.
 
-Schedules. SM12x: HB <= 32, BI = 32, 256 threads (16 heads: 128); H = 64 runs as 2 head blocks (the public
-one-CTA-per-64-heads tiling needs 141,312 B, which SM120 cannot launch). sm_90a / sm_100a: HB = 64 (one CTA reads
-a candidate tile for all 64 heads), BI = 32; on Hopper (WGMMA) BI = 64 where a token's list is split at most 2 ways
-(the fp8 ring) or not at all (prefill) (kv_tile). Split counts fill the SMs (num_splits).
+Schedules. sm_90a / sm_100a: HB = 64 (one CTA reads a candidate tile for all 64 heads), BI = 32; on Hopper
+(WGMMA) BI = 64 where a token's list is split at most 2 ways (the fp8 ring) or not at all (prefill) (kv_tile).
+SM12x: the fp8 decode also runs 64 heads a CTA, over 16-candidate tiles (99,392 B with the ring; the public
+one-CTA-per-64-heads tiling with 64-row tiles needs 141,312 B, which SM120 cannot launch); the bf16 prefill keeps
+HB <= 32 with BI = 32. 256 threads (16 heads: 128). Split counts fill the SMs (num_splits); a few tokens at 64+
+heads run 32-head CTAs (SMALL_STEP_HEAD_BLOCK).
 """
 # No `from __future__ import annotations`: TileLang evaluates the T.Tensor annotations.
 import math
@@ -27,14 +29,15 @@ SPLITS = (1, 2, 4, 8, 16, 32, 64)
 # the layout constants and kernel helpers ops, tests and benchmarks read from here
 __all__ = ["D", "GROUP", "KV_FORMATS", "LOG2E", "NOPE", "ROPE", "SCALE_BYTES", "SPAD", "TOKEN_BYTES", "DEQUANT8_SRC",
            "SPLITS", "build_combine", "build_sparse_mla", "combine_params", "ctas_per_sm", "e4m3_bf16_bits",
-           "head_block", "kv_stages", "kv_tile", "num_splits", "pass_configs_for", "smem_bytes_for",
+           "head_block", "kv_stages", "kv_tile", "narrow_tile", "num_splits", "pass_configs_for", "smem_bytes_for",
            "SparseMlaCombineSpec", "SparseMlaSpec", "attention_statics"]
 
 
-def head_block(heads: int, arch: ArchProfile) -> int:
-    """Heads per CTA: 16 (the mma.sync row tile) up to 32 on SM12x, where Q + one KV tile must fit
-    101,376 B; 64 elsewhere. H = 8 (V4-Flash at TP 8) runs padded to 16, the pad rows masked."""
-    cap = 32 if arch.family == "blackwell_consumer" else 64
+def head_block(heads: int, arch: ArchProfile, kv_format: str = "fp8_ds_mla") -> int:
+    """Heads per CTA: 16 (the mma.sync row tile) up to 64. On SM12x the bf16 prefill stops at 32 (Q and a
+    32-row tile must fit 101,376 B); the fp8 decode goes to 64 over 16-row tiles (narrow_tile). H = 8 (V4-Flash at
+    TP 8) runs padded to 16, the pad rows masked."""
+    cap = 32 if arch.family == "blackwell_consumer" and kv_format != "fp8_ds_mla" else 64
     hb = 16
     while hb < cap and hb < heads:
         hb *= 2
@@ -42,6 +45,15 @@ def head_block(heads: int, arch: ArchProfile) -> int:
 
 
 WIDE_TILE_MAX_SPLITS = 2  # 64-candidate tiles where a token's list is split at most this many ways
+
+
+def narrow_tile(hb: int, arch: ArchProfile) -> int:
+    """Candidates per tile before kv_tile widens it: 32, or 16 for 64-head CTAs on SM12x, whose Q, 32-row tile and
+    ring stage (131,456 B) do not fit 101,376 B; 16 rows fit (99,392 B). One 64-head CTA dequantizes a candidate
+    once for all heads where two 32-head CTAs did it twice: sparse MLA at 64 heads x 64 tokens, the SM120 schedule
+    on the H100, 73.3 -> 65.5 us at 64K (ratio 4) and 210.3 -> 182.0 us at 256K (ratio 128)
+    (sweep_attention_schedules; at 8 tokens equal, where select keeps 32-head CTAs)."""
+    return 16 if hb >= 64 and arch.family == "blackwell_consumer" else 32
 
 
 def kv_tile(wgmma_cta: bool, n_splits: int, ring: bool) -> int:
@@ -101,14 +113,15 @@ def _schedule(arch: ArchProfile, heads: int, hb: int, fmt: str, num_tokens: int)
     threads = 128 if hb == 16 else 256
     # T.gemm lowers to WGMMA where the GPU has it and a CTA's head block fills a warp group's 64 rows
     wgmma_cta = arch.has_wgmma and hb >= 64
-    # the split count as the ring would run with 32-candidate tiles; where registers take over, their
+    # the split count as the ring would run with narrow tiles; where registers take over, their
     # footprint holds at least as many CTAs an SM (the count stands), and a 64-candidate tile is chosen
     # only where one CTA an SM runs either way (64 heads on Hopper)
     ring = 1 if fmt == "fp8_ds_mla" else 0
-    per_sm = ctas_per_sm(arch, smem_bytes_for(hb, 32, ring), threads)
+    bi = narrow_tile(hb, arch)
+    per_sm = ctas_per_sm(arch, smem_bytes_for(hb, bi, ring), threads)
     n_splits = num_splits(num_tokens, math.ceil(heads / hb), arch.num_sms_hint, per_sm)
-    stages = kv_stages(hb, 32, arch, n_splits) if fmt == "fp8_ds_mla" else 0
-    return threads, wgmma_cta, n_splits, stages, kv_tile(wgmma_cta, n_splits, stages > 0)
+    stages = kv_stages(hb, bi, arch, n_splits) if fmt == "fp8_ds_mla" else 0
+    return threads, wgmma_cta, n_splits, stages, kv_tile(wgmma_cta, n_splits, stages > 0) if bi == 32 else bi
 
 
 def build_sparse_mla(heads: int, head_block: int, block_i: int, threads: int, kv_format: str, n_splits: int,
@@ -159,7 +172,7 @@ class SparseMlaSpec(KernelSpec):
         check_arch(self.name, arch)
         self.check_tokens(num_tokens)
         heads, scale, fmt = _static_heads_scale(self.name, static)
-        hb = head_block(heads, arch)
+        hb = head_block(heads, arch, fmt)
         threads, wgmma_cta, n_splits, stages, bi = _schedule(arch, heads, hb, fmt, num_tokens)
         if fmt == "fp8_ds_mla" and hb > SMALL_STEP_HEAD_BLOCK and n_splits >= SMALL_STEP_SPLITS:
             # a few tokens at 64+ heads: 32-head CTAs (twice the CTAs a token, each moving half of Q and of the
