@@ -2,11 +2,14 @@
 date, exact command), the status of each family and schedule (GPU cases and the scoreboard), the scoreboard's
 points (goal_table.py) and the other families' latest figures.
 
-    python benchmarks/results.py BENCH_DIR [LATER_DIR ...] [--cases CASES_DIR/gpu_cases.jsonl] [--out benchmarks/RESULTS.md]
+    python benchmarks/results.py BENCH_DIR [LATER_DIR ...] [--cases CASES_DIR/gpu_cases.jsonl]
+        [--other-gpu OTHER_BENCH_DIR ...] [--out benchmarks/RESULTS.md]
 
 BENCH_DIR is what `scripts/gpu_pass.sh bench` leaves (gpu_pass_bench/ in its tarball): the benchmarks' JSON,
 bench_floor.json and mma_peak.json; gpu_cases.jsonl (the GPU cases' worst per-token errors) comes from a cases pass
-(`scripts/gpu_pass.sh`, gpu_pass_cases/). Nothing here is typed by hand: rerun it after a pass.
+(`scripts/gpu_pass.sh`, gpu_pass_cases/). --other-gpu adds a whole bench pass of the same code on another GPU kind
+(an H200 beside an H100) as a scoreboard of its own, judged on that call's floors. Nothing here is typed by hand:
+rerun it after a pass.
 """
 from __future__ import annotations
 
@@ -125,8 +128,29 @@ def other_family(doc: dict, limit: int = 40) -> list[str]:
     return _table(cols, [[r.get(c) for c in cols] for r in rows[:limit]])
 
 
-def render(d, cases_path: Path | None = None) -> str:
-    """RESULTS.md from a bench pass's folder `d` (or a list: the pass, then partial re-runs; see read_passes)."""
+def verdict_counts(sb: dict) -> str:
+    """'met 7, short 45' over every judged point of a scoreboard, per schedule family."""
+    out = []
+    for fam, sched in sorted({(r["family"], r["schedule"]) for r in sb["rows"]}):
+        got = [r["verdict"] for r in sb["rows"] if (r["family"], r["schedule"]) == (fam, sched)]
+        out.append(f"{fam} {sched}: " + ", ".join(f"{got.count(v)} {v}" for v in VERDICTS if got.count(v)))
+    return "; ".join(out)
+
+
+def other_gpu_lines(d: Path) -> list[str]:
+    """A whole bench pass on another GPU kind: its files, what its points add up to, and its scoreboard."""
+    got = read_passes([d])
+    sb = scoreboard([d], got)
+    out = ["", f"## Scoreboard on {sb['device'] or '?'}", "", "The same code's bench pass on this GPU, judged on the "
+           "floors of its own call:", ""]
+    out += sources(got["used"])
+    out += ["", f"Verdicts: {verdict_counts(sb)}.", ""]
+    return out + scoreboard_lines(sb)
+
+
+def render(d, cases_path: Path | None = None, other_gpus: list[Path] | None = None) -> str:
+    """RESULTS.md from a bench pass's folder `d` (or a list: the pass, then partial re-runs; see read_passes), with
+    other GPU kinds' whole passes as scoreboards of their own."""
     dirs = [Path(x) for x in (d if isinstance(d, (list, tuple)) else [d])]
     d = dirs[0]
     has_floors = any(d.glob("bench_floor*.json"))
@@ -155,6 +179,8 @@ def render(d, cases_path: Path | None = None) -> str:
                 "ratio-4 layer, sparse MLA on a ratio-128 layer, chained in one graph) against the sum of its steps' "
                 "floors, within the sum of their goal times.", ""]
         out += scoreboard_lines(sb)
+    for other in other_gpus or []:
+        out += other_gpu_lines(Path(other))
     for name, doc in sorted(docs.items()):
         fam = family_of(doc)
         if fam is not None and fam not in (*FAMILIES, BLOCK):
@@ -168,9 +194,12 @@ def main() -> None:
                                            "floors and benchmarks re-run in one call; they replace that family)")
     ap.add_argument("--cases", default=None, help="the GPU cases' results (gpu_cases.jsonl of a cases pass; default: "
                                                   "DIR/gpu_cases.jsonl)")
+    ap.add_argument("--other-gpu", nargs="+", default=[], help="whole bench passes of the same code on other GPU "
+                                                               "kinds: a scoreboard of their own each")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "RESULTS.md"))
     args = ap.parse_args()
-    Path(args.out).write_text(render([Path(x) for x in args.dir], Path(args.cases) if args.cases else None))
+    Path(args.out).write_text(render([Path(x) for x in args.dir], Path(args.cases) if args.cases else None,
+                                     [Path(x) for x in args.other_gpu]))
     print(f"wrote {args.out}")
 
 

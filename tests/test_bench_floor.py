@@ -195,6 +195,18 @@ def test_results_md_names_every_source_and_summarises_each_family_and_schedule(p
     assert "| attention block | sm_90a | H64 ratio 4 64K x 1 | 7.00 |" in md and "## attention block" not in md
     for word in ("session", "issue", "#9", "device time"):
         assert word not in md
+    # the same code's whole pass on another GPU kind: a scoreboard of its own, after the first GPU's
+    other = tmp_path / "h200"
+    other.mkdir()
+    for name, doc in _pass_files(points).items():
+        doc = json.loads(json.dumps(doc).replace("\"H100\"", "\"H200\""))
+        (other / name).write_text(json.dumps(doc))
+    md2 = res.render(tmp_path, other_gpus=[other])
+    assert md2.startswith(md[:md.index("## mhc")].rstrip("\n"))
+    tail = md2[md2.index("## Scoreboard on "):md2.index("## mhc")]
+    assert tail.startswith("## Scoreboard on H200") and "; attention sm_90a: 2 met; attention block" in tail
+    assert "\nVerdicts: attention sm_120a on sm_90a: 2 short;" in tail
+    assert "| gemm | sm_90a | flash TP1 wq_b 1024->32768 M=1 |" in tail
 
 
 def test_large_m_sweep_candidates_swap_only_the_tile_width_and_count():
