@@ -241,6 +241,16 @@ def test_stages_never_exceed_the_k_blocks():
     assert spec.select(get_profile("sm_90a"), {"n": 4096, "k": 7168}, 4096).p["stages"] == 2
     with pytest.raises(ValueError, match="not a tile of this kernel"):
         kmod.build_fp4_moe_gemm(**{**dec[-1], "block_n": 128})
+    # Hopper at a few tokens: eight warps where a warp's K walk is the longest (V4-Pro w1+w3, K = 7,168), four
+    # elsewhere (V4-Flash's K = 4,096 and below, 9+ tokens, SM12x)
+    hopper = get_profile("sm_90a")
+    warps = {(k, t): spec.select(hopper, {"n": 768, "k": k}, t).p["threads"] // 32
+             for k in (2048, 4096, 7168) for t in (1, 8, 9)}
+    assert warps == {(2048, 1): 4, (2048, 8): 4, (2048, 9): 4, (4096, 1): 4, (4096, 8): 4, (4096, 9): 4,
+                     (7168, 1): 8, (7168, 8): 8, (7168, 9): 4}
+    assert spec.select(hopper, {"n": 768, "k": 7168}, 1).p["stages"] == 2
+    assert kmod.moe_smem_bytes(spec.select(hopper, {"n": 768, "k": 7168}, 1).p) == 99_104
+    assert spec.select(SM120, {"n": 768, "k": 7168}, 1).p["threads"] == 128
     # warps split K: at most MAX_WARPS, never more than the K blocks (K = 384: 3)
     for bad in ({**dec[-1], "threads": 32 * (kmod.MAX_WARPS + 1)}, {**dec[2], "threads": 128}, {**dec[-1], "threads": 100}):
         with pytest.raises(ValueError, match="not a tile of this kernel"):

@@ -77,6 +77,7 @@ def main() -> None:
         except ValueError:
             ap.error(f"--tiles {t!r}: expected BMxBN[xW], e.g. 16x64")
     warps0 = dict(kmod.WARPS_BY_ROWS)   # a tile without W gets the module's warps for its rows
+    long0 = kmod.LONG_K_WARPS
     for tile in tiles:
         for st in args.stages or [None]:
             if st is not None:   # the sweep (patched into the kernel module; the budget still caps it)
@@ -85,6 +86,7 @@ def main() -> None:
                 kmod.BLOCK_M_BY_TOKENS = ((kmod.BLOCK_M_BY_TOKENS[0][0], tile[0]),) + kmod.BLOCK_M_BY_TOKENS[1:]
                 kmod.COLS_BY_ROWS[tile[0]] = tile[1]
                 kmod.WARPS_BY_ROWS[tile[0]] = tile[2] if len(tile) > 2 else warps0.get(tile[0], 4)
+                kmod.LONG_K_WARPS = tile[2] if len(tile) > 2 else long0   # a W given holds for long K walks too
             jit._SELECT_MEMO.clear()   # select reads the constants: drop the memoised variants
             if args.stages or args.tiles:
                 print(f"-- stages {st} tile {tile}")

@@ -112,14 +112,23 @@ def moe_block_m(num_tokens: int) -> int:
 
 
 # Warps a CTA splits K over, by routed rows (each warp its own ring). Eight warps a CTA (twice the bytes in flight,
-# half the chain) are no faster at decode: Hopper holds two 92 KB CTAs an SM against four 51 KB ones.
+# half the chain) are no faster in general: Hopper holds two 92 KB CTAs an SM against four 51 KB ones. Where a warp's
+# K walk is the longest (more than LONG_K_BLOCKS K blocks: V4-Pro's w1+w3, K = 7,168) and the tokens few (up to
+# FEW_TOKENS), Hopper runs eight: on an H100, per layer, 8 layers a graph, V4-Pro TP 8 w1+w3 15.5 -> 13.5 us at one
+# token and 63.9 -> 58.9 at 8. V4-Flash lost with eight at one token (w1+w3, K = 4,096: 25.8 -> 28.2; w2: 16.0 ->
+# 17.1: 384 CTAs in two waves of 92 KB ones instead of one of 51 KB ones) and gained 2-4% at 8, so it keeps four,
+# as does SM12x (unmeasured there).
 WARPS_BY_ROWS = {8: 4, 16: 4, 32: 4, 64: 4}
+FEW_TOKENS = 8
+LONG_K_BLOCKS = 32
+LONG_K_WARPS = 8
 MAX_WARPS = 8
 
 
-def cta_warps(k: int, rows: int) -> int:
-    """Warps of a CTA: one per K block up to WARPS_BY_ROWS (w2 at TP 8 has 2-3 K blocks)."""
-    return max(1, min(WARPS_BY_ROWS[rows], k // ACT_BLOCK))
+def cta_warps(k: int, rows: int, long_walk: bool = False) -> int:
+    """Warps of a CTA: one per K block up to WARPS_BY_ROWS, or LONG_K_WARPS for a long K walk at a few tokens on
+    Hopper (w2 at TP 8 has 2-3 K blocks)."""
+    return max(1, min(LONG_K_WARPS if long_walk else WARPS_BY_ROWS[rows], k // ACT_BLOCK))
 
 
 # Weight rows (output columns) per CTA by routed rows: four m16 tiles, two for 64 routed rows (a lane's
@@ -164,7 +173,8 @@ def moe_smem_bytes(p: Mapping[str, Any]) -> int:
 def moe_params(arch: ArchProfile, n: int, k: int, num_tokens: int) -> dict:
     bm = moe_block_m(num_tokens)
     bn = block_cols(bm)
-    warps = cta_warps(k, bm)
+    long_walk = num_tokens <= FEW_TOKENS and k // ACT_BLOCK > LONG_K_BLOCKS and arch.family != "blackwell_consumer"
+    warps = cta_warps(k, bm, long_walk)
     # never more stages than K blocks a warp walks, nor than fit the budget (64 rows at K = 7168 on SM12x: one)
     stages = max(1, min(STAGES, -(-(k // ACT_BLOCK) // warps)))
     while stages > 1 and moe_smem_bytes_for(k, stages, bm, bn, warps) > arch.max_smem_per_block:
