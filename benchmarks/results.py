@@ -137,18 +137,30 @@ def verdict_counts(sb: dict) -> str:
     return "; ".join(out)
 
 
-def other_gpu_lines(d: Path) -> list[str]:
-    """A whole bench pass on another GPU kind: its files, what its points add up to, and its scoreboard."""
+def _in_families(fam: str | None, families: tuple[str, ...] | None) -> bool:
+    """Whether a file's or row's family is among `families` (None: all); the attention block goes with attention."""
+    return families is None or (fam == BLOCK and "attention" in families) or fam in families
+
+
+def other_gpu_lines(d: Path, families: tuple[str, ...] | None = None) -> list[str]:
+    """A whole bench pass on another GPU kind: its files, what its points add up to, and its scoreboard; `families`
+    keeps only those (the ones whose kernels the pass ran as they are now)."""
     got = read_passes([d])
     sb = scoreboard([d], got)
-    out = ["", f"## Scoreboard on {sb['device'] or '?'}", "", "The same code's bench pass on this GPU, judged on the "
-           "floors of its own call:", ""]
-    out += sources(got["used"])
+    if families is not None:
+        sb = {**sb, "rows": [r for r in sb["rows"] if _in_families(r["family"], families)],
+              "large_m": sb["large_m"] if "gemm" in families else []}
+    used = [(n, doc) for n, doc in got["used"] if family_of(doc) is None or _in_families(family_of(doc), families)]
+    shown = "" if families is None else f" ({', '.join(families)})"
+    out = ["", f"## Scoreboard on {sb['device'] or '?'}{shown}", "", "The same code's bench pass on this GPU, judged "
+           "on the floors of its own call:", ""]
+    out += sources(used)
     out += ["", f"Verdicts: {verdict_counts(sb)}.", ""]
     return out + scoreboard_lines(sb)
 
 
-def render(d, cases_path: Path | None = None, other_gpus: list[Path] | None = None) -> str:
+def render(d, cases_path: Path | None = None, other_gpus: list[Path] | None = None,
+           other_families: tuple[str, ...] | None = None) -> str:
     """RESULTS.md from a bench pass's folder `d` (or a list: the pass, then partial re-runs; see read_passes), with
     other GPU kinds' whole passes as scoreboards of their own."""
     dirs = [Path(x) for x in (d if isinstance(d, (list, tuple)) else [d])]
@@ -180,7 +192,7 @@ def render(d, cases_path: Path | None = None, other_gpus: list[Path] | None = No
                 "floors, within the sum of their goal times.", ""]
         out += scoreboard_lines(sb)
     for other in other_gpus or []:
-        out += other_gpu_lines(Path(other))
+        out += other_gpu_lines(Path(other), other_families)
     for name, doc in sorted(docs.items()):
         fam = family_of(doc)
         if fam is not None and fam not in (*FAMILIES, BLOCK):
@@ -196,10 +208,14 @@ def main() -> None:
                                                   "DIR/gpu_cases.jsonl)")
     ap.add_argument("--other-gpu", nargs="+", default=[], help="whole bench passes of the same code on other GPU "
                                                                "kinds: a scoreboard of their own each")
+    ap.add_argument("--other-gpu-families", nargs="+", default=None, choices=FAMILIES,
+                    help="show only these families of the --other-gpu passes (those whose kernels they ran as the "
+                         "code has them)")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "RESULTS.md"))
     args = ap.parse_args()
     Path(args.out).write_text(render([Path(x) for x in args.dir], Path(args.cases) if args.cases else None,
-                                     [Path(x) for x in args.other_gpu]))
+                                     [Path(x) for x in args.other_gpu],
+                                     tuple(args.other_gpu_families) if args.other_gpu_families else None))
     print(f"wrote {args.out}")
 
 

@@ -207,6 +207,12 @@ def test_results_md_names_every_source_and_summarises_each_family_and_schedule(p
     assert tail.startswith("## Scoreboard on H200") and "; attention sm_90a: 2 met; attention block" in tail
     assert "\nVerdicts: attention sm_120a on sm_90a: 2 short;" in tail
     assert "| gemm | sm_90a | flash TP1 wq_b 1024->32768 M=1 |" in tail
+    # only some families of it: the others' rows and files are left out
+    md3 = res.render(tmp_path, other_gpus=[other], other_families=("attention", "indexer"))
+    tail = md3[md3.index("## Scoreboard on "):md3.index("## mhc")]
+    assert tail.startswith("## Scoreboard on H200 (attention, indexer)")
+    assert "| gemm |" not in tail and "bench_gemm" not in tail and "| moe |" not in tail
+    assert "| attention block | sm_90a |" in tail and "`bench_floor.json`" in tail
 
 
 def test_large_m_sweep_candidates_swap_only_the_tile_width_and_count():
