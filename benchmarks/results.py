@@ -19,7 +19,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.* imports
-from benchmarks.goal_table import BLOCK, FAMILIES, family_of, load, pass_lines, read_passes, scoreboard  # noqa: E402
+from benchmarks.goal_table import (BLOCK, FAMILIES, family_of, load, pass_lines, read_passes, scoreboard,  # noqa: E402
+                                   summary)
 
 VERDICTS = ("met", "short", "unreachable", "no data")
 
@@ -128,13 +129,10 @@ def other_family(doc: dict, limit: int = 40) -> list[str]:
     return _table(cols, [[r.get(c) for c in cols] for r in rows[:limit]])
 
 
-def verdict_counts(sb: dict) -> str:
-    """'met 7, short 45' over every judged point of a scoreboard, per schedule family."""
-    out = []
-    for fam, sched in sorted({(r["family"], r["schedule"]) for r in sb["rows"]}):
-        got = [r["verdict"] for r in sb["rows"] if (r["family"], r["schedule"]) == (fam, sched)]
-        out.append(f"{fam} {sched}: " + ", ".join(f"{got.count(v)} {v}" for v in VERDICTS if got.count(v)))
-    return "; ".join(out)
+def verdict_counts(rows: list[dict]) -> str:
+    """'gemm sm_90a: 7 met, 45 short; ...' over judged points (goal_table.summary's counts), per family and schedule."""
+    return "; ".join(f"{fam} {sched}: " + ", ".join(f"{c[v]} {v}" for v in VERDICTS if c.get(v))
+                     for (fam, sched), c in sorted(summary(rows).items()))
 
 
 def _in_families(fam: str | None, families: tuple[str, ...] | None) -> bool:
@@ -155,7 +153,7 @@ def other_gpu_lines(d: Path, families: tuple[str, ...] | None = None) -> list[st
     out = ["", f"## Scoreboard on {sb['device'] or '?'}{shown}", "", "The same code's bench pass on this GPU, judged "
            "on the floors of its own call:", ""]
     out += sources(used)
-    out += ["", f"Verdicts: {verdict_counts(sb)}.", ""]
+    out += ["", f"Verdicts: {verdict_counts(sb['rows'])}.", ""]
     return out + scoreboard_lines(sb)
 
 
