@@ -278,8 +278,9 @@ def test_sm120_shared_memory_figures():
     """The pre-nvcc formulas of the SM12x schedules (lowered figures measured: docs/kernels.md)."""
     spec = get_spec("fp8_gemm")
     st = gops.gemm_static(4096, 8192)
-    # decode: the ring, 2 K blocks per stage (4 stages at M <= 16, 2 at M <= 64) + the split's scale products
-    assert spec.smem_bytes(spec.select(SM120, st, 1)) == 4 * 2 * (16 + 64) * 128 + 4 * 16 * 16 == 82_944
+    # decode: the ring, 2 K blocks per stage (4 stages at M <= 16, 2 at M <= 64) + the split's scale products, and
+    # where the GEMM sums its own partials (up to 32-row tiles) the last-to-arrive flag
+    assert spec.smem_bytes(spec.select(SM120, st, 1)) == 4 * 2 * (16 + 64) * 128 + 4 * 16 * 16 + 4 == 82_948
     assert spec.smem_bytes(spec.select(SM120, st, 64)) == 2 * 2 * (64 + 64) * 128 + 4 * 64 * 16 == 69_632
     # large M: 64 x 128 tiles, 4 stages (every family: the SM12x budget)
     assert spec.smem_bytes(spec.select(SM120, st, 2049)) == 4 * (64 * 128 + 128 * 128 + 256) == 99_328
@@ -392,7 +393,8 @@ def test_fp8_gemm_validation_groups_workspace_arch(cpu_tensors_ok):
     ga = _gemm_args(m=3, n=1024, k=4096, groups=8)
     with pytest.raises(ValueError, match="^b_scales"):
         gops.fp8_gemm(ga["a"], ga["a_scales"], ga["b"], torch.ones(8, 32), arch=SM120, get_kernel=_no_kernel, groups=8)
-    assert gops.fp8_gemm_workspace_numel(1536, 4096, 1, arch=SM120) == \
+    # the arrival counters first (a fixed region), then the partials
+    assert gops.fp8_gemm_workspace_numel(1536, 4096, 1, arch=SM120) == gops.FIXUP_COUNTERS + \
         get_spec("fp8_gemm").select(SM120, gops.gemm_static(1536, 4096), 1).p["split"] * 1536
     assert gops.fp8_gemm_workspace_numel(1536, 4096, 300, arch=SM120) == 0
 

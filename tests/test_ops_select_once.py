@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dsv4_jit.arch import get_profile
-from dsv4_jit.spec import all_specs
+from dsv4_jit.spec import all_specs, get_spec
 
 SM120 = get_profile("sm_120a")
 
@@ -41,13 +41,18 @@ def _get_kernel(spec, static, num_tokens):
 
 
 def test_fp8_gemm_selects_each_kernel_once(selects, cpu_tensors_ok):
-    from dsv4_jit.kernels.gemm import ops
-    m, n, k = 1, 1536, 4096   # decode: split-K, so the reduction runs too
-    a, sa = torch.zeros(m, k, dtype=torch.float8_e4m3fn), torch.ones(m, k // 128)
+    from dsv4_jit.kernels.gemm import fp8_gemm, ops
+    n, k = 1536, 4096
     b, sb = torch.zeros(n, k, dtype=torch.float8_e4m3fn), torch.ones(n // 128, k // 128)
-    for _ in range(3):
-        ops.fp8_gemm(a, sa, b, sb, arch=SM120, get_kernel=_get_kernel)
-    assert selects == {"fp8_gemm": 3, "fp8_gemm_reduce": 3}
+    # M = 1: split-K summed in the GEMM's launch; M = 64 (64-row tiles): the reduce kernel runs behind it
+    for m, kernels in ((1, {"fp8_gemm": 3}), (64, {"fp8_gemm": 3, "fp8_gemm_reduce": 3})):
+        a, sa = torch.zeros(m, k, dtype=torch.float8_e4m3fn), torch.ones(m, k // 128)
+        p = get_spec("fp8_gemm").select(SM120, ops.gemm_static(n, k), m).p
+        assert p["split"] > 1 and fp8_gemm.sums_in_kernel(p) == (m == 1)
+        selects.clear()
+        for _ in range(3):
+            ops.fp8_gemm(a, sa, b, sb, arch=SM120, get_kernel=_get_kernel)
+        assert selects == kernels
 
 
 def test_sparse_mla_selects_each_kernel_once(selects, cpu_tensors_ok):

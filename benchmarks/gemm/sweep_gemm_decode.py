@@ -4,7 +4,7 @@ of a model at one TP (kernels/gemm/family.py: gemm_shapes).
 
 Candidates are Variants built by hand (not through `select`), compiled for this GPU with the schedule family
 named by --schedule (sm_120a: the SM12x budget and pass configs, compiled for sm_90a). Time = one CUDA-graph
-replay of the op (GEMM + reduce when split), L2 flushed before it, as bench_gemm. The `floor` row is the same
+replay of the op (GEMM, + reduce where a split variant does not sum in its launch), L2 flushed before it, as bench_gemm. The `floor` row is the same
 timer around a graph of one 1-element kernel: what any single-launch op costs here before it moves a byte.
 
     python benchmarks/gemm/sweep_gemm_decode.py --schedule sm_120a --m 1 64 -j 16 --out bench_out/sweep_gemm.json
@@ -147,6 +147,8 @@ def main() -> int:
                    "selected": p == picked}
             c = torch.empty(m, groups * n, dtype=torch.bfloat16, device="cuda")
             part = torch.empty(p["split"], m, groups * n, device="cuda")
+            counters = torch.zeros(-(-m // p["block_m"]) * groups * (n // p["block_n"]), dtype=torch.int32,
+                                   device="cuda")   # zeroed once; each launch that sums in place leaves them zero
             try:
                 kern = jit.load(GEMM, v)
             except Exception as e:  # a candidate that does not build: keep going
@@ -154,10 +156,13 @@ def main() -> int:
                 rows.append(row)
                 continue
 
-            def f(kern=kern, split=p["split"], c=c, part=part, ws=copies[:1]):
+            def f(kern=kern, split=p["split"], fold=gk.sums_in_kernel(p), c=c, part=part, counters=counters,
+                  ws=copies[:1]):
                 for w, ws_ in ws:
                     if split == 1:
                         kern(a, sa, w, ws_, c)
+                    elif fold:
+                        kern(a, sa, w, ws_, part, counters, c)
                     else:
                         kern(a, sa, w, ws_, part)
                         red(part, c)

@@ -1,5 +1,5 @@
-"""The FP8 block-scaled GEMM family: every FP8 linear of a DeepSeek V4 layer (fp8_gemm.py), with split-K
-partials summed by fp8_gemm_reduce. Host op: ops.py. Reference: reference.py.
+"""The FP8 block-scaled GEMM family: every FP8 linear of a DeepSeek V4 layer (fp8_gemm.py), split-K
+partials summed in the same launch or (64-row tiles) by fp8_gemm_reduce. Host op: ops.py. Reference: reference.py.
 
 Which GEMMs a forward pass runs per layer (dsv4_kernels.md section 1 table; shapes as K -> N, derived from the
 model config by `gemm_shapes`, never typed in). Assumptions (stated, not read from an engine):
@@ -70,7 +70,7 @@ def _uses(model, parallel) -> list[KernelUse]:
     uses = [KernelUse(spec, gemm_static(s["n"], s["k"], s["groups"]),
                       f"fp8 GEMM {s['label']}: K {s['groups'] * s['k']} -> N {s['groups'] * s['n']}")
             for s in gemm_shapes(model, parallel.tp_size)]
-    uses.append(KernelUse(get_spec("fp8_gemm_reduce"), {}, "split-K reduction of the small-M fp8 GEMMs"))
+    uses.append(KernelUse(get_spec("fp8_gemm_reduce"), {}, "split-K reduction of the 64-row-tile fp8 GEMMs"))
     return uses
 
 
@@ -123,8 +123,11 @@ def _case(m, shape: dict, tp: int) -> GpuCase:
         c = torch.full((t, groups * n), float("nan"), dtype=torch.bfloat16, device=inp["a"].device)
         ws = torch.full((max(1, ops.fp8_gemm_workspace_numel(n, k, t, arch=arch, groups=groups)),), float("nan"),
                         dtype=torch.float32, device=inp["a"].device)
+        ws[:ops.FIXUP_COUNTERS].zero_()   # the counters start zeroed (the workspace contract); partials NaN
         ops.fp8_gemm(inp["a"], inp["sa"], inp["b"], inp["sb"], arch=arch, get_kernel=get_kernel, groups=groups,
                      out=c, workspace=ws)
+        if ws.numel() > 1 and ws[:ops.FIXUP_COUNTERS].view(torch.int32).any():
+            raise AssertionError("fp8_gemm: a split-K launch left an arrival counter nonzero")
         out["c"].copy_(c.double())
 
     def ref(inp, out):

@@ -18,10 +18,12 @@ Schedules (`select` picks one of four by the token count; the same on every arch
     alone would leave SMs idle, and split-K over a divisor of the K blocks until (N tiles x splits) reaches
     the SM count, so small-M GEMMs stream the weight with the whole GPU (in shares of at least
     MIN_SPLIT_K_BLOCKS K blocks where the N tiles alone occupy 3/4 of the SMs). Split > 1 writes fp32 partials
-    [split, M, N] to a workspace and `fp8_gemm_reduce` sums them into bf16 C. The main loop is a cp.async ring
+    [split, M, N] to a workspace. Up to 32-row tiles the last CTA of each output tile to finish (an arrival counter
+    per tile, which it leaves zero) sums them in split order into bf16 C, in the same launch; 64-row tiles leave
+    that to `fp8_gemm_reduce` (see sums_in_kernel). The main loop is a cp.async ring
     (`ring`, k_stage K blocks per stage: 256 B runs of each weight row) that requests its first weight stages
-    before the grid dependency sync, so under programmatic dependent launch (PDL; the ring GEMM and the reduce
-    trigger their dependents at start) a GEMM may begin streaming its weight while the previous one drains. All
+    before the grid dependency sync, so under programmatic dependent launch (PDL; the ring GEMM
+    triggers its dependents at start) a GEMM may begin streaming its weight while the previous one drains. All
     the CTA's scale products load once, not per K block. act_quant_fp8 (the GEMM's usual predecessor) has no
     PDL trigger: it gave no measurable overlap.
   * batched decode, 64 < M <= 256: the same 64-row tiles (2..4 M tiles), split-K counted for 2 M tiles and
@@ -77,6 +79,16 @@ _WGMMA_TILE = (128, 128, 256, 4)
 _TILE_FILL_BLOCKS = 8
 
 
+def sums_in_kernel(p: Mapping[str, Any]) -> bool:
+    """Whether split variant params `p` sum their partials in the GEMM's own launch (the last CTA of each output tile
+    to arrive), else in fp8_gemm_reduce behind it. In the launch up to 32-row tiles: per layer on an H100, V4-Flash
+    TP 1 and V4-Pro TP 8 at M = 1 / 8 / 32, 1-27% faster (V4-Pro wo_a at M = 32 10.7 -> 7.8 us, V4-Flash shared
+    expert w2 9.0 -> 7.1; one point 0.3 us slower). A 64-row tile's last CTA reads split x 16 KB of partials on one
+    SM, where the reduce kernel spreads them over the GPU: 0.5-2.4 us slower at M = 64 (V4-Pro shared expert w1+w3
+    10.0 -> 12.4), so those keep the reduce kernel."""
+    return p["split"] > 1 and p["block_m"] <= DECODE_MID_M
+
+
 def uses_wgmma(arch: ArchProfile, num_tokens: int) -> bool:
     """Past the 32-row decode ring (M > 32) on a GPU with WGMMA (a real Hopper profile; an SM120 schedule emulated
     on sm_90a has none)."""
@@ -91,18 +103,19 @@ def stage_bytes(block_m: int, block_n: int) -> int:
 
 def gemm_smem_bytes(p: Mapping[str, Any]) -> int:
     """Pre-nvcc shared memory: `stages` copies of a stage (see stage_bytes; a ring stage holds k_stage K blocks,
-    and the ring holds its block_m x K-blocks-per-split fp32 scale products once); the accumulators live in
-    registers and C is stored from them."""
+    and the ring holds its block_m x K-blocks-per-split fp32 scale products once), and (sums_in_kernel) the 4-byte
+    last-to-arrive flag; the accumulators live in registers and C is stored from them."""
+    flag = 4 if sums_in_kernel(p) else 0   # the CTA's "last to arrive" word
     if p.get("wgmma"):
         # the stages' A and B tiles and their two mbarriers (8 B each), and (no split) C's bf16 tile for the TMA
         # store (TileLang may place it over the drained stages: this is an upper bound)
         c_tile = 2 * p["block_m"] * p["block_n"] if p["split"] == 1 else 0
-        return p["stages"] * ((p["block_m"] + p["block_n"]) * BLOCK_K + 16) + c_tile
+        return p["stages"] * ((p["block_m"] + p["block_n"]) * BLOCK_K + 16) + c_tile + flag
     if p.get("ring"):
         ks = p.get("k_stage", 1)
         return (p["stages"] * ks * (p["block_m"] + p["block_n"]) * BLOCK_K
-                + 4 * p["block_m"] * (p["k"] // BLOCK_K // p["split"]))
-    return p["stages"] * stage_bytes(p["block_m"], p["block_n"])
+                + 4 * p["block_m"] * (p["k"] // BLOCK_K // p["split"]) + flag)
+    return p["stages"] * stage_bytes(p["block_m"], p["block_n"]) + flag
 
 
 def _stages(block_m: int, block_n: int, k_iters: int) -> int:
@@ -112,7 +125,7 @@ def _stages(block_m: int, block_n: int, k_iters: int) -> int:
 
 
 # Where the N tiles alone occupy 3/4 of the SMs, a split must leave each CTA this many K blocks: shorter shares
-# paid more in partials and the reduce launch than the last SMs' fill gained (H100 sweep: V4-Pro TP 8's shared
+# paid more in partials and a separate reduce kernel than the last SMs' fill gained (H100 sweep: V4-Pro TP 8's shared
 # expert w2, K = 384, 5.9 -> 3.5 us at M = 8 and 10.3 -> 5.6 at M = 64 unsplit; K = 1,024 unsplit level or faster;
 # K >= 1,536 still gains from 2 splits at M = 64).
 MIN_SPLIT_K_BLOCKS = 5
@@ -418,6 +431,29 @@ def build_fp8_gemm(*, n: int, k: int, block_m: int, block_n: int, split: int, st
 
         return fp8_gemm
 
+    if not sums_in_kernel({"split": split, "block_m": BM}):
+        @T.prim_func
+        def fp8_gemm_splitk(
+            a: T.Tensor[(M, G * k), FP8],
+            sa: T.Tensor[(M, G * KB), f32],
+            b: T.Tensor[(G * n, k), FP8],
+            sb: T.Tensor[(G * NQ, KB), f32],
+            partial: T.Tensor[(split, M, G * n), f32],
+        ):
+            with T.Kernel(n // BN, T.ceildiv(M, BM), G * split, threads=threads) as (bx, by, bz):
+                acc = T.alloc_fragment((BM, BN), f32)
+                if wgmma:
+                    mainloop_wgmma(a, sa, b, sb, acc, partial, bx, by, bz // split, bz % split)
+                else:
+                    mainloop(a, sa, b, sb, acc, bx, by, bz // split, bz % split)
+                for i, j in T.Parallel(BM, BN):
+                    if by * BM + i < M:
+                        partial[bz % split, by * BM + i, (bz // split) * n + bx * BN + j] = acc[i, j]
+
+        return fp8_gemm_splitk
+
+    NT = n // BN
+
     @T.prim_func
     def fp8_gemm_splitk(
         a: T.Tensor[(M, G * k), FP8],
@@ -425,16 +461,41 @@ def build_fp8_gemm(*, n: int, k: int, block_m: int, block_n: int, split: int, st
         b: T.Tensor[(G * n, k), FP8],
         sb: T.Tensor[(G * NQ, KB), f32],
         partial: T.Tensor[(split, M, G * n), f32],
+        counters: T.Tensor[(T.ceildiv(M, BM) * G * NT,), "int32"],
+        c: T.Tensor[(M, G * n), "bfloat16"],
     ):
-        with T.Kernel(n // BN, T.ceildiv(M, BM), G * split, threads=threads) as (bx, by, bz):
+        with T.Kernel(NT, T.ceildiv(M, BM), G * split, threads=threads) as (bx, by, bz):
             acc = T.alloc_fragment((BM, BN), f32)
+            red = T.alloc_fragment((BM, BN), f32)
+            last = T.alloc_shared((1,), "int32")
+            tx = T.get_thread_binding()
+            g = bz // split
             if wgmma:
-                mainloop_wgmma(a, sa, b, sb, acc, partial, bx, by, bz // split, bz % split)
+                mainloop_wgmma(a, sa, b, sb, acc, partial, bx, by, g, bz % split)
             else:
-                mainloop(a, sa, b, sb, acc, bx, by, bz // split, bz % split)
+                mainloop(a, sa, b, sb, acc, bx, by, g, bz % split)
             for i, j in T.Parallel(BM, BN):
                 if by * BM + i < M:
-                    partial[bz % split, by * BM + i, (bz // split) * n + bx * BN + j] = acc[i, j]
+                    partial[bz % split, by * BM + i, g * n + bx * BN + j] = acc[i, j]
+            # Split-K fixup in this launch (no reduce kernel): the tile's last CTA to count in sums the partials.
+            # Thread 0's acq_rel count releases this CTA's partial (the barrier orders the other threads' stores
+            # before it) and, in the last CTA, acquires the others'; that CTA leaves the counter zero for the next
+            # launch. The partials are summed in split order, so C does not depend on which CTA came last.
+            T.sync_threads()
+            if tx == 0:
+                last[0] = T.atomic_add(counters[(by * G + g) * NT + bx], 1, memory_order="acq_rel", return_prev=True)
+            T.sync_threads()
+            if last[0] == split - 1:
+                if tx == 0:
+                    counters[(by * G + g) * NT + bx] = 0
+                T.clear(red)
+                for s in T.serial(split):
+                    for i, j in T.Parallel(BM, BN):
+                        red[i, j] += T.if_then_else(by * BM + i < M,
+                                                    partial[s, T.min(by * BM + i, M - 1), g * n + bx * BN + j], 0.0)
+                for i, j in T.Parallel(BM, BN):
+                    if by * BM + i < M:
+                        c[by * BM + i, g * n + bx * BN + j] = T.Cast("bfloat16", red[i, j])
 
     return fp8_gemm_splitk
 
@@ -488,9 +549,12 @@ class _GemmSpecBase(KernelSpec):
 @register
 class Fp8GemmSpec(_GemmSpecBase):
     """C = A . B^T with per-token 1x128 (A) and 128x128 block (B) scales. Statics: n, k (multiples of 64 /
-    128), groups (optional, default 1: the grouped form, see the module doc). Split-K variants (split > 1) write fp32 partials instead of C (see fp8_gemm_reduce)."""
+    128), groups (optional, default 1: the grouped form, see the module doc). Split-K variants (split > 1) write fp32
+    partials [split, M, N]; those that sum them in the launch (sums_in_kernel) also take the tiles' arrival counters
+    (see ops.py's workspace) and C."""
     name = "fp8_gemm"
-    arg_names = ("a", "sa", "b", "sb", "c")   # "c" is partial [split, M, N] fp32 when split > 1
+    # split > 1: ("a", "sa", "b", "sb", "partial", "counters", "c") summed in the launch, else (..., "partial")
+    arg_names = ("a", "sa", "b", "sb", "c")
 
     def static_params(self, model, parallel) -> dict[str, Any]:
         # one static per weight shape: family.uses lists them (derived from the model config)

@@ -1,7 +1,8 @@
 """FP8 block-scaled GEMM host op: validate every argument (ValueError naming it) before anything is selected,
 loaded or compiled (the workspace's size, which the variant's split count fixes, before the launch); allocate
 only what the caller did not pass (`out=`, `workspace=` for CUDA-graph capture); launch the variant `select`
-picked, then (split-K variants) the reduction.
+picked; a split-K variant sums its partials in the same launch (the last CTA of each output tile, up to 32-row
+tiles) or in fp8_gemm_reduce behind it (64-row tiles; see fp8_gemm.sums_in_kernel).
 
   a         torch.float8_e4m3fn [M, G*K]      activations (act_quant_fp8 output)
   a_scales  fp32 [M, G*K/128]                 per-token 1x128 scales (powers of two)
@@ -9,8 +10,11 @@ picked, then (split-K variants) the reduction.
   b_scales  fp32 [G*ceil(N/128), K/128]       128x128 block scales (the checkpoint's float8_e8m0fnu `scale`
             converted once at load: `scale.float()`)
   out       bf16 [M, G*N]
-  workspace fp32, 1-D, >= fp8_gemm_workspace_numel(...) elements (split-K partials; only read when the
-            variant splits, i.e. M <= 256 and the weight alone would not fill the GPU)
+  workspace fp32, 1-D, >= fp8_gemm_workspace_numel(...) elements, allocated zeroed once (torch.zeros) and
+            kept: its first FIXUP_COUNTERS elements are the split-K tiles' arrival counters, which every launch
+            leaves zero (no memset per call or in a CUDA graph), then the fp32 partials. Only used when the
+            variant splits (M <= 256 and the weight alone would not fill the GPU). Ops that may run at the same
+            time (other streams) need workspaces of their own; ops that run one after another may share one.
 """
 from __future__ import annotations
 
@@ -18,7 +22,13 @@ from dsv4_jit.arch import check_arch
 from dsv4_jit.spec import get_spec
 from dsv4_jit.validate import int_arg
 
+from .fp8_gemm import sums_in_kernel
+
 QBLOCK = 128
+# int32 arrival counters at the workspace's start, one per output tile of a split variant: a fixed region, so a
+# workspace sized for the largest shape and token count serves every GEMM (its partials follow it). A split
+# variant has fewer tiles than SMs (decode_split), far below this.
+FIXUP_COUNTERS = 1024
 
 
 def gemm_static(n: int, k: int, groups: int = 1) -> dict:
@@ -27,11 +37,17 @@ def gemm_static(n: int, k: int, groups: int = 1) -> dict:
 
 
 def fp8_gemm_workspace_numel(n: int, k: int, num_tokens: int, *, arch, groups: int = 1) -> int:
-    """fp32 elements of the split-K workspace at this token count (0 when the variant does not split)."""
+    """fp32 elements of the split-K workspace at this token count (0 when the variant does not split): the
+    FIXUP_COUNTERS arrival counters, then split x M x groups x N partials. Allocate it with torch.zeros."""
     if num_tokens < 1:
         return 0
     p = get_spec("fp8_gemm").select(check_arch("fp8_gemm", arch), gemm_static(n, k, groups), num_tokens).p
-    return 0 if p["split"] == 1 else p["split"] * num_tokens * groups * n
+    return 0 if p["split"] == 1 else FIXUP_COUNTERS + p["split"] * num_tokens * groups * n
+
+
+def split_tiles(p: dict, num_tokens: int) -> int:
+    """Output tiles (one arrival counter each) of split variant params `p` at this token count."""
+    return -(-num_tokens // p["block_m"]) * p["groups"] * (p["n"] // p["block_n"])
 
 
 def fp8_gemm(a, a_scales, b, b_scales, *, arch, get_kernel, groups: int = 1, out=None, workspace=None):
@@ -73,13 +89,19 @@ def fp8_gemm(a, a_scales, b, b_scales, *, arch, get_kernel, groups: int = 1, out
     if split == 1:
         kernel(a, a_scales, b, b_scales, out)
         return out
-    need = split * m * gn
+    tiles = split_tiles(kernel.variant.p, m)
+    if tiles > FIXUP_COUNTERS:   # decode_split splits only below the SM count: a GPU of over 1,024 SMs
+        raise ValueError(f"fp8_gemm: {tiles} split-K output tiles exceed the workspace's {FIXUP_COUNTERS} counters")
+    need = FIXUP_COUNTERS + split * m * gn
     if workspace is None:
-        workspace = torch.empty(need, dtype=torch.float32, device=dev)
+        workspace = torch.zeros(need, dtype=torch.float32, device=dev)
     elif workspace.numel() < need:
         raise ValueError(f"workspace: needs >= {need} fp32 elements at {m} tokens ({split} K splits; see "
                          f"fp8_gemm_workspace_numel), got {workspace.numel()}")
-    partial = workspace[:need].view(split, m, gn)
-    kernel(a, a_scales, b, b_scales, partial)
-    get_kernel(get_spec("fp8_gemm_reduce"), {}, m)(partial, out)
+    partial = workspace[FIXUP_COUNTERS:need].view(split, m, gn)
+    if sums_in_kernel(kernel.variant.p):
+        kernel(a, a_scales, b, b_scales, partial, workspace[:FIXUP_COUNTERS].view(torch.int32)[:tiles], out)
+    else:
+        kernel(a, a_scales, b, b_scales, partial)
+        get_kernel(get_spec("fp8_gemm_reduce"), {}, m)(partial, out)
     return out
