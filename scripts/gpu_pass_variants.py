@@ -203,8 +203,11 @@ def compile_list(pass_: str = "cases", names=None, arch: str = GPU_ARCH, key_fn=
     else:
         groups, seen = {}, set()
         for step in BENCH_STEPS:
+            if names and not set(step.families) & set(names):
+                continue
+            # every kernel a step launches, its inputs' kernels too (the GEMM benchmark's act_quant_fp8)
             for k, (spec, v, label) in bench_list(step, arch).items():
-                if k not in seen and (not names or spec_family(spec.name) in names):
+                if k not in seen:
                     seen.add(k)
                     groups.setdefault(spec_family(spec.name), {})[k] = (spec, v, label)
     return {g: [PlannedVariant(key_fn(spec, v), spec, v, [label], [], []) for spec, v, label in vs.values()]

@@ -178,3 +178,11 @@ def test_the_unplanned_mhc_broadcast_case_is_covered(compile_list):
             for t in case.tokens:
                 v = fuse.spec.select(prof, static, t)
                 assert (v.kernel, v.params, v.schedule) in have, (model, prof.schedule, t)
+
+
+def test_a_bench_list_of_some_families_holds_every_kernel_their_steps_launch():
+    # the GEMM benchmark quantizes each input first: its act_quant_fp8 variants (family quant) are on the gemm list
+    lists = gpv.compile_list("bench", ["gemm"])
+    kernels = {pv.spec.name for vs in lists.values() for pv in vs}
+    assert {"fp8_gemm", "fp8_gemm_reduce", "act_quant_fp8"} <= kernels
+    assert "sparse_mla_fwd" not in kernels
