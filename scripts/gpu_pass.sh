@@ -50,7 +50,7 @@ J=${JOBS:-$(nproc)}
 CJ=$(( J > 4 ? J - 2 : J ))        # compile workers: two cores stay with the GPU's work meanwhile
 TJ=${TEST_JOBS:-4}                 # GPU test workers: they take turns on the GPU; more only wait
 # time budgets in seconds; each pass's steps after the compile sum to under 600 s, with room for the call's setup
-B_env=${B_env:-10} B_tests=${B_tests:-540} B_floors=${B_floors:-150} B_bench=${B_bench:-400} B_scoreboard=${B_scoreboard:-10}
+B_env=${B_env:-10} B_tests=${B_tests:-540} B_floors=${B_floors:-155} B_bench=${B_bench:-395} B_scoreboard=${B_scoreboard:-10}
 if [ "$PASS" = cases ]; then B_compile=${B_compile:-420}; else B_compile=${B_compile:-200}; fi
 B_container=${B_container:-300} B_plugin=${B_plugin:-200} B_warm_load=${B_warm_load:-60} B_host=${B_host:-60}
 export PYTHONUNBUFFERED=1 DSV4_JIT_CACHE_DIR=${DSV4_JIT_CACHE_DIR:-/tmp/dsv4-jit-cache} DSV4_JIT_BENCH_REP_MS=${DSV4_JIT_BENCH_REP_MS:-50}
@@ -131,7 +131,7 @@ if step floors; then
   if [ -z "$FAMILIES" ] || [ ${#floor_fams[@]} -gt 0 ]; then
     run bench_floor 130 python3 benchmarks/bench_floor.py --out "$P/bench_floor.json" "${floor_args[@]}"
   fi
-  run mma_peak 20 python3 benchmarks/bench_mma_peak.py --out "$P/mma_peak.json"
+  run mma_peak 25 python3 benchmarks/bench_mma_peak.py --out "$P/mma_peak.json"
   end floors
 fi
 
