@@ -147,6 +147,14 @@ def fp8_gemm(a, a_scales, b, b_scales, *, arch=None, **kw):
     return _g.fp8_gemm(a, a_scales, b, b_scales, **_arch_kw(arch), **kw)
 
 
+def fp8_gemm_workspace_max_numel(n: int, k: int, max_tokens: int, *, groups: int = 1, arch=None) -> int:
+    """fp32 elements of the `workspace=` fp8_gemm needs at any token count <= max_tokens. Allocate it once and pass
+    the same tensor on every call: its head holds split-K arrival counters, zeroed on its first use and left zero by
+    every launch. GEMMs that run one after another may share one; GEMMs on concurrent streams need their own."""
+    from .kernels.gemm import ops as _g
+    return _g.fp8_gemm_workspace_max_numel(n, k, max_tokens, groups=groups, arch=_arch_kw(arch)["arch"])
+
+
 def fp4_moe_gemm(a, a_scales, w, w_scales, block_expert, *, num_tokens: int, arch=None, **kw):
     """MXFP4 grouped expert GEMM over routed rows in moe_align's layout: C [M, N] bf16. Returns C."""
     from .kernels.moe import ops as _moe
@@ -219,6 +227,7 @@ __all__ = [
     "indexer_decode_logits", "indexer_prefill_logits", "indexer_topk", "indexer_decode_topk", "indexer_swa_indices",
     "indexer_topk_workspace_numel",
     "act_quant_fp8", "act_quant_fp8_inplace", "act_quant_fp4", "swiglu_quant_fp8", "fp8_gemm",
+    "fp8_gemm_workspace_max_numel",
     "fp4_moe_gemm", "moe_route", "moe_align", "moe_entry_rows", "moe_combine", "fp4_moe_block_m",
     "compressor_state_write", "compressor_compress",
 ]

@@ -397,6 +397,12 @@ def test_fp8_gemm_validation_groups_workspace_arch(cpu_tensors_ok):
     assert gops.fp8_gemm_workspace_numel(1536, 4096, 1, arch=SM120) == gops.FIXUP_COUNTERS + \
         get_spec("fp8_gemm").select(SM120, gops.gemm_static(1536, 4096), 1).p["split"] * 1536
     assert gops.fp8_gemm_workspace_numel(1536, 4096, 300, arch=SM120) == 0
+    # the graph-capture size: the largest over every token count up to the bound (none split past 256)
+    import dsv4_jit
+    most = max(gops.fp8_gemm_workspace_numel(1536, 4096, t, arch=SM120) for t in range(1, 257))
+    assert dsv4_jit.fp8_gemm_workspace_max_numel(1536, 4096, 4096, arch="sm_120a") == most > gops.FIXUP_COUNTERS
+    assert dsv4_jit.fp8_gemm_workspace_max_numel(1536, 4096, 1, arch="sm_120a") == \
+        gops.fp8_gemm_workspace_numel(1536, 4096, 1, arch=SM120)
 
 
 def test_quant_validation_names_the_argument(cpu_tensors_ok):

@@ -102,3 +102,16 @@ def test_quant_op_selects_once(selects, cpu_tensors_ok):
     from dsv4_jit.kernels.quant import ops
     ops.act_quant_fp8(torch.zeros(3, 256, dtype=torch.bfloat16), arch=SM120, get_kernel=_get_kernel)
     assert selects == {"act_quant_fp8": 1}
+
+
+def test_fp8_gemm_zeroes_a_workspace_s_counters_on_its_first_use_only(cpu_tensors_ok):
+    from dsv4_jit.kernels.gemm import ops
+    m, n, k = 1, 1536, 4096   # split-K, summed in the GEMM's launch
+    a, sa = torch.zeros(m, k, dtype=torch.float8_e4m3fn), torch.ones(m, k // 128)
+    b, sb = torch.zeros(n, k, dtype=torch.float8_e4m3fn), torch.ones(n // 128, k // 128)
+    ws = torch.full((ops.fp8_gemm_workspace_numel(n, k, m, arch=SM120),), float("nan"))
+    ops.fp8_gemm(a, sa, b, sb, arch=SM120, get_kernel=_get_kernel, workspace=ws)
+    assert not ws[:ops.FIXUP_COUNTERS].view(torch.int32).any() and ws[ops.FIXUP_COUNTERS:].isnan().all()
+    ws[:ops.FIXUP_COUNTERS].view(torch.int32)[0] = 7   # the kernel keeps them zero: no second memset
+    ops.fp8_gemm(a, sa, b, sb, arch=SM120, get_kernel=_get_kernel, workspace=ws)
+    assert int(ws[:ops.FIXUP_COUNTERS].view(torch.int32)[0]) == 7

@@ -165,7 +165,7 @@ def main() -> None:
         for m in list(args.decode) + list(args.prefill):
             a, sa = make_activations(m, groups * k, g, dev)
             c = torch.empty(m, groups * n, dtype=torch.bfloat16, device=dev)
-            ws = torch.zeros(max(1, gops.fp8_gemm_workspace_numel(n, k, m, arch=arch, groups=groups)),
+            ws = torch.empty(max(1, gops.fp8_gemm_workspace_numel(n, k, m, arch=arch, groups=groups)),
                              dtype=torch.float32, device=dev)
             fn = lambda: dsv4_jit.fp8_gemm(a, sa, b, sb, arch=arch, groups=groups, out=c, workspace=ws)  # noqa: E731
             fn()

@@ -10,9 +10,10 @@ tiles) or in fp8_gemm_reduce behind it (64-row tiles; see fp8_gemm.sums_in_kerne
   b_scales  fp32 [G*ceil(N/128), K/128]       128x128 block scales (the checkpoint's float8_e8m0fnu `scale`
             converted once at load: `scale.float()`)
   out       bf16 [M, G*N]
-  workspace fp32, 1-D, >= fp8_gemm_workspace_numel(...) elements, allocated zeroed once (torch.zeros) and
-            kept: its first FIXUP_COUNTERS elements are the split-K tiles' arrival counters, which every launch
-            leaves zero (no memset per call or in a CUDA graph), then the fp32 partials. Only used when the
+  workspace fp32, 1-D, >= fp8_gemm_workspace_numel(...) elements; pass the same tensor on every call: its
+            first FIXUP_COUNTERS elements are the split-K tiles' arrival counters, zeroed on the tensor's first
+            split-K use here and left zero by every launch (no memset after that call, none in a CUDA graph
+            captured after it), then the fp32 partials. Only used when the
             variant splits (M <= 256 and the weight alone would not fill the GPU). Ops that may run at the same
             time (other streams) need workspaces of their own; ops that run one after another may share one.
 """
@@ -36,13 +37,34 @@ def gemm_static(n: int, k: int, groups: int = 1) -> dict:
     return {"n": n, "k": k, "groups": groups}
 
 
+# A flag on the workspace tensor object marks its counters zeroed: every launch leaves them zero, so a caller's
+# workspace is zeroed on its first split-K use only and a CUDA graph captured after that call holds no memset. (A new
+# view of the same memory carries no flag and is zeroed again: slower, never wrong.)
+_ZEROED_ATTR = "_dsv4_gemm_ws_zeroed"
+
+
+def _zero_counters_once(workspace) -> None:
+    if not getattr(workspace, _ZEROED_ATTR, False):
+        workspace[:FIXUP_COUNTERS].zero_()
+        setattr(workspace, _ZEROED_ATTR, True)
+
+
 def fp8_gemm_workspace_numel(n: int, k: int, num_tokens: int, *, arch, groups: int = 1) -> int:
     """fp32 elements of the split-K workspace at this token count (0 when the variant does not split): the
-    FIXUP_COUNTERS arrival counters, then split x M x groups x N partials. Allocate it with torch.zeros."""
+    FIXUP_COUNTERS arrival counters, then split x M x groups x N partials."""
     if num_tokens < 1:
         return 0
     p = get_spec("fp8_gemm").select(check_arch("fp8_gemm", arch), gemm_static(n, k, groups), num_tokens).p
     return 0 if p["split"] == 1 else FIXUP_COUNTERS + p["split"] * num_tokens * groups * n
+
+
+def fp8_gemm_workspace_max_numel(n: int, k: int, max_tokens: int, *, arch, groups: int = 1) -> int:
+    """fp32 elements of a workspace that serves this GEMM at every token count <= max_tokens (only M <= 256 split):
+    allocate it once and pass it on every call (its counters are zeroed on its first split-K use). GEMMs that run
+    one after another may share the largest."""
+    from .fp8_gemm import SPLIT_MAX_M
+    return max([0] + [fp8_gemm_workspace_numel(n, k, t, arch=arch, groups=groups)
+                      for t in range(1, min(int_arg("max_tokens", max_tokens), SPLIT_MAX_M) + 1)])
 
 
 def split_tiles(p: dict, num_tokens: int) -> int:
@@ -98,6 +120,7 @@ def fp8_gemm(a, a_scales, b, b_scales, *, arch, get_kernel, groups: int = 1, out
     elif workspace.numel() < need:
         raise ValueError(f"workspace: needs >= {need} fp32 elements at {m} tokens ({split} K splits; see "
                          f"fp8_gemm_workspace_numel), got {workspace.numel()}")
+    _zero_counters_once(workspace)
     partial = workspace[FIXUP_COUNTERS:need].view(split, m, gn)
     if sums_in_kernel(kernel.variant.p):
         kernel(a, a_scales, b, b_scales, partial, workspace[:FIXUP_COUNTERS].view(torch.int32)[:tiles], out)
