@@ -24,6 +24,7 @@ from benchmarks.harness import compile_job, copy_bandwidth_gbs, graph_us_or_reas
 from dsv4_jit import jit  # noqa: E402
 from dsv4_jit.arch import get_profile  # noqa: E402
 from dsv4_jit.kernels.gemm import fp8_gemm as gk  # noqa: E402
+from dsv4_jit.kernels.gemm.ops import split_tiles  # noqa: E402
 from dsv4_jit.spec import Variant, get_spec  # noqa: E402
 
 GEMM, REDUCE = get_spec("fp8_gemm"), get_spec("fp8_gemm_reduce")
@@ -147,8 +148,8 @@ def main() -> int:
                    "selected": p == picked}
             c = torch.empty(m, groups * n, dtype=torch.bfloat16, device="cuda")
             part = torch.empty(p["split"], m, groups * n, device="cuda")
-            counters = torch.zeros(-(-m // p["block_m"]) * groups * (n // p["block_n"]), dtype=torch.int32,
-                                   device="cuda")   # zeroed once; each launch that sums in place leaves them zero
+            # zeroed once; each launch that sums in place leaves them zero
+            counters = torch.zeros(split_tiles(p, m), dtype=torch.int32, device="cuda")
             try:
                 kern = jit.load(GEMM, v)
             except Exception as e:  # a candidate that does not build: keep going

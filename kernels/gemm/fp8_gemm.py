@@ -431,6 +431,17 @@ def build_fp8_gemm(*, n: int, k: int, block_m: int, block_n: int, split: int, st
 
         return fp8_gemm
 
+    @T.macro
+    def split_partial(a, sa, b, sb, acc, partial, bx, by, bz):
+        # this CTA's share of K (split bz % split of group bz // split) into acc, stored as its split's partial
+        if wgmma:
+            mainloop_wgmma(a, sa, b, sb, acc, partial, bx, by, bz // split, bz % split)
+        else:
+            mainloop(a, sa, b, sb, acc, bx, by, bz // split, bz % split)
+        for i, j in T.Parallel(BM, BN):
+            if by * BM + i < M:
+                partial[bz % split, by * BM + i, (bz // split) * n + bx * BN + j] = acc[i, j]
+
     if not sums_in_kernel({"split": split, "block_m": BM}):
         @T.prim_func
         def fp8_gemm_splitk(
@@ -442,13 +453,7 @@ def build_fp8_gemm(*, n: int, k: int, block_m: int, block_n: int, split: int, st
         ):
             with T.Kernel(n // BN, T.ceildiv(M, BM), G * split, threads=threads) as (bx, by, bz):
                 acc = T.alloc_fragment((BM, BN), f32)
-                if wgmma:
-                    mainloop_wgmma(a, sa, b, sb, acc, partial, bx, by, bz // split, bz % split)
-                else:
-                    mainloop(a, sa, b, sb, acc, bx, by, bz // split, bz % split)
-                for i, j in T.Parallel(BM, BN):
-                    if by * BM + i < M:
-                        partial[bz % split, by * BM + i, (bz // split) * n + bx * BN + j] = acc[i, j]
+                split_partial(a, sa, b, sb, acc, partial, bx, by, bz)
 
         return fp8_gemm_splitk
 
@@ -470,13 +475,7 @@ def build_fp8_gemm(*, n: int, k: int, block_m: int, block_n: int, split: int, st
             last = T.alloc_shared((1,), "int32")
             tx = T.get_thread_binding()
             g = bz // split
-            if wgmma:
-                mainloop_wgmma(a, sa, b, sb, acc, partial, bx, by, g, bz % split)
-            else:
-                mainloop(a, sa, b, sb, acc, bx, by, g, bz % split)
-            for i, j in T.Parallel(BM, BN):
-                if by * BM + i < M:
-                    partial[bz % split, by * BM + i, g * n + bx * BN + j] = acc[i, j]
+            split_partial(a, sa, b, sb, acc, partial, bx, by, bz)
             # Split-K fixup in this launch (no reduce kernel): the tile's last CTA to count in sums the partials.
             # Thread 0's acq_rel count releases this CTA's partial (the barrier orders the other threads' stores
             # before it) and, in the last CTA, acquires the others'; that CTA leaves the counter zero for the next
