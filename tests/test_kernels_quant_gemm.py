@@ -216,13 +216,20 @@ def test_gemm_select_ladder_and_split():
                     # (Hopper: the 64 x 64 WGMMA tile from 33 rows, the 128-row WGMMA tile with split-K at 129-256
                     # rows, and past 256 rows the 64 x 64 tile while 128 x 128 tiles fill at most half the SMs, then
                     # up to three N tiles a CTA)
-                    assert 3 <= len(seen) <= (9 if arch.has_wgmma else 5), [v.name for v in seen]
+                    # (+ two 32-row tiles at 33..64 rows where the 64-row pick splits K enough ways)
+                    assert 3 <= len(seen) <= (10 if arch.has_wgmma else 6), [v.name for v in seen]
                     kb = s["k"] // 128
                     for t in (1, 16, 17, 32, 33, 64):
                         p = spec.select(arch, st, t).p
                         assert kb % p["split"] == 0 and s["n"] % p["block_n"] == 0
-                        tiles = s["groups"] * s["n"] // p["block_n"]
-                        if arch.has_wgmma and t > 32:
+                        p64 = gemm_kernel._gemm_params(arch, s["n"], s["k"], t, s["groups"])
+                        mid = t > 32 and p64["split"] >= gemm_kernel.MID_TILES_MIN_SPLIT[arch.has_wgmma]
+                        assert p == (gemm_kernel._gemm_params(arch, s["n"], s["k"], t, s["groups"], 32) if mid else p64)
+                        tiles = -(-t // p["block_m"]) * s["groups"] * s["n"] // p["block_n"]
+                        if mid:   # two 32-row tiles summing their partials in the launch
+                            assert p["block_m"] == 32 and p["ring"] and "wgmma" not in p
+                            assert p["split"] == 1 or gemm_kernel.sums_in_kernel(p)
+                        if arch.has_wgmma and t > 32 and not mid:
                             # Hopper from 33 rows: 64 x 64 WGMMA tiles, split until the CTAs reach 2/3 of the SMs
                             assert (p["block_m"], p["block_n"], p["threads"], p["wgmma"]) == (64, 64, 128, True)
                             want = -(-2 * arch.num_sms_hint // 3)
@@ -230,7 +237,7 @@ def test_gemm_select_ladder_and_split():
                             assert all(tiles * d < want for d in smaller)   # the fewest splits that reach it
                             assert tiles * p["split"] >= want or p["split"] == kb or 4 * tiles >= 3 * want
                             continue
-                        assert p["block_m"] == (16 if t <= 16 else 32 if t <= 32 else 64) and p.get("ring")
+                        assert p["block_m"] == (16 if t <= 16 else 32 if t <= 32 or mid else 64) and p.get("ring")
                         # every SM streams weight, or the split is the most allowed: every K block where the N
                         # tiles are few, else shares of at least MIN_SPLIT_K_BLOCKS
                         cap = kb
@@ -281,7 +288,8 @@ def test_sm120_shared_memory_figures():
     # decode: the ring, 2 K blocks per stage (4 stages at M <= 16, 2 at M <= 64) + the split's scale products, and
     # where the GEMM sums its own partials (up to 32-row tiles) the last-to-arrive flag
     assert spec.smem_bytes(spec.select(SM120, st, 1)) == 4 * 2 * (16 + 64) * 128 + 4 * 16 * 16 + 4 == 82_948
-    assert spec.smem_bytes(spec.select(SM120, st, 64)) == 2 * 2 * (64 + 64) * 128 + 4 * 64 * 16 == 69_632
+    # 33..64 rows: two 32-row tiles (the 64-row pick splits 4 ways here), 3 stages, 2-way split summed in the launch
+    assert spec.smem_bytes(spec.select(SM120, st, 64)) == 3 * 2 * (32 + 64) * 128 + 4 * 32 * 32 + 4 == 77_828
     # large M: 64 x 128 tiles, 4 stages (every family: the SM12x budget)
     assert spec.smem_bytes(spec.select(SM120, st, 2049)) == 4 * (64 * 128 + 128 * 128 + 256) == 99_328
     # Hopper's large-M form: 4 stages of 128 x 128 A and B tiles, their mbarriers and C's bf16 tile (no scale stage: the consumers read them)
@@ -318,7 +326,7 @@ def test_decode_selects_the_ring_within_budget():
                     for t in (1, 16, 17, 32, 33, 64):
                         p = spec.select(arch, st, t).p
                         assert spec.smem_bytes(spec.select(arch, st, t)) <= arch.max_smem_per_block
-                        if arch.has_wgmma and t > 32:   # Hopper's WGMMA form (fp8 mma.sync is emulated there)
+                        if arch.has_wgmma and t > 32 and "wgmma" in p:   # Hopper's WGMMA form (fp8 mma.sync is emulated there)
                             assert p["wgmma"] and "ring" not in p
                             continue
                         kps = s["k"] // 128 // p["split"]

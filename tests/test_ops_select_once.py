@@ -44,8 +44,8 @@ def test_fp8_gemm_selects_each_kernel_once(selects, cpu_tensors_ok):
     from dsv4_jit.kernels.gemm import fp8_gemm, ops
     n, k = 1536, 4096
     b, sb = torch.zeros(n, k, dtype=torch.float8_e4m3fn), torch.ones(n // 128, k // 128)
-    # M = 1: split-K summed in the GEMM's launch; M = 64 (64-row tiles): the reduce kernel runs behind it
-    for m, kernels in ((1, {"fp8_gemm": 3}), (64, {"fp8_gemm": 3, "fp8_gemm_reduce": 3})):
+    # M = 1: split-K summed in the GEMM's launch; M = 128 (64-row tiles): the reduce kernel runs behind it
+    for m, kernels in ((1, {"fp8_gemm": 3}), (128, {"fp8_gemm": 3, "fp8_gemm_reduce": 3})):
         a, sa = torch.zeros(m, k, dtype=torch.float8_e4m3fn), torch.ones(m, k // 128)
         p = get_spec("fp8_gemm").select(SM120, ops.gemm_static(n, k), m).p
         assert p["split"] > 1 and fp8_gemm.sums_in_kernel(p) == (m == 1)

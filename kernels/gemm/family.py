@@ -156,6 +156,8 @@ FAMILY = register_family(KernelFamily(
     uses=_uses,
     gpu_cases=_gpu_cases,
     ops={"fp8_gemm": ("fp8_gemm", "fp8_gemm_reduce")},
+    # decode tiles of 16 / 32 / 64 rows (and two 32-row tiles at 33..64), batched decode, up to 4 large-M forms
+    max_variants_per_use=10,
     doc="FP8 block-scaled GEMM (1x128 activation / 128x128 weight UE8M0 scales), decode split-K + large-M",
 ))
 

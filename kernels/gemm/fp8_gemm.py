@@ -57,6 +57,12 @@ DECODE_MAX_M = 64
 # was 2-24% slower per layer at M = 32 (H100 sweep, every V4-Flash TP 1 / V4-Pro TP 8 shape; e.g. V4-Flash wq_b
 # 18.2 -> 15.0 us, wo_b 21.8 -> 18.0)
 DECODE_MID_M = 32
+# 33..64 rows: two 32-row tiles that sum their split-K partials in the launch, where the 64-row pick splits K at
+# least this many ways (key: the GPU has WGMMA). Per layer on an H100 at M = 64 the 32-row tiles beat the 64-row
+# tile and its reduce kernel there (V4-Flash wq_a+wkv 9.8 -> 8.6 us on sm_90a, 4-way split; the SM120 schedule's
+# shared expert w2 11.0 -> 9.0, indexer wq_b 10.1 -> 8.4, 2-4 ways) and lost where it splits less (unsplit V4-Flash
+# wq_b 18.2 -> 24.3: the weight is read by twice the CTAs; on sm_90a at 2 ways, wo_b 20.5 -> 22.6).
+MID_TILES_MIN_SPLIT = {True: 4, False: 2}
 SPLIT_MAX_M = 256
 # Hopper's WGMMA form at 33..64 rows (64 x 64 tiles): split until the CTAs reach 2/3 of the SMs (two fit an SM)
 WGMMA_DECODE_SM_SHARE = (2, 3)
@@ -147,10 +153,19 @@ def decode_split(n_tiles: int, k_blocks: int, num_sms: int, most: int | None = N
 
 def gemm_params(arch: ArchProfile, n: int, k: int, num_tokens: int, groups: int = 1) -> dict:
     """The schedule: pure in (arch, n, k, groups, num_tokens)."""
+    p = _gemm_params(arch, n, k, num_tokens, groups)
+    if DECODE_MID_M < num_tokens <= DECODE_MAX_M and p["split"] >= MID_TILES_MIN_SPLIT[arch.has_wgmma]:
+        return _gemm_params(arch, n, k, num_tokens, groups, DECODE_MID_M)
+    return p
+
+
+def _gemm_params(arch: ArchProfile, n: int, k: int, num_tokens: int, groups: int, mid_block_m: int = 0) -> dict:
+    """gemm_params' pick with one M tile size; mid_block_m: 32-row tiles at 33..64 rows."""
     kb = k // BLOCK_K
     if num_tokens <= SPLIT_MAX_M:
         block_m = 16 if num_tokens <= 16 else DECODE_MID_M if num_tokens <= DECODE_MID_M else DECODE_MAX_M
-        m_tiles = 1 if num_tokens <= DECODE_MAX_M else 2
+        block_m = mid_block_m or block_m
+        m_tiles = -(-num_tokens // block_m) if num_tokens <= DECODE_MAX_M else 2
         block_n = 128 if n % 128 == 0 and m_tiles * groups * n // 128 >= arch.num_sms_hint else 64
         tiles = m_tiles * groups * n // block_n
         if num_tokens <= DECODE_MAX_M:
@@ -158,7 +173,7 @@ def gemm_params(arch: ArchProfile, n: int, k: int, num_tokens: int, groups: int 
         else:   # partial bytes split * SPLIT_MAX_M * N * 4 <= weight bytes N * K
             split = decode_split(tiles, kb, arch.num_sms_hint, k // (4 * SPLIT_MAX_M))
         threads = 128
-        if uses_wgmma(arch, num_tokens):
+        if uses_wgmma(arch, num_tokens) and not mid_block_m:
             return wgmma_params(n, k, kb, groups, num_tokens, block_n, split, arch.num_sms_hint)
     elif uses_wgmma(arch, num_tokens):
         return wgmma_params(n, k, kb, groups, num_tokens, 0, 1, arch.num_sms_hint)
