@@ -40,7 +40,7 @@ def run_variant(prof, v: Variant, p: dict, scale: float, out: torch.Tensor):
     fwd = jit.load(FWD, v)
     comb = None
     if s > 1:
-        cv = Variant.make(COMBINE.name, combine_params(h, s, t), prof, v.schedule)
+        cv = Variant.make(COMBINE.name, combine_params(h, s, t, v.p["block_i"]), prof, v.schedule)
         comb = jit.load(COMBINE, cv)
     ws = torch.empty(max(1, ops.partials_numel(s, t, h)), device="cuda")
     o_part, lse = (ops.carve_partials(ws, s, t, h) if s > 1 else
@@ -53,7 +53,7 @@ def run_variant(prof, v: Variant, p: dict, scale: float, out: torch.Tensor):
             fwd(*args, p["sink"], out, o_part, lse)
         else:
             fwd(*args, p["sink"], out[:1], o_part, lse)
-            comb(o_part, lse, p["sink"], out)
+            comb(o_part, lse, p["sink"], l1, l2, i1.shape[1], i2.shape[1], out)
     return f
 
 
@@ -85,7 +85,7 @@ def precompile(prof, scale: float, args) -> None:
             continue
         jobs.append((FWD.name, params, prof.name, prof.schedule))
         if s > 1:
-            jobs += [(COMBINE.name, combine_params(heads, s, b), prof.name, prof.schedule) for b in args.batch]
+            jobs += [(COMBINE.name, combine_params(heads, s, b, bi), prof.name, prof.schedule) for b in args.batch]
     jobs = list({str(j): j for j in jobs}.values())
     with ProcessPoolExecutor(args.jobs) as ex:
         for msg in ex.map(compile_job, jobs):

@@ -1,68 +1,108 @@
-"""The split-KV combine of sparse MLA (`sparse_mla_combine`): merges the n_splits partial outputs of decode.py /
-prefill.py (each normalised within its split, with its log2-sum-exp) and applies the sink."""
+"""The split-KV combine of sparse MLA (`sparse_mla_combine`): merges the partial outputs of decode.py / prefill.py's
+splits that had tiles (each normalised within its split, with its log2-sum-exp) and applies the sink."""
 # No `from __future__ import annotations`: TileLang evaluates the T.Tensor annotations.
 from typing import Any
 
 from .common import D, LOG2E
 
 
-def build_combine(heads: int, n_splits: int, head_block: int, threads: int, pdl: bool = False):
+def build_combine(heads: int, n_splits: int, head_block: int, threads: int, block_i: int, pdl: bool = False):
     """out[t, h] = sum_s 2^lse_s o_s / (sum_s 2^lse_s + e^sink[h]), in log2 units against the max.
-    A split with no candidate (lse = -inf) wrote no partial O and is not read: with 64 splits of a short list
-    most are empty. Launched behind the forward kernel by PDL (the forward kernel lets it launch once its CTAs
-    leave their main loop); every split's partial is loaded at once, on its lse alone, while the weights are
-    computed (one round trip for all of them). pdl: every CTA lets the kernel behind it (the next layer's forward
-    kernel, which waits in its pdl_sync) launch at once."""
+
+    One CTA a (token, head). Its threads form groups of 64 (8 dims each: one 16-byte load a split); group g merges
+    splits g*SG .. g*SG + SG-1 against its own max, then the groups' sums meet in shared memory. A thread then
+    walks SG = n_splits / groups splits, not all of them: with 64 splits of a one-token step, 64 CTAs walking every
+    split (address math, exp2 and FMAs per split) was most of the combine's time.
+    Only the splits the forward kernel gave tiles count: their number comes from the token's list lengths, as
+    tile_range splits them (block_i candidates a tile, an even share of the tiles a split), computed before the
+    grid dependency sync (the lengths are the forward kernel's inputs, not its output). Every load is unconditional
+    (a load under a branch is waited for where the branch joins): a split past the live ones reloads the last live
+    split's row (hot in L2, never stale workspace bytes) and weighs 0, as does a split whose rows had no valid
+    candidate (lse = -inf, its O never written: selected away, never multiplied). Launched behind the forward kernel
+    by PDL. pdl: every CTA lets the kernel behind it (the next layer's forward kernel, which waits in its pdl_sync)
+    launch at once."""
     import tilelang.language as T
 
-    H, S, HC = heads, n_splits, head_block
-    TPH = threads // HC          # threads per head
-    VD = D // TPH                # dims per thread (contiguous: one 4- or 8-byte bf16 load per split)
+    H, S, BI = heads, n_splits, block_i
+    TPG = D // 8                 # threads of a split group (8 dims each)
+    G = threads // TPG           # split groups
+    if head_block != 1 or threads % TPG or not 1 <= G <= D // TPG or S % G:
+        raise ValueError(f"sparse_mla_combine: {threads} threads must be 1 to {D // TPG} split groups of {TPG} "
+                         f"dividing {S} splits, one head a CTA (head_block 1, got {head_block})")
+    SG = S // G                  # splits a group merges
+    DPT = D // threads           # dims a thread writes
     num_tokens = T.dynamic("num_tokens")
+    neg_inf = -T.infinity("float32")
 
     @T.prim_func
     def sparse_mla_combine(
         o_part: T.Tensor[(S, num_tokens, H, D), "bfloat16"],
         lse_part: T.Tensor[(S, num_tokens, H), "float32"],
         sink: T.Tensor[(H,), "float32"],
+        lens1: T.Tensor[(num_tokens,), "int32"],
+        lens2: T.Tensor[(num_tokens,), "int32"],
+        n_idx1: T.int32,
+        n_idx2: T.int32,
         out: T.Tensor[(num_tokens, H, D), "bfloat16"],
     ):
-        with T.Kernel(num_tokens, T.ceildiv(H, HC), threads=threads) as (t, hc):
+        with T.Kernel(num_tokens, H, threads=threads) as (t, h):
             tx = T.get_thread_binding()
-            h = hc * HC + tx // TPH
-            hh = T.min(h, H - 1)
-            d0 = (tx % TPH) * VD
-            lse = T.alloc_local([S], "float32")
-            st = T.alloc_local([3], "float32")   # the sink in log2 units, the max, the denominator
-            acc = T.alloc_local([VD], "float32")
-            part = T.alloc_local([S * VD], "bfloat16")
-            ob = T.alloc_local([VD], "bfloat16")
+            g = tx // TPG
+            d0 = (tx % TPG) * 8
+            lse = T.alloc_local([SG], "float32")
+            part = T.alloc_local([SG * 8], "bfloat16")
+            acc = T.alloc_local([8], "float32")
+            st = T.alloc_local([4], "float32")   # the sink in log2 units, the group's max, its reference, its sum
+            nt = T.alloc_local([2], "int32")     # the token's tiles, then its last live split
+            sc = T.alloc_local([G], "float32")
+            fin = T.alloc_local([2], "float32")  # the max over the groups and the sink, the denominator
+            m_s = T.alloc_shared([G], "float32")
+            l_s = T.alloc_shared([G], "float32")
+            acc_s = T.alloc_shared([G, D], "float32")
             if pdl:
                 T.pdl_trigger()
-            st[0] = sink[hh] * LOG2E   # a weight: read before the forward kernel's partials are complete
+            st[0] = sink[h] * LOG2E   # a weight: read before the forward kernel's partials are complete
+            # the forward kernel's tile_range: tiles of both lists, an even share a split; the last split given one
+            nt[0] = (T.ceildiv(T.max(T.min(lens1[t], n_idx1), 0), BI)
+                     + T.ceildiv(T.max(T.min(lens2[t], n_idx2), 0), BI))
+            nt[1] = T.max(T.ceildiv(nt[0], T.ceildiv(T.max(nt[0], 1), S)) - 1, 0)
             T.pdl_sync()
-            for s in T.unroll(S):
-                lse[s] = lse_part[s, t, hh]
-            for s in T.unroll(S):
-                for v in T.vectorized(VD):
-                    part[s * VD + v] = T.if_then_else(lse[s] > T.float32(-3.0e38), o_part[s, t, hh, d0 + v],
-                                                      T.bfloat16(0))
-            st[1] = st[0]
-            for s in T.unroll(S):
+            for s in T.unroll(SG):
+                lse[s] = lse_part[T.min(g * SG + s, nt[1]), t, h]
+                for v in T.vectorized(8):
+                    part[s * 8 + v] = o_part[T.min(g * SG + s, nt[1]), t, h, d0 + v]
+            st[1] = neg_inf
+            for s in T.unroll(SG):
+                lse[s] = T.if_then_else(g * SG + s <= nt[1] and nt[0] > 0, lse[s], neg_inf)
                 st[1] = T.max(st[1], lse[s])
-            st[2] = T.exp2(st[0] - st[1])
-            for v in T.unroll(VD):
+            st[2] = T.if_then_else(st[1] == neg_inf, T.float32(0), st[1])
+            st[3] = T.float32(0)
+            for v in T.unroll(8):
                 acc[v] = T.float32(0)
-            for s in T.unroll(S):
-                lse[s] = T.exp2(lse[s] - st[1])   # the split's weight (0 for an empty split)
-                st[2] = st[2] + lse[s]
-                for v in T.unroll(VD):
-                    acc[v] = acc[v] + lse[s] * T.Cast("float32", part[s * VD + v])
-            for v in T.unroll(VD):
-                ob[v] = T.Cast("bfloat16", acc[v] / st[2])
-            if h < H:
-                for v in T.vectorized(VD):
-                    out[t, hh, d0 + v] = ob[v]
+            for s in T.unroll(SG):
+                lse[s] = T.exp2(lse[s] - st[2])   # the split's weight (0 past the live splits or without a candidate)
+                st[3] = st[3] + lse[s]
+                for v in T.unroll(8):
+                    acc[v] = acc[v] + T.if_then_else(lse[s] > T.float32(0),
+                                                     lse[s] * T.Cast("float32", part[s * 8 + v]), T.float32(0))
+            if tx % TPG == 0:
+                m_s[g] = st[2]
+                l_s[g] = st[3]
+            for v in T.vectorized(8):
+                acc_s[g, d0 + v] = acc[v]
+            T.sync_threads()
+            fin[0] = st[0]
+            for k in T.unroll(G):
+                fin[0] = T.max(fin[0], T.if_then_else(l_s[k] > T.float32(0), m_s[k], neg_inf))
+            fin[1] = T.exp2(st[0] - fin[0])
+            for k in T.unroll(G):
+                sc[k] = T.if_then_else(l_s[k] > T.float32(0), T.exp2(m_s[k] - fin[0]), T.float32(0))
+                fin[1] = fin[1] + l_s[k] * sc[k]
+            for v in T.unroll(DPT):
+                st[3] = T.float32(0)
+                for k in T.unroll(G):
+                    st[3] = st[3] + acc_s[k, tx * DPT + v] * sc[k]
+                out[t, h, tx * DPT + v] = T.Cast("bfloat16", st[3] / fin[1])
 
     return sparse_mla_combine
 
@@ -74,10 +114,20 @@ def build_combine(heads: int, n_splits: int, head_block: int, threads: int, pdl:
 PDL_TRIGGER_MAX_TOKENS = 1
 
 
-def combine_params(heads: int, n_splits: int, num_tokens: int) -> dict[str, Any]:
-    """The combine variant for `n_splits` partials at `num_tokens` (select's, and the schedule sweep's). One head per
-    CTA (tokens x heads CTAs): four heads per CTA left a one-token step's partials to a few SMs."""
-    # every split's loads in flight at once: 2 dims a thread (256 threads a head) from 32 splits, else 4
-    return {"heads": heads, "n_splits": n_splits, "head_block": 1, "threads": 256 if n_splits >= 32 else 128,
-            "pdl": num_tokens <= PDL_TRIGGER_MAX_TOKENS}
+def combine_smem_bytes(threads: int) -> int:
+    """Shared memory of a combine CTA: each split group's max, sum and 512 fp32 sums."""
+    groups = threads // (D // 8)
+    return 4 * groups * (2 + D)
 
+
+def combine_params(heads: int, n_splits: int, num_tokens: int, block_i: int) -> dict[str, Any]:
+    """The combine variant for `n_splits` partials of a forward kernel with `block_i`-candidate tiles at
+    `num_tokens` (select's, and the schedule sweep's): one head a CTA, a group of 64 threads a split up to 8 splits,
+    from 16 splits 4 groups (a thread merges 4 of 16 .. 16 of 64 splits). Per layer on an H100 (8 layers a graph),
+    against 128-256 threads each walking every split: V4-Flash 64 heads, one token, 64 splits, 11.1 -> 10.2 us
+    (ratio 4, 64K), 14.2 -> 13.4 (ratio 128, 256K); 16 heads x 8 tokens, 32 splits, 13.0 -> 12.3; but 64 heads x 8
+    tokens, 8 splits, 17.3 -> 17.6 (its 512 CTAs already fill the GPU; 8 groups beat 1, 2 and 4 there, and 4 beat 8
+    at 64 splits)."""
+    groups = n_splits if n_splits <= 8 else 4
+    return {"heads": heads, "n_splits": n_splits, "head_block": 1, "threads": 64 * groups, "block_i": block_i,
+            "pdl": num_tokens <= PDL_TRIGGER_MAX_TOKENS}

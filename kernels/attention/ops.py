@@ -191,8 +191,9 @@ def _dummy_parts(dev, h: int):
     return d
 
 
-def _launch(q, static, t: int, h: int, out, workspace, attn_sink, args, get_kernel) -> None:
-    """Select + load once (get_kernel), size the partials from the variant it returned, launch."""
+def _launch(q, static, t: int, h: int, out, workspace, attn_sink, args, lists, get_kernel) -> None:
+    """Select + load once (get_kernel), size the partials from the variant it returned, launch. lists: the two
+    index lists and their lengths, which the combine splits as the forward kernel did."""
     fwd = get_kernel(_FWD, static, t)
     s = fwd.variant.p["n_splits"]
     o_part, lse = _partials(q, t, h, s, workspace)
@@ -200,7 +201,8 @@ def _launch(q, static, t: int, h: int, out, workspace, attn_sink, args, get_kern
         fwd(*args, attn_sink, out, o_part, lse)
     else:
         fwd(*args, attn_sink, out[:1], o_part, lse)
-        get_kernel(_COMBINE, static, t)(o_part, lse, attn_sink, out)
+        idx1, lens1, idx2, lens2 = lists
+        get_kernel(_COMBINE, static, t)(o_part, lse, attn_sink, lens1, lens2, idx1.shape[1], idx2.shape[1], out)
 
 
 def sparse_mla_decode(q, kv_cache, indices, lengths, attn_sink, *, block_size: int, extra_kv_cache=None,
@@ -242,7 +244,7 @@ def sparse_mla_decode(q, kv_cache, indices, lengths, attn_sink, *, block_size: i
     else:
         v2, idx2, lens2 = _fp8_views(flat2, pages2, pb2), extra_indices, extra_lengths
     args = (q, *v1, indices, lengths, *v2, idx2, lens2, int(block_size), int(bs2))
-    _launch(q, static, t, h, out, workspace, attn_sink, args, get_kernel)
+    _launch(q, static, t, h, out, workspace, attn_sink, args, (indices, lengths, idx2, lens2), get_kernel)
     return out
 
 
@@ -281,5 +283,6 @@ def sparse_mla_prefill(q, kv, indices, lengths, attn_sink, *, extra_kv=None, ext
         kv2, (idx2, lens2) = kv, _no_list(indices, t)
     else:
         kv2, idx2, lens2 = extra_kv, extra_indices, extra_lengths
-    _launch(q, static, t, h, out, workspace, attn_sink, (q, kv, indices, lengths, kv2, idx2, lens2), get_kernel)
+    _launch(q, static, t, h, out, workspace, attn_sink, (q, kv, indices, lengths, kv2, idx2, lens2),
+            (indices, lengths, idx2, lens2), get_kernel)
     return out

@@ -19,7 +19,7 @@ from dsv4_jit.spec import KernelSpec, Variant, register
 from dsv4_jit.validate import int_param
 
 from . import combine, common, decode, prefill
-from .combine import build_combine, combine_params
+from .combine import build_combine, combine_params, combine_smem_bytes
 from .common import (D, GROUP, KV_FORMATS, LOG2E, NOPE, ROPE, SCALE_BYTES, SPAD, TOKEN_BYTES, pass_configs_for,
                      smem_bytes_for)
 from .decode import DEQUANT8_SRC, build_decode, e4m3_bf16_bits
@@ -212,14 +212,14 @@ class SparseMlaCombineSpec(KernelSpec):
         # Where the forward kernel does not split, no combine runs; select still names the 2-split combine
         # (compiled anyway for the token counts that split) so the planner's enumeration stays total.
         s = max(2, fwd.p["n_splits"])
-        params = combine_params(fwd.p["heads"], s, num_tokens)
+        params = combine_params(fwd.p["heads"], s, num_tokens, fwd.p["block_i"])
         return Variant.make(self.name, params, arch, schedule_name(arch))
 
     def build(self, variant: Variant):
         return build_combine(**variant.p)
 
     def smem_bytes(self, variant: Variant) -> int:
-        return 0
+        return combine_smem_bytes(variant.p["threads"])
 
     def pass_configs(self, variant: Variant) -> dict[str, Any]:
         return pass_configs_for(variant)
