@@ -345,11 +345,10 @@ def test_decode_takes_the_cache_as_vllm_binds_it():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("schedule", ["sm_90a", "sm_120a"])
-def test_split_combine_reads_only_the_splits_that_had_tiles(schedule):
-    """The combine reads only the splits the forward kernel gave tiles (counted from the lengths) and never
-    multiplies a split's O that was not written: a NaN-filled workspace, a token whose second tile is all holes (its
-    split writes lse = -inf and no O), a padded token of length 0 (out = 0) and a token at a very negative sink; every
-    row finite and within tolerance of the float64 reference, on both schedules."""
+def test_split_combine_never_uses_a_partial_that_was_not_written(schedule):
+    """A split combine never multiplies a split's O that was not written: a NaN-filled workspace, a token whose second
+    tile is all holes (its split writes lse = -inf and no O), a padded token of length 0 (out = 0) and a token at a
+    very negative sink; every row finite and within tolerance of the float64 reference, on both schedules."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     from dsv4_jit import jit

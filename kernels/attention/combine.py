@@ -1,7 +1,7 @@
 """The split-KV combine of sparse MLA (`sparse_mla_combine`): merges the partial outputs of decode.py / prefill.py's
 splits (each normalised within its split, with its log2-sum-exp) and applies the sink. Two forms (combine_params):
-the walk (each thread merges every split over a few dims) for up to 8 splits, and split groups (each group of 64
-threads merges a share of the splits that had tiles, the groups meet in shared memory) for 16 to 64."""
+the walk (each thread merges every split over a few dims) for up to 16 splits, and split groups (each group of 64
+threads merges a share of the splits that had tiles, the groups meet in shared memory) for 32 and 64."""
 # No `from __future__ import annotations`: TileLang evaluates the T.Tensor annotations.
 from typing import Any
 
@@ -183,7 +183,7 @@ PDL_TRIGGER_MAX_TOKENS = 1
 
 
 # Splits up to which the walk form merges them (above: 4 split groups)
-WALK_MAX_SPLITS = 8
+WALK_MAX_SPLITS = 16
 
 
 def combine_smem_bytes(threads: int, groups: int) -> int:
@@ -194,11 +194,12 @@ def combine_smem_bytes(threads: int, groups: int) -> int:
 def combine_params(heads: int, n_splits: int, num_tokens: int, block_i: int) -> dict[str, Any]:
     """The combine variant for `n_splits` partials of a forward kernel with `block_i`-candidate tiles at
     `num_tokens` (select's, and the schedule sweep's), one head a CTA. Up to WALK_MAX_SPLITS splits the walk form
-    (128 threads, 4 dims each); from 16 splits 4 split groups of 64 threads (a thread merges 4 of 16 .. 16 of 64
+    (128 threads, 4 dims each); from 32 splits 4 split groups of 64 threads (a thread merges 8 of 32 or 16 of 64
     splits). Per layer on an H100 (8 layers a graph), the split groups against the walk: V4-Flash 64 heads, one token,
     64 splits, 11.1 -> 10.2 us (ratio 4, 64K), 14.2 -> 13.4 (ratio 128, 256K); 16 heads x 8 tokens, 32 splits,
-    13.0 -> 12.3; but 64 heads x 8 tokens, 8 splits, 17.3 -> 17.6 with 1 to 8 groups, and at 2 splits (64 tokens)
-    up to 4.5 us slower: their 512 / 4,096 CTAs already fill the GPU."""
+    13.0 -> 12.3; but at 16 splits 0.1-0.2 us slower (9.1 -> 9.3 at one token over 16 splits, 12.5 -> 12.6 for 16
+    heads x 8 tokens on the SM120 schedule), 64 heads x 8 tokens, 8 splits, 17.3 -> 17.6 with 1 to 8 groups, and at
+    2 splits (64 tokens) up to 4.5 us slower: their 512 / 4,096 CTAs already fill the GPU."""
     if n_splits <= WALK_MAX_SPLITS:
         groups, threads = 0, 128
     else:
