@@ -5,7 +5,7 @@ threads merges a share of the splits that had tiles, the groups meet in shared m
 # No `from __future__ import annotations`: TileLang evaluates the T.Tensor annotations.
 from typing import Any
 
-from .common import D, LOG2E
+from .common import D, LOG2E, list_tiles
 
 
 def build_combine(heads: int, n_splits: int, head_block: int, threads: int, block_i: int, groups: int,
@@ -31,8 +31,8 @@ def build_combine(heads: int, n_splits: int, head_block: int, threads: int, bloc
 
     H, S, BI = heads, n_splits, block_i
     TPG = D // 8                 # threads of a split group (8 dims each)
-    G = threads // TPG           # split groups
-    if head_block != 1 or threads != groups * TPG or not 1 <= G <= D // TPG or S % G:
+    G = groups
+    if head_block != 1 or threads != G * TPG or not 1 <= G <= D // TPG or S % G:
         raise ValueError(f"sparse_mla_combine: {threads} threads must be 1 to {D // TPG} split groups of {TPG} "
                          f"dividing {S} splits, one head a CTA (head_block 1, got {head_block})")
     SG = S // G                  # splits a group merges
@@ -69,8 +69,8 @@ def build_combine(heads: int, n_splits: int, head_block: int, threads: int, bloc
                 T.pdl_trigger()
             st[0] = sink[h] * LOG2E   # a weight: read before the forward kernel's partials are complete
             # the forward kernel's tile_range: tiles of both lists, an even share a split; the last split given one
-            nt[0] = (T.ceildiv(T.max(T.min(lens1[t], n_idx1), 0), BI)
-                     + T.ceildiv(T.max(T.min(lens2[t], n_idx2), 0), BI))
+            tiles = list_tiles(T, lens1, lens2, t, n_idx1, n_idx2, BI)   # expressions: no variable bound
+            nt[0] = tiles[0] + tiles[1]
             nt[1] = T.max(T.ceildiv(nt[0], T.ceildiv(T.max(nt[0], 1), S)) - 1, 0)
             T.pdl_sync()
             for s in T.unroll(SG):
@@ -186,7 +186,7 @@ PDL_TRIGGER_MAX_TOKENS = 1
 WALK_MAX_SPLITS = 16
 
 
-def combine_smem_bytes(threads: int, groups: int) -> int:
+def combine_smem_bytes(groups: int) -> int:
     """Shared memory of a combine CTA: each split group's max, sum and 512 fp32 sums (none in the walk form)."""
     return 4 * groups * (2 + D)
 

@@ -77,6 +77,13 @@ def smem_bytes_for(hb: int, bi: int, stages: int = 0) -> int:
     return common + 4 * bi * (3 + 8)
 
 
+def list_tiles(T, lens1, lens2, t, n1, n2, block_i: int):
+    """Token t's tiles of `block_i` candidates in each of its two lists (lengths clamped to [0, the list's width]):
+    what tile_range splits over a variant's splits, and what the combine counts its live splits from."""
+    return (T.ceildiv(T.max(T.min(lens1[t], n1), 0), block_i),
+            T.ceildiv(T.max(T.min(lens2[t], n2), 0), block_i))
+
+
 def tile_macros(T, *, heads: int, head_block: int, block_i: int, threads: int, n_splits: int, softmax_scale: float,
                 score_chains: int, n1, n2) -> SimpleNamespace:
     """The per-tile macros both kernels run, for one variant; n1 / n2 are the index lists' width symbols."""
@@ -187,8 +194,7 @@ def tile_macros(T, *, heads: int, head_block: int, block_i: int, threads: int, n
     @T.macro
     def tile_range(lens1, lens2, t, split, rng):
         # rng = [tiles of list 1, first tile, end tile] of this split over the concatenated tile list
-        t1 = T.ceildiv(T.max(T.min(lens1[t], n1), 0), BI)
-        t2 = T.ceildiv(T.max(T.min(lens2[t], n2), 0), BI)
+        t1, t2 = list_tiles(T, lens1, lens2, t, n1, n2, BI)
         per = T.ceildiv(t1 + t2, S)
         rng[0] = t1
         rng[1] = T.min(split * per, t1 + t2)

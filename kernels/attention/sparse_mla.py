@@ -219,7 +219,7 @@ class SparseMlaCombineSpec(KernelSpec):
         return build_combine(**variant.p)
 
     def smem_bytes(self, variant: Variant) -> int:
-        return combine_smem_bytes(variant.p["threads"], variant.p["groups"])
+        return combine_smem_bytes(variant.p["groups"])
 
     def pass_configs(self, variant: Variant) -> dict[str, Any]:
         return pass_configs_for(variant)
