@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dsv4_jit.arch import PROFILES, get_profile
+from dsv4_jit.arch import PROFILES, ctas_by_smem, get_profile
 from dsv4_jit.kernels.moe import fp4_moe_gemm as kmod
 from dsv4_jit.kernels.moe import ops, reference
 from dsv4_jit.kernels.moe.family import moe_shapes
@@ -240,7 +240,9 @@ def test_stages_never_exceed_the_k_blocks():
     assert kmod.moe_smem_bytes({**big[4096], "stages": 2}) == 104_192 > 101_376 >= kmod.moe_smem_bytes(big[4096])
     assert spec.select(get_profile("sm_90a"), {"n": 4096, "k": 7168}, 4096).p["stages"] == 2
     with pytest.raises(ValueError, match="not a tile of this kernel"):
-        kmod.build_fp4_moe_gemm(**{**dec[-1], "block_n": 128})
+        kmod.build_fp4_moe_gemm(**{**dec[-1], "block_n": 96})
+    with pytest.raises(ValueError, match="not a tile of this kernel"):   # 16 x 128 accumulators: too many a lane
+        kmod.build_fp4_moe_gemm(**{**dec[-1], "block_m": 32, "block_n": 128})
     # Hopper at a few tokens: eight warps where a warp's K walk is the longest (V4-Pro w1+w3, K = 7,168), four
     # elsewhere (V4-Flash's K = 4,096 and below, 9+ tokens, SM12x)
     hopper = get_profile("sm_90a")
@@ -362,3 +364,30 @@ def test_combine_validates_before_selecting(kw, match, cpu_tensors_ok):
     args.update(kw)
     with pytest.raises(ValueError, match=match):
         ops.moe_combine(**args, arch=SM120, get_kernel=select_only_getter(SM120))
+
+
+def test_deep_rings_and_wide_tiles_follow_the_token_count():
+    spec = get_spec("fp4_moe_gemm")
+    hopper = get_profile("sm_90a")
+
+    def pick(arch, n, k, t):
+        p = spec.select(arch, {"n": n, "k": k}, t).p
+        return p["block_n"], p["threads"] // 32, p["stages"]
+    # Hopper: 4 stages a warp for 4-warp CTAs from 4 to 128 tokens (two such CTAs fit its 228 KB), 2 elsewhere;
+    # V4-Pro's w1+w3 at up to 8 tokens keeps its 8 warps and 2 stages
+    flash = {t: pick(hopper, 4096, 4096, t) for t in (1, 3, 4, 8, 64, 128, 129, 256)}
+    assert flash == {1: (64, 4, 2), 3: (64, 4, 2), 4: (64, 4, 4), 8: (64, 4, 4), 64: (64, 4, 4), 128: (64, 4, 4),
+                     129: (64, 4, 2), 256: (64, 4, 2)}
+    assert [pick(hopper, 768, 7168, t) for t in (1, 8, 9, 128)] == [(64, 8, 2), (64, 8, 2), (64, 4, 4), (64, 4, 4)]
+    deep = spec.select(hopper, {"n": 768, "k": 7168}, 64).p
+    assert kmod.moe_smem_bytes(deep) == 99_104 and ctas_by_smem(hopper, 99_104) == 2
+    # SM12x: one 4-stage CTA an SM at most, so always 2 stages
+    for arch in ("sm_120a", "sm_121a"):
+        assert {pick(get_profile(arch), 4096, 4096, t)[2] for t in (1, 4, 64, 128, 256)} == {2}
+    # 128 weight rows a CTA where a warp walks one K block (w2 at TP 8, K = 384 / 256) from 32 to 256 tokens
+    for arch in (hopper, SM120):
+        assert [pick(arch, 7168, 384, t) for t in (1, 8, 31, 32, 64, 256, 257)] == [
+            (64, 3, 1), (64, 3, 1), (64, 3, 1), (128, 3, 1), (128, 3, 1), (128, 3, 1), (64, 3, 1)]
+        assert pick(arch, 4096, 256, 64) == (128, 2, 1)
+        assert pick(arch, 4096, 2048, 64)[0] == 64          # 16 K blocks: not a short walk
+        assert spec.smem_bytes(spec.select(arch, {"n": 7168, "k": 384}, 64)) <= 101_376

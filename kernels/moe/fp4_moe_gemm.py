@@ -49,6 +49,14 @@ permute, then cvt e4m3x2 -> f16x2, once a K block for every weight tile. For the
 weight rows (A) and the routed rows (B) alike. Products and fp32 sums are the e4m3 form's. (Going through the e4m3
 form's byte permutes to f16 high bytes costs 6 more instructions a word, most of the issue slots at one token.)
 
+Launched behind its producer by programmatic dependent launch (PDL): the CTAs wait in the grid dependency sync before
+they read anything, and let the kernel behind them launch once their main loop is done (its CTAs then wait in their
+own sync while these reduce and store). Per layer on an H100, 8 layers a graph, against the same kernel without PDL:
+0.5-0.6 us faster at one token (V4-Flash w1+w3 25.9 -> 25.3, w2 16.0 -> 15.4; V4-Pro TP 8 w2 10.0 -> 9.5) and at 8
+tokens on V4-Pro (w2 34.5 -> 33.9), level elsewhere; V4-Pro's w1+w3 at one token (72 CTAs of 8 warps) went
+13.5 -> 12.9 with one routing and 13.5 -> 13.9 with another. A trigger at the start instead was slower (13.5 ->
+16.8: every layer's grid resident at once). `pdl=False` builds the kernel without it (for such A/Bs).
+
 Grid (N / block_n, M / block_m); N and K are compile-time, M and E dynamic. `select` depends on the token count
 only (never on routing): block_m 8 up to 256 tokens (an expert sees 1-6 rows on average at V4's 6-of-256
 routing), 16 up to 512, then 32, then 64, so the planner enumerates every variant an engine asks for. An 8-row
@@ -61,7 +69,7 @@ Kernel-defining code only (no host code: the artifact key hashes this module).
 # No `from __future__ import annotations`: TileLang evaluates the T.Tensor annotations.
 from typing import Any, Mapping
 
-from dsv4_jit.arch import ArchProfile, check_arch, schedule_name
+from dsv4_jit.arch import ArchProfile, check_arch, ctas_by_smem, schedule_name
 from dsv4_jit.spec import Variant, register
 from dsv4_jit.validate import int_param
 
@@ -131,10 +139,25 @@ def cta_warps(k: int, rows: int, long_walk: bool = False) -> int:
     return max(1, min(LONG_K_WARPS if long_walk else WARPS_BY_ROWS[rows], k // ACT_BLOCK))
 
 
+# Deeper rings: DEEP_STAGES stages a warp for 4-warp CTAs at DEEP_TOKENS (inclusive), where two such CTAs still fit
+# an SM (Hopper; SM12x holds one). Per layer on an H100, 8 layers a graph: V4-Flash w1+w3 2-6% faster from 4 to 128
+# tokens (T = 64: 668 -> 628 us), w2 1-3%; at 1-2 and 256 tokens 2-15% slower (at one token the deeper CTAs no longer
+# fit one wave).
+DEEP_STAGES = 4
+DEEP_TOKENS = (4, 128)
+# Wide tiles: WIDE_COLS weight rows a CTA (8-row blocks) from WIDE_FROM_TOKENS where a warp's K walk is one K block
+# (at most SHORT_K_BLOCKS blocks: w2 at TP 8, K = 256 / 384): half the CTAs, each with the same fixed costs (its
+# block's expert, exponents and activation rows). V4-Pro TP 8 w2 per layer on an H100: 4-8% faster from 32 to 256
+# tokens (T = 64: 167 -> 158 us), level at 16, slower at 1 and 8.
+WIDE_COLS = 128
+WIDE_FROM_TOKENS = 32
+SHORT_K_BLOCKS = 4
+
+
 # Weight rows (output columns) per CTA by routed rows: four m16 tiles, two for 64 routed rows (a lane's
 # accumulators are cols x rows / 32 twice over: 64 x 64 would not fit its registers).
 COLS_BY_ROWS = {8: 64, 16: 64, 32: 64, 64: 32}
-TILE_COLS = (32, 64)
+TILE_COLS = (32, 64, 128)
 
 
 def block_cols(rows: int) -> int:
@@ -173,10 +196,17 @@ def moe_smem_bytes(p: Mapping[str, Any]) -> int:
 def moe_params(arch: ArchProfile, n: int, k: int, num_tokens: int) -> dict:
     bm = moe_block_m(num_tokens)
     bn = block_cols(bm)
-    long_walk = num_tokens <= FEW_TOKENS and k // ACT_BLOCK > LONG_K_BLOCKS and arch.family != "blackwell_consumer"
+    kb = k // ACT_BLOCK
+    if bm * WIDE_COLS <= 1024 and num_tokens >= WIDE_FROM_TOKENS and kb <= SHORT_K_BLOCKS and n % WIDE_COLS == 0:
+        bn = WIDE_COLS
+    long_walk = num_tokens <= FEW_TOKENS and kb > LONG_K_BLOCKS and arch.family != "blackwell_consumer"
     warps = cta_warps(k, bm, long_walk)
+    most = STAGES
+    if (warps == 4 and DEEP_TOKENS[0] <= num_tokens <= DEEP_TOKENS[1]
+            and ctas_by_smem(arch, moe_smem_bytes_for(k, DEEP_STAGES, bm, bn, warps)) >= 2):
+        most = DEEP_STAGES
     # never more stages than K blocks a warp walks, nor than fit the budget (64 rows at K = 7168 on SM12x: one)
-    stages = max(1, min(STAGES, -(-(k // ACT_BLOCK) // warps)))
+    stages = max(1, min(most, -(-kb // warps)))
     while stages > 1 and moe_smem_bytes_for(k, stages, bm, bn, warps) > arch.max_smem_per_block:
         stages -= 1
     p = {"n": n, "k": k, "block_m": bm, "block_n": bn, "threads": 32 * warps, "stages": stages}
@@ -208,7 +238,7 @@ def f16_pairs_py(u: int) -> tuple[int, int, int, int]:
 
 
 def build_fp4_moe_gemm(*, n: int, k: int, block_m: int, block_n: int, stages: int, threads: int,
-                       operand: str = FP8):
+                       operand: str = FP8, pdl: bool = True):
     import tilelang.language as T
 
     if (block_m not in ROWS or block_n not in TILE_COLS or block_m * block_n > 2048 or n % block_n
@@ -304,6 +334,10 @@ def build_fp4_moe_gemm(*, n: int, k: int, block_m: int, block_n: int, stages: in
             lane = tid % 32
             r = lane // 4
             g = lane % 4
+            # launched behind its producer (programmatic dependent launch): this grid's CTAs are resident before
+            # that one drains. Every input, the expert of the block included, is read after the sync.
+            if pdl:
+                T.pdl_sync()
             ex = block_expert[by]
             if ex < 0:
                 # padding block (M sized for capture): zeros, nothing read
@@ -396,6 +430,10 @@ def build_fp4_moe_gemm(*, n: int, k: int, block_m: int, block_n: int, stages: in
                             for v in T.unroll(4):
                                 acc[(tile * J + j) * 4 + v] += (blk[(tile * J + j) * 4 + v]
                                                                 * sa_s[(j * 8 + g * 2 + v % 2) * SA_PITCH + kb])
+                # the kernel behind this one may launch during this epilogue (not at the start: 8 layers' grids
+                # resident at once, each waiting on the one before, were slower; module doc)
+                if pdl:
+                    T.pdl_trigger()
                 # the warps' partial tiles, summed through the (drained) ring
                 T.call_extern("handle", "tl::cp_async_wait<0>")
                 T.sync_threads()
