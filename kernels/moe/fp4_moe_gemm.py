@@ -145,10 +145,10 @@ def cta_warps(k: int, rows: int, long_walk: bool = False) -> int:
 # fit one wave).
 DEEP_STAGES = 4
 DEEP_TOKENS = (4, 128)
-# Wide tiles: WIDE_COLS weight rows a CTA (8-row blocks) from WIDE_FROM_TOKENS where a warp's K walk is one K block
-# (at most SHORT_K_BLOCKS blocks: w2 at TP 8, K = 256 / 384): half the CTAs, each with the same fixed costs (its
-# block's expert, exponents and activation rows). V4-Pro TP 8 w2 per layer on an H100: 4-8% faster from 32 to 256
-# tokens (T = 64: 167 -> 158 us), level at 16, slower at 1 and 8.
+# Wide tiles: WIDE_COLS weight rows a CTA (8-row blocks: 8 x 128 accumulators a CTA) from WIDE_FROM_TOKENS where a
+# warp's K walk is one K block (at most SHORT_K_BLOCKS blocks, one warp each: w2 at TP 4 / 8, K = 512 / 256 / 384):
+# half the CTAs, each with the same fixed costs (its block's expert, exponents and activation rows). V4-Pro TP 8 w2
+# per layer on an H100: 4-8% faster from 32 to 256 tokens (T = 64: 167 -> 158 us), level at 16, slower at 1 and 8.
 WIDE_COLS = 128
 WIDE_FROM_TOKENS = 32
 SHORT_K_BLOCKS = 4
@@ -197,7 +197,7 @@ def moe_params(arch: ArchProfile, n: int, k: int, num_tokens: int) -> dict:
     bm = moe_block_m(num_tokens)
     bn = block_cols(bm)
     kb = k // ACT_BLOCK
-    if bm * WIDE_COLS <= 1024 and num_tokens >= WIDE_FROM_TOKENS and kb <= SHORT_K_BLOCKS and n % WIDE_COLS == 0:
+    if bm == ROWS[0] and num_tokens >= WIDE_FROM_TOKENS and kb <= SHORT_K_BLOCKS and n % WIDE_COLS == 0:
         bn = WIDE_COLS
     long_walk = num_tokens <= FEW_TOKENS and kb > LONG_K_BLOCKS and arch.family != "blackwell_consumer"
     warps = cta_warps(k, bm, long_walk)
