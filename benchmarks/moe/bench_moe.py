@@ -15,6 +15,7 @@ Columns (us: one call per CUDA-graph replay, median of triton's do_bench, L2 flu
 
     python benchmarks/moe/bench_moe.py --out bench_out/moe.json [--model deepseek-v4-flash] [--tp 1]
         [--tokens 1 8 64 512 4096] [--arch sm_120a]  (an SM120 schedule emulated on this GPU)
+        [--no-pdl]  (the same kernel without programmatic dependent launch, for an A/B in one call)
 """
 from __future__ import annotations
 
@@ -46,6 +47,8 @@ def main() -> None:
     ap.add_argument("--tiles", nargs="+", default=None, metavar="BMxBN[xW]",
                     help="sweep: routed rows x weight rows a CTA (x warps a CTA) for the smallest block's token counts "
                          "(e.g. 8x64 16x64 8x64x8)")
+    ap.add_argument("--no-pdl", action="store_true",
+                    help="A/B: the kernel without programmatic dependent launch (a variant of its own: pdl=False)")
     ap.add_argument("--layers", type=int, default=1,
                     help="also time each GEMM per layer: one graph over this many distinct expert sets (own weights, "
                          "routing and activations), as a decode step's successive MoE layers, graph time / layers")
@@ -76,6 +79,9 @@ def main() -> None:
             tiles.append(None if t is None else tuple(int(v) for v in t.lower().split("x")))
         except ValueError:
             ap.error(f"--tiles {t!r}: expected BMxBN[xW], e.g. 16x64")
+    if args.no_pdl:   # a param of the variant (its own cache key), not a patched constant
+        params = kmod.moe_params
+        kmod.moe_params = lambda *a, **kw: {**params(*a, **kw), "pdl": False}
     warps0 = dict(kmod.WARPS_BY_ROWS)   # a tile without W gets the module's warps for its rows
     long0 = kmod.LONG_K_WARPS
     for tile in tiles:
@@ -176,6 +182,7 @@ def run_shapes(args, m, arch, experts: int, topk: int, g, bw: float) -> list:
             row = {"gemm": name, "n": n, "k": k, "tokens": t, "experts_touched": len(touched), "block_m": bm,
                    "layers": args.layers, "ours_per_layer_us": per_layer, "ours_per_layer_pct_copy": pct_l,
                    "block_n": p["block_n"], "stages": p["stages"], "warps": p["threads"] // 32,
+                   "pdl": p.get("pdl", True),
                    "rows": a.shape[0], "bytes": nbytes, "ours_us": ours, "ours_gbs": gbs,
                    "ours_pct_copy": 100 * gbs / bw if gbs else None, "ours_tflops": tflops, "torch_us": t_torch,
                    "max_row_rel_err": err, "notes": [why] if why else []}

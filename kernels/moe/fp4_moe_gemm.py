@@ -55,7 +55,7 @@ own sync while these reduce and store). Per layer on an H100, 8 layers a graph, 
 0.5-0.6 us faster at one token (V4-Flash w1+w3 25.9 -> 25.3, w2 16.0 -> 15.4; V4-Pro TP 8 w2 10.0 -> 9.5) and at 8
 tokens on V4-Pro (w2 34.5 -> 33.9), level elsewhere; V4-Pro's w1+w3 at one token (72 CTAs of 8 warps) went
 13.5 -> 12.9 with one routing and 13.5 -> 13.9 with another. A trigger at the start instead was slower (13.5 ->
-16.8: every layer's grid resident at once). `pdl=False` builds the kernel without it (for such A/Bs).
+16.8: every layer's grid resident at once). `pdl=False` builds the kernel without it (`bench_moe.py --no-pdl`).
 
 Grid (N / block_n, M / block_m); N and K are compile-time, M and E dynamic. `select` depends on the token count
 only (never on routing): block_m 8 up to 256 tokens (an expert sees 1-6 rows on average at V4's 6-of-256
