@@ -243,13 +243,15 @@ def test_stages_never_exceed_the_k_blocks():
         kmod.build_fp4_moe_gemm(**{**dec[-1], "block_n": 96})
     with pytest.raises(ValueError, match="not a tile of this kernel"):   # 16 x 128 accumulators: too many a lane
         kmod.build_fp4_moe_gemm(**{**dec[-1], "block_m": 32, "block_n": 128})
-    # Hopper at a few tokens: eight warps where a warp's K walk is the longest (V4-Pro w1+w3, K = 7,168), four
-    # elsewhere (V4-Flash's K = 4,096 and below, 9+ tokens, SM12x)
+    # Hopper at a few tokens: eight warps where a warp's K walk is the longest (V4-Pro w1+w3, K = 7,168) and N is
+    # wide (TP 1 / 2) or the token one; four elsewhere (V4-Flash's K = 4,096 and below, 9+ tokens, the narrow
+    # 32-column tiles of N <= 1,536 at 2..16 tokens, SM12x)
     hopper = get_profile("sm_90a")
-    warps = {(k, t): spec.select(hopper, {"n": 768, "k": k}, t).p["threads"] // 32
+    warps = {(k, t): spec.select(hopper, {"n": 3072, "k": k}, t).p["threads"] // 32
              for k in (2048, 4096, 7168) for t in (1, 8, 9)}
     assert warps == {(2048, 1): 4, (2048, 8): 4, (2048, 9): 4, (4096, 1): 4, (4096, 8): 4, (4096, 9): 4,
                      (7168, 1): 8, (7168, 8): 8, (7168, 9): 4}
+    assert [spec.select(hopper, {"n": 768, "k": 7168}, t).p["threads"] // 32 for t in (1, 2, 8)] == [8, 4, 4]
     assert spec.select(hopper, {"n": 768, "k": 7168}, 1).p["stages"] == 2
     assert kmod.moe_smem_bytes(spec.select(hopper, {"n": 768, "k": 7168}, 1).p) == 99_104
     assert spec.select(SM120, {"n": 768, "k": 7168}, 1).p["threads"] == 128
@@ -378,7 +380,7 @@ def test_deep_rings_and_wide_tiles_follow_the_token_count():
     flash = {t: pick(hopper, 4096, 4096, t) for t in (1, 3, 4, 8, 64, 128, 129, 256)}
     assert flash == {1: (64, 4, 2), 3: (64, 4, 2), 4: (64, 4, 4), 8: (64, 4, 4), 64: (64, 4, 4), 128: (64, 4, 4),
                      129: (64, 4, 2), 256: (64, 4, 2)}
-    assert [pick(hopper, 768, 7168, t) for t in (1, 8, 9, 128)] == [(64, 8, 2), (64, 8, 2), (64, 4, 4), (64, 4, 4)]
+    assert [pick(hopper, 6144, 7168, t) for t in (1, 8, 9, 128)] == [(64, 8, 2), (64, 8, 2), (64, 4, 4), (64, 4, 4)]
     deep = spec.select(hopper, {"n": 768, "k": 7168}, 64).p
     assert kmod.moe_smem_bytes(deep) == 99_104 and ctas_by_smem(hopper, 99_104) == 2
     # SM12x: one 4-stage CTA an SM at most, so always 2 stages
@@ -391,3 +393,14 @@ def test_deep_rings_and_wide_tiles_follow_the_token_count():
         assert pick(arch, 4096, 256, 64) == (128, 2, 1)
         assert pick(arch, 4096, 2048, 64)[0] == 64          # 16 K blocks: not a short walk
         assert spec.smem_bytes(spec.select(arch, {"n": 7168, "k": 384}, 64)) <= 101_376
+    # Hopper, a long K walk over a narrow N (V4-Pro w1+w3 at TP 4 / 8): 32 columns x 4 warps from 2 to 16 tokens
+    # (deep rings from 4), 8 warps x 64 columns at one token, 64 columns again from 17; wider N (TP 1 / 2) and SM12x
+    # keep 64 columns
+    for n in (768, 1536):
+        assert [pick(hopper, n, 7168, t) for t in (1, 2, 3, 4, 8, 16, 17, 64)] == [
+            (64, 8, 2), (32, 4, 2), (32, 4, 2), (32, 4, 4), (32, 4, 4), (32, 4, 4), (64, 4, 4), (64, 4, 4)]
+    assert [pick(hopper, 3072, 7168, t)[0] for t in (2, 8, 16)] == [64, 64, 64]
+    assert {pick(SM120, 768, 7168, t)[:2] for t in (1, 2, 8, 16)} == {(64, 4)}
+    assert pick(hopper, 768, 4096, 8) == (64, 4, 4)                  # K = 4,096: 32 K blocks, not a long walk
+    narrow = spec.select(hopper, {"n": 768, "k": 7168}, 8)
+    assert ctas_by_smem(hopper, spec.smem_bytes(narrow)) >= 2

@@ -185,9 +185,10 @@ def _case(m, shape: dict, tp: int) -> GpuCase:
 
 
 def _gpu_cases(m) -> list[GpuCase]:
-    """w1+w3 and w2 at TP 1 (K = hidden / full intermediate), and w2 at TP 8 (K = 256 / 384: 2-3 K blocks)."""
+    """w1+w3 and w2 at TP 1 (K = hidden / full intermediate) and at TP 8 (w1+w3: V4-Pro's narrow 32-column tiles at
+    a few tokens; w2: K = 256 / 384, 2-3 K blocks)."""
     cases = [_case(m, s, 1) for s in moe_shapes(m, 1)]
-    cases.append(_case(m, moe_shapes(m, 8)[1], 8))
+    cases += [_case(m, s, 8) for s in moe_shapes(m, 8)]
     return cases + [_route_case(m, False), _route_case(m, True), _combine_case(m)]
 
 

@@ -122,8 +122,8 @@ def moe_block_m(num_tokens: int) -> int:
 # Warps a CTA splits K over, by routed rows (each warp its own ring). Eight warps a CTA (twice the bytes in flight,
 # half the chain) are no faster in general: Hopper holds two 92 KB CTAs an SM against four 51 KB ones. Where a warp's
 # K walk is the longest (more than LONG_K_BLOCKS K blocks: V4-Pro's w1+w3, K = 7,168) and the tokens few (up to
-# FEW_TOKENS), Hopper runs eight: on an H100, per layer, 8 layers a graph, V4-Pro TP 8 w1+w3 15.5 -> 13.5 us at one
-# token and 63.9 -> 58.9 at 8. V4-Flash lost with eight at one token (w1+w3, K = 4,096: 25.8 -> 28.2; w2: 16.0 ->
+# FEW_TOKENS), Hopper runs eight where it does not take the narrow tiles below: on an H100, per layer, 8 layers a
+# graph, V4-Pro TP 8 w1+w3 15.5 -> 13.5 us at one token and 63.9 -> 58.9 at 8. V4-Flash lost with eight at one token (w1+w3, K = 4,096: 25.8 -> 28.2; w2: 16.0 ->
 # 17.1: 384 CTAs in two waves of 92 KB ones instead of one of 51 KB ones) and gained 2-4% at 8, so it keeps four,
 # as does SM12x (unmeasured there).
 WARPS_BY_ROWS = {8: 4, 16: 4, 32: 4, 64: 4}
@@ -152,6 +152,18 @@ DEEP_TOKENS = (4, 128)
 WIDE_COLS = 128
 WIDE_FROM_TOKENS = 32
 SHORT_K_BLOCKS = 4
+
+
+# Narrow tiles: NARROW_COLS weight rows a CTA of 4 warps for a long K walk (more than LONG_K_BLOCKS K blocks) over
+# a narrow N (at most NARROW_MAX_N: V4-Pro's w1+w3 at TP 4 / 8) at NARROW_TOKENS (inclusive), on Hopper: twice the
+# CTAs of 64-column ones, each with half the weight exponents to stage. Per layer on an H100, 8 layers a graph, against
+# 64 columns (8 warps up to 8 tokens): N = 768 at 2 tokens 24.6 -> 19.3 us, 8: 59.0 -> 57.5, 16: 103.7 -> 100.3;
+# N = 1,536 at 2: 35.1 -> 33.6, 8: 103.7 -> 102.1, 16: 192.8 -> 189.0. Wider N gained at 2 tokens only (N = 3,072
+# 61.3 -> 57.5) and lost at 16 (368.9 -> 376.3; N = 6,144: 712.3 -> 733.4). One token keeps 8 warps x 64 columns
+# (12.8 against 13.3 us with 32 columns at N = 768).
+NARROW_COLS = 32
+NARROW_TOKENS = (2, 16)
+NARROW_MAX_N = 1536
 
 
 # Weight rows (output columns) per CTA by routed rows: four m16 tiles, two for 64 routed rows (a lane's
@@ -199,8 +211,11 @@ def moe_params(arch: ArchProfile, n: int, k: int, num_tokens: int) -> dict:
     kb = k // ACT_BLOCK
     if bm == ROWS[0] and num_tokens >= WIDE_FROM_TOKENS and kb <= SHORT_K_BLOCKS and n % WIDE_COLS == 0:
         bn = WIDE_COLS
-    long_walk = num_tokens <= FEW_TOKENS and kb > LONG_K_BLOCKS and arch.family != "blackwell_consumer"
-    warps = cta_warps(k, bm, long_walk)
+    long_k = kb > LONG_K_BLOCKS and arch.family != "blackwell_consumer"
+    narrow = long_k and bm == ROWS[0] and NARROW_TOKENS[0] <= num_tokens <= NARROW_TOKENS[1] and n <= NARROW_MAX_N
+    if narrow:
+        bn = NARROW_COLS
+    warps = cta_warps(k, bm, long_k and num_tokens <= FEW_TOKENS and not narrow)
     most = STAGES
     if (warps == 4 and DEEP_TOKENS[0] <= num_tokens <= DEEP_TOKENS[1]
             and ctas_by_smem(arch, moe_smem_bytes_for(k, DEEP_STAGES, bm, bn, warps)) >= 2):
