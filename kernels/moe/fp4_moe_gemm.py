@@ -123,9 +123,9 @@ def moe_block_m(num_tokens: int) -> int:
 # half the chain) are no faster in general: Hopper holds two 92 KB CTAs an SM against four 51 KB ones. Where a warp's
 # K walk is the longest (more than LONG_K_BLOCKS K blocks: V4-Pro's w1+w3, K = 7,168) and the tokens few (up to
 # FEW_TOKENS), Hopper runs eight where it does not take the narrow tiles below: on an H100, per layer, 8 layers a
-# graph, V4-Pro TP 8 w1+w3 15.5 -> 13.5 us at one token and 63.9 -> 58.9 at 8. V4-Flash lost with eight at one token (w1+w3, K = 4,096: 25.8 -> 28.2; w2: 16.0 ->
-# 17.1: 384 CTAs in two waves of 92 KB ones instead of one of 51 KB ones) and gained 2-4% at 8, so it keeps four,
-# as does SM12x (unmeasured there).
+# graph, V4-Pro TP 8 w1+w3 15.5 -> 13.5 us at one token and 63.9 -> 58.9 at 8. V4-Flash lost with eight at one
+# token (w1+w3, K = 4,096: 25.8 -> 28.2; w2: 16.0 -> 17.1: 384 CTAs in two waves of 92 KB ones instead of one of
+# 51 KB ones) and gained 2-4% at 8, so it keeps four, as does SM12x (unmeasured there).
 WARPS_BY_ROWS = {8: 4, 16: 4, 32: 4, 64: 4}
 FEW_TOKENS = 8
 LONG_K_BLOCKS = 32
