@@ -5,7 +5,7 @@ threads merges a share of the splits that had tiles, the groups meet in shared m
 # No `from __future__ import annotations`: TileLang evaluates the T.Tensor annotations.
 from typing import Any
 
-from .common import D, LOG2E, list_tiles
+from .common import D, LOG2E, list_tiles, split_share
 
 
 def build_combine(heads: int, n_splits: int, head_block: int, threads: int, block_i: int, groups: int,
@@ -71,7 +71,7 @@ def build_combine(heads: int, n_splits: int, head_block: int, threads: int, bloc
             # the forward kernel's tile_range: tiles of both lists, an even share a split; the last split given one
             tiles = list_tiles(T, lens1, lens2, t, n_idx1, n_idx2, BI)   # expressions: no variable bound
             nt[0] = tiles[0] + tiles[1]
-            nt[1] = T.max(T.ceildiv(nt[0], T.ceildiv(T.max(nt[0], 1), S)) - 1, 0)
+            nt[1] = T.max(T.ceildiv(nt[0], split_share(T, T.max(nt[0], 1), S)) - 1, 0)
             T.pdl_sync()
             for s in T.unroll(SG):
                 lse[s] = lse_part[T.min(g * SG + s, nt[1]), t, h]

@@ -84,6 +84,12 @@ def list_tiles(T, lens1, lens2, t, n1, n2, block_i: int):
             T.ceildiv(T.max(T.min(lens2[t], n2), 0), block_i))
 
 
+def split_share(T, tiles, n_splits: int):
+    """Tiles each split takes of a token's `tiles` (an even share; the last live split's may be short): how
+    tile_range splits them, and what the combine counts the live splits from."""
+    return T.ceildiv(tiles, n_splits)
+
+
 def tile_macros(T, *, heads: int, head_block: int, block_i: int, threads: int, n_splits: int, softmax_scale: float,
                 score_chains: int, n1, n2) -> SimpleNamespace:
     """The per-tile macros both kernels run, for one variant; n1 / n2 are the index lists' width symbols."""
@@ -195,7 +201,7 @@ def tile_macros(T, *, heads: int, head_block: int, block_i: int, threads: int, n
     def tile_range(lens1, lens2, t, split, rng):
         # rng = [tiles of list 1, first tile, end tile] of this split over the concatenated tile list
         t1, t2 = list_tiles(T, lens1, lens2, t, n1, n2, BI)
-        per = T.ceildiv(t1 + t2, S)
+        per = split_share(T, t1 + t2, S)
         rng[0] = t1
         rng[1] = T.min(split * per, t1 + t2)
         rng[2] = T.min(split * per + per, t1 + t2)
