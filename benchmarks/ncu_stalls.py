@@ -47,8 +47,9 @@ def read_source_csv(path: str | Path) -> tuple[str, list[dict]]:
     for r in rows[hi + 1:]:
         if len(r) != len(hdr):
             continue
+        stalls = {name: _num(r[i]) for i, name in reasons}
         out.append({"source": r[src].strip(), "samples": _num(r[smp]),
-                    "stalls": {name: _num(r[i]) for i, name in reasons if _num(r[i])}})
+                    "stalls": {k: v for k, v in stalls.items() if v}})
     return kernel, out
 
 
@@ -56,6 +57,14 @@ def opcode(source: str) -> str:
     """The instruction's opcode without its modifiers or predicate: '@!P1 LDS.128 R8, [R13]' -> 'LDS'."""
     words = [w for w in source.split() if not w.startswith("@")]
     return words[0].split(".")[0] if words else ""
+
+
+def _stall_sums(insts: list[dict]) -> dict[str, float]:
+    sums: dict[str, float] = {}
+    for i in insts:
+        for k, v in i["stalls"].items():
+            sums[k] = sums.get(k, 0.0) + v
+    return sums
 
 
 def summarize(insts: list[dict], region: int = 250, top: int = 20, min_share: float = 0.02) -> dict:
@@ -66,21 +75,16 @@ def summarize(insts: list[dict], region: int = 250, top: int = 20, min_share: fl
     total = sum(i["samples"] for i in insts)
     if not total:
         raise ValueError("no stall samples in the report (profile with --set full or --section SourceCounters)")
-    reasons: dict[str, float] = {}
-    for i in insts:
-        for k, v in i["stalls"].items():
-            reasons[k] = reasons.get(k, 0.0) + v
+    reasons = _stall_sums(insts)
     regions = []
     for a in range(0, len(insts), region):
         chunk = insts[a:a + region]
         s = sum(i["samples"] for i in chunk)
         if s / total < min_share:
             continue
-        why: dict[str, float] = {}
+        why = _stall_sums(chunk)
         ops: dict[str, int] = {}
         for i in chunk:
-            for k, v in i["stalls"].items():
-                why[k] = why.get(k, 0.0) + v
             op = opcode(i["source"])
             if op:
                 ops[op] = ops.get(op, 0) + 1
