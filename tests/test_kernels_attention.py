@@ -104,6 +104,8 @@ def test_softmax_row_groups_fit_every_selected_variant_and_bad_ones_are_refused(
         for heads in (8, 16, 32, 64, 128):
             for t in (1, 2, 8, 64, 4096):
                 p = FWD.select(get_profile(arch), {"heads": heads, "softmax_scale": SCALE}, t).p
+                if p.get("warp_specialized"):   # its softmax runs on WGMMA fragments, one warp group
+                    continue
                 tpr = p["threads"] // p["head_block"]
                 assert p["threads"] % p["head_block"] == 0 and tpr in (1, 2, 4, 8, 16, 32)
                 assert p["block_i"] % tpr == 0
@@ -129,6 +131,8 @@ def test_fp8_gather_is_the_cp_async_ring_and_small_steps_take_32_head_ctas():
                 v = FWD.select(prof, {"heads": heads, "softmax_scale": SCALE}, t)
                 p = v.p
                 assert FWD.smem_bytes(v) <= prof.max_smem_per_block
+                if p.get("warp_specialized"):   # decode_ws.py's gather: registers, its own warp group
+                    continue
                 assert p["stages"] == 1, (arch, heads, t, p)
                 assert sparse_mla.kv_stages(p["head_block"], sparse_mla.narrow_tile(p["head_block"], prof), prof,
                                             p["n_splits"]) == 1
@@ -206,6 +210,9 @@ def test_wide_tiles_only_on_wgmma_64_head_ctas_with_long_shares():
                 for fmt in ("fp8_ds_mla", "bf16"):
                     v = FWD.select(prof, {"heads": heads, "softmax_scale": SCALE, "kv_format": fmt}, t)
                     p = v.p
+                    if p.get("warp_specialized"):   # decode_ws.py: 64-candidate tiles, its own rule (below)
+                        assert p["block_i"] == 64 and p["n_splits"] <= sparse_mla.WS_MAX_SPLITS
+                        continue
                     ring = p.get("stages", 0) >= 1
                     wide = (prof.has_wgmma and p["head_block"] >= 64
                             and (p["n_splits"] <= 2 if ring else p["n_splits"] == 1))
@@ -218,7 +225,6 @@ def test_wide_tiles_only_on_wgmma_64_head_ctas_with_long_shares():
                         assert (sparse_mla.ctas_per_sm(prof, FWD.smem_bytes(v), thr)
                                 == sparse_mla.ctas_per_sm(prof, narrow, thr))
     hopper = get_profile("sm_90a")
-    assert FWD.select(hopper, {"heads": 64, "softmax_scale": SCALE}, 64).p["block_i"] == 64
     assert FWD.select(hopper, {"heads": 64, "softmax_scale": SCALE}, 8).p["block_i"] == 32
     assert FWD.select(hopper, {"heads": 64, "softmax_scale": SCALE, "kv_format": "bf16"}, 2049).p["block_i"] == 64
     assert FWD.select(hopper, {"heads": 64, "softmax_scale": SCALE}, 1).p["block_i"] == 32   # 32-head CTAs
@@ -226,6 +232,54 @@ def test_wide_tiles_only_on_wgmma_64_head_ctas_with_long_shares():
     assert FWD.select(sm120, {"heads": 64, "softmax_scale": SCALE, "kv_format": "bf16"}, 64).p["block_i"] == 32
     assert sparse_mla.smem_bytes_for(64, 64, 1) == 195_584
     assert sparse_mla.smem_bytes_for(64, 64, 0) == 160_256
+
+
+def test_hopper_64_head_decode_over_a_long_share_is_warp_specialized():
+    # decode_ws.py where a Hopper CTA of 64 heads walks a token's list split at most 4 ways (several tiles for its
+    # three warp groups to overlap); the 8-warp kernels everywhere else, and never on SM12x / sm_100a or in prefill
+    hopper = get_profile("sm_90a")
+    for heads, tokens, want in ((64, 64, True), (64, 32, True), (64, 24, True), (64, 4096, True), (64, 16, False),
+                                (64, 8, False), (64, 1, False), (128, 16, True), (128, 64, True), (128, 8, False),
+                                (32, 64, False), (16, 4096, False), (8, 64, False)):
+        v = FWD.select(hopper, {"heads": heads, "softmax_scale": SCALE}, tokens)
+        assert bool(v.p.get("warp_specialized")) == want, (heads, tokens, v.p)
+        if want:
+            assert (v.p["head_block"], v.p["block_i"], v.p["threads"]) == (64, 64, 384)
+            assert "stages" not in v.p and "score_chains" not in v.p
+            assert v.p["n_splits"] <= sparse_mla.WS_MAX_SPLITS
+            assert FWD.smem_bytes(v) == sparse_mla.ws_smem_bytes() == 214_592 <= hopper.max_smem_per_block
+            c = COMBINE.select(hopper, {"heads": heads, "softmax_scale": SCALE}, tokens)
+            assert c.p["block_i"] == 64   # the combine counts live splits over the same 64-candidate tiles
+    for arch in ("sm_100a", "sm_120a", "sm_121a"):
+        for t in (24, 64, 4096):
+            assert "warp_specialized" not in FWD.select(get_profile(arch), {"heads": 64, "softmax_scale": SCALE}, t).p
+    bf16 = FWD.select(hopper, {"heads": 64, "softmax_scale": SCALE, "kv_format": "bf16"}, 64)
+    assert "warp_specialized" not in bf16.p
+    pytest.importorskip("tilelang")
+    for bad in (dict(heads=96, head_block=64, block_i=64, threads=384, kv_format="fp8_ds_mla"),  # 96 % 64
+                dict(heads=64, head_block=64, block_i=32, threads=384, kv_format="fp8_ds_mla"),
+                dict(heads=64, head_block=64, block_i=64, threads=256, kv_format="fp8_ds_mla"),
+                dict(heads=64, head_block=64, block_i=64, threads=384, kv_format="bf16")):
+        with pytest.raises(ValueError, match="warp-specialized decode"):
+            sparse_mla.build_sparse_mla(n_splits=2, softmax_scale=SCALE, warp_specialized=True, **bad)
+
+
+@pytest.mark.compile
+def test_warp_specialized_decode_compiles_with_its_register_split(tmp_path):
+    # the setmaxnreg split (224 / 160 / 120 registers a thread: at most the 3 x 168 the launch gave), the
+    # mbarrier hand-offs and the lowered shared memory of the formula
+    from dsv4_jit import jit
+    from dsv4_jit.kernels.attention.decode_ws import WS_REGS
+    hopper = get_profile("sm_90a")
+    v = FWD.select(hopper, {"heads": 128, "softmax_scale": SCALE}, 64)
+    assert v.p.get("warp_specialized") and v.p["n_splits"] == 1
+    meta = jit.compile_to_dir(FWD, v, tmp_path)
+    src = (tmp_path / jit.SOURCE_NAME).read_text()
+    assert sum(WS_REGS) <= 3 * 168
+    assert f"warpgroup_reg_alloc<{WS_REGS[0]}>" in src
+    assert f"warpgroup_reg_dealloc<{WS_REGS[1]}>" in src and f"warpgroup_reg_dealloc<{WS_REGS[2]}>" in src
+    assert src.count(".init(") == 8 and "wgmma" in src
+    assert meta["smem_bytes"] == sparse_mla.ws_smem_bytes()
 
 
 def test_sm12x_decode_runs_64_head_ctas_over_16_row_tiles_where_they_fit():

@@ -18,11 +18,12 @@ from dsv4_jit.arch import ArchProfile, check_arch, ctas_by_smem, schedule_name
 from dsv4_jit.spec import KernelSpec, Variant, register
 from dsv4_jit.validate import int_param
 
-from . import combine, common, decode, prefill
+from . import combine, common, decode, decode_ws, prefill
 from .combine import build_combine, combine_params, combine_smem_bytes
 from .common import (D, GROUP, KV_FORMATS, LOG2E, NOPE, ROPE, SCALE_BYTES, SPAD, TOKEN_BYTES, pass_configs_for,
                      smem_bytes_for)
 from .decode import DEQUANT8_SRC, build_decode, e4m3_bf16_bits
+from .decode_ws import WS_BLOCK_I, WS_HEAD_BLOCK, WS_THREADS, build_decode_ws, ws_smem_bytes
 from .prefill import build_prefill
 
 SPLITS = (1, 2, 4, 8, 16, 32, 64)
@@ -124,11 +125,36 @@ def _schedule(arch: ArchProfile, heads: int, hb: int, fmt: str, num_tokens: int)
     return threads, wgmma_cta, n_splits, stages, kv_tile(wgmma_cta, n_splits, stages > 0) if bi == 32 else bi
 
 
+WS_MAX_SPLITS = 4  # the warp-specialized decode where a token's list is split at most this many ways
+
+
+def ws_fits(arch: ArchProfile, heads: int, hb: int, n_splits: int) -> bool:
+    """Where the fp8 decode runs decode_ws.py's warp-specialized kernel: a Hopper CTA of 64 heads (heads a multiple
+    of 64) over a token's list split at most WS_MAX_SPLITS ways, so a CTA walks several 64-candidate tiles for its
+    three warp groups to overlap. H100, per layer, against the 8-warp ring kernel (benchmarks/RESULTS.md):
+    V4-Pro TP 1 (128 heads) x 64 tokens at 64K 76.9 -> 55.2 us; 64 heads x 64 tokens 256K (ratio 128) 97.0 -> 92.2,
+    8K 26.6 -> 25.0, 64K (ratio 4) level (40.7 / 40.9); x 32 tokens (4 splits) 30.5 -> 29.0; at 8 splits level."""
+    return (arch.has_wgmma and hb == WS_HEAD_BLOCK and heads % WS_HEAD_BLOCK == 0 and n_splits <= WS_MAX_SPLITS
+            and ws_smem_bytes() <= arch.max_smem_per_block)
+
+
+def ws_params(heads: int, n_splits: int, scale: float) -> dict[str, Any]:
+    return {"heads": heads, "head_block": WS_HEAD_BLOCK, "block_i": WS_BLOCK_I, "threads": WS_THREADS,
+            "kv_format": "fp8_ds_mla", "n_splits": n_splits, "softmax_scale": scale, "warp_specialized": True}
+
+
 def build_sparse_mla(heads: int, head_block: int, block_i: int, threads: int, kv_format: str, n_splits: int,
-                     softmax_scale: float, stages: int = 0, score_chains: int = 0):
-    """The forward kernel of a variant: decode.py's over the fp8_ds_mla cache, prefill.py's over bf16 rows."""
+                     softmax_scale: float, stages: int = 0, score_chains: int = 0, warp_specialized: bool = False):
+    """The forward kernel of a variant: decode.py's over the fp8_ds_mla cache (decode_ws.py's where
+    warp_specialized), prefill.py's over bf16 rows."""
     if kv_format not in KV_FORMATS:
         raise ValueError(f"sparse_mla: kv_format must be one of {KV_FORMATS}, got {kv_format!r}")
+    if warp_specialized:
+        if (kv_format, head_block, block_i, threads) != ("fp8_ds_mla", WS_HEAD_BLOCK, WS_BLOCK_I, WS_THREADS):
+            raise ValueError(f"sparse_mla: the warp-specialized decode is fp8_ds_mla, {WS_HEAD_BLOCK} heads x "
+                             f"{WS_BLOCK_I} candidates, {WS_THREADS} threads; got {kv_format}, {head_block} x "
+                             f"{block_i}, {threads}")
+        return build_decode_ws(heads, n_splits, softmax_scale)
     if kv_format == "fp8_ds_mla":
         return build_decode(heads, head_block, block_i, threads, n_splits, softmax_scale, stages, score_chains)
     if stages:
@@ -163,7 +189,7 @@ def attention_statics(model, parallel, kv_format: str) -> dict[str, Any]:
 class SparseMlaSpec(KernelSpec):
     name = "sparse_mla_fwd"
     # the modules whose source defines this kernel (the artifact key's fingerprint): select here, the kernels there
-    source_modules = (sys.modules[__name__], common, decode, prefill)
+    source_modules = (sys.modules[__name__], common, decode, decode_ws, prefill)
 
     def static_params(self, model, parallel) -> dict[str, Any]:
         return attention_statics(model, parallel, "fp8_ds_mla")
@@ -179,6 +205,8 @@ class SparseMlaSpec(KernelSpec):
             # partial O, all through the cp.async ring) beat 64-head CTAs that split each list 16+ ways
             hb = SMALL_STEP_HEAD_BLOCK
             threads, wgmma_cta, n_splits, stages, bi = _schedule(arch, heads, hb, fmt, num_tokens)
+        if fmt == "fp8_ds_mla" and wgmma_cta and ws_fits(arch, heads, hb, n_splits):
+            return Variant.make(self.name, ws_params(heads, n_splits, scale), arch, schedule_name(arch))
         params = {"heads": heads, "head_block": hb, "block_i": bi, "threads": threads, "kv_format": fmt,
                   "n_splits": n_splits, "softmax_scale": scale}
         if stages:
@@ -192,6 +220,8 @@ class SparseMlaSpec(KernelSpec):
 
     def smem_bytes(self, variant: Variant) -> int:
         p = variant.p
+        if p.get("warp_specialized"):
+            return ws_smem_bytes(p["head_block"], p["block_i"])
         return smem_bytes_for(p["head_block"], p["block_i"], p.get("stages", 0))
 
     def pass_configs(self, variant: Variant) -> dict[str, Any]:

@@ -1,0 +1,357 @@
+"""Sparse MLA decode over the fp8_ds_mla paged cache, warp-specialized (Hopper only: WGMMA and setmaxnreg).
+
+decode.py's kernel runs every phase of a tile (gather, dequantize, scores, softmax, P.V) on all 8 warps between
+block-wide barriers, one CTA an SM, so each phase waits on the one before. Here three warp groups of one CTA
+(64 heads, 64-candidate tiles) work on different tiles at once and hand them over through mbarriers:
+
+  WG0 (scores):   S = Q K^T (WGMMA, 64 heads x 64 candidates x 512), mask, online softmax, P and the rescale
+                  factors to shared memory, O[:, 0:256] = alpha O + P V[:, 0:256]          (224 registers)
+  WG1 (right PV): O[:, 256:512] = alpha O + P V[:, 256:512] once WG0 published P             (160 registers)
+  WG2 (gather):   a tile's fp8 bytes into registers, then (once its buffer is free) dequantized into the bf16
+                  KV buffer; two buffers, so tile k+1 is gathered while tile k is multiplied (120 registers)
+
+Barriers a buffer b (tile it uses b = it % 2, phase (it // 2) % 2): kv_ready (gather -> WG0), p_ready (WG0 -> WG1:
+P and the rescale factors written), kv_free (WG0 and WG1 done with the KV buffer -> gather), p_free (WG1 done with
+P -> WG0). The gather and WG0 stores are fenced (fence.proxy.async) before the arrive, as WGMMA reads them.
+
+Shared memory: Q (64 KB; the output's staging at the end), two KV buffers (2 x 64 KB), two P buffers and rescale
+vectors, two validity vectors, the row sum and max, 8 mbarriers: 214,592 B (SM12x has neither WGMMA nor setmaxnreg, nor the
+room). Q and each KV buffer are split in column halves (0:256, 256:512), the halves the two P.V products read.
+Only the GEMMs and the stores into their operands branch on b (each buffer its own allocation, named statically);
+the rest of each role's code exists once, which keeps the kernel in the instruction cache (a copy of the whole tile
+a buffer made 8,744 SASS instructions, and a quarter of the samples waited on instruction fetch).
+
+The gather: 4 threads a row, thread q taking 16-byte chunks 4j + q (j < 7: NoPE, scale group j; j = 7, 8: RoPE),
+32 rows a pass, two passes a tile; a warp's load covers 64 contiguous bytes of each of 8 rows (2 threads a row,
+each with a half row, was 54 us against the ring kernel's 40.5 at 64 heads x 64 tokens x 64K: 4 times the memory
+requests). All of a tile's loads are issued before the wait for its buffer, and the next tile's index loads right
+after them. A masked row (hole, past the length, outside the cache) loads nothing and stores zeros, validity -1.
+"""
+# No `from __future__ import annotations`: TileLang evaluates the T.Tensor annotations.
+from .common import D, GROUP, LOG2E, NOPE, ROPE, SCALE_BYTES, TOKEN_BYTES, list_tiles, split_share
+from .decode import DEQUANT8_SRC
+
+WS_HEAD_BLOCK = 64
+WS_BLOCK_I = 64
+WS_THREADS = 384
+# setmaxnreg per warp group: scores + softmax + left O (128 accumulators + 32 scores), right O (128), gather
+# (up to 74 loaded registers). setmaxnreg.inc takes only what the decs gave back: at most 3 x 168 (the
+# launch's 65,536 / 384, rounded down to 8) = 504 in all; ptxas spills 16 B a thread at 224.
+WS_REGS = (224, 160, 120)
+HALF = D // 2
+LD_U32_SRC = r"""
+__device__ __forceinline__ unsigned dsv4_ld_u32(const void* p, int k) { return reinterpret_cast<const unsigned*>(p)[k]; }
+"""
+
+
+def ws_smem_bytes(hb: int = WS_HEAD_BLOCK, bi: int = WS_BLOCK_I) -> int:
+    """Q, two KV buffers, two P buffers (bf16); two rescale vectors, two validity vectors, row sum and max; the
+    eight mbarriers (8 B each)."""
+    return 2 * D * hb + 2 * (2 * D * bi) + 2 * (2 * hb * bi) + 2 * 4 * hb + 2 * 4 * bi + 2 * 4 * hb + 8 * 8
+
+
+def build_decode_ws(heads: int, n_splits: int, softmax_scale: float):
+    import tilelang.language as T
+
+    H, HB, BI, S = heads, WS_HEAD_BLOCK, WS_BLOCK_I, n_splits
+    if H % HB:
+        raise ValueError(f"sparse_mla: the warp-specialized decode runs {HB} heads a CTA; {H} heads do not split "
+                         f"into blocks of {HB}")
+    NHB = H // HB
+    scale2 = softmax_scale * LOG2E
+    neg_inf = -T.infinity("float32")
+    NCH = NOPE // 16           # 16-byte NoPE chunks a row (16 fp8 each)
+    LCH = HALF // 16           # of them in the left column half
+    RCH = ROPE // 8            # 16-byte RoPE chunks a row (8 bf16 each)
+    ROW16 = TOKEN_BYTES // 16
+    TPR_G = 4                  # gather threads a row: chunk 4j + q of the row to thread q
+    ROWS_PER_PASS = 128 // TPR_G
+    PASSES = BI // ROWS_PER_PASS   # rows a gather thread holds
+    NG = NCH // TPR_G          # NoPE chunks a thread a row (j = scale group)
+    RJ = RCH // TPR_G          # RoPE chunks a thread a row
+    R0, R1_, R2_ = WS_REGS
+    num_tokens = T.dynamic("num_tokens")
+    n1, n2 = T.dynamic("n_idx1"), T.dynamic("n_idx2")
+    P1, RW1, P2, RW2 = T.dynamic("pages1"), T.dynamic("rows1"), T.dynamic("pages2"), T.dynamic("rows2")
+    num_out, num_part = T.dynamic("num_out"), T.dynamic("num_part")
+
+    @T.macro
+    def slot_of(idx1, lens1, idx2, lens2, t, g, rng, r, slot_r, k):
+        # row r of tile g of [list 1 tiles | list 2 tiles]: its slot into slot_r[k], -1 past a length or the
+        # split's end
+        slot_r[k] = -1
+        if g < rng[2]:
+            if g < rng[0]:
+                slot_r[k] = T.if_then_else(g * BI + r < T.min(lens1[t], n1),
+                                           idx1[t, T.max(T.min(g * BI + r, n1 - 1), 0)], -1)
+            else:
+                slot_r[k] = T.if_then_else((g - rng[0]) * BI + r < T.min(lens2[t], n2),
+                                           idx2[t, T.max(T.min((g - rng[0]) * BI + r, n2 - 1), 0)], -1)
+
+    @T.macro
+    def place(slot_r, ks, pages, rows, bs, loc, k):
+        # loc[k] = [page (-1: masked), offset, the scale bytes' 16-byte row, their byte in that row] of slot_r[ks]
+        slot = slot_r[ks]
+        ok = (slot >= 0) and (slot < pages * bs) and (bs > 0) and (rows * 16 >= bs * (TOKEN_BYTES + SCALE_BYTES))
+        loc[k, 0] = T.if_then_else(ok, slot // T.max(bs, 1), -1)
+        loc[k, 1] = T.if_then_else(ok, slot % T.max(bs, 1), 0)
+        loc[k, 2] = (bs * TOKEN_BYTES + loc[k, 1] * SCALE_BYTES) // 16
+        loc[k, 3] = (bs * TOKEN_BYTES + loc[k, 1] * SCALE_BYTES) % 16
+
+    @T.macro
+    def load_rows(kvq, kvs, kvr, loc, q4, nope_r, rope_r, e_r):
+        # this thread's chunks 4j + q4 of its two rows into registers (zeros where masked): NoPE chunks j < 7
+        # (scale group j), RoPE chunks j = 7, 8. A warp's load covers 64 contiguous bytes of each of 8 rows.
+        for k in T.unroll(PASSES):
+            pg = T.max(loc[k, 0], 0)
+            for w in T.unroll(2):   # the row's 8 scale bytes as two words (8-byte aligned: page start + 8 x offset)
+                e_r[k * 2 + w] = T.if_then_else(
+                    loc[k, 0] >= 0, T.call_extern("uint32", "dsv4_ld_u32", T.address_of(kvs[pg, loc[k, 2], loc[k, 3]]),
+                                                  w), T.uint32(0))
+            for j in T.unroll(NG):
+                for v in T.vectorized(16):
+                    nope_r[(k * NG + j) * 16 + v] = T.if_then_else(
+                        loc[k, 0] >= 0, kvq[pg, loc[k, 1] * ROW16 + j * TPR_G + q4, v], T.Cast("float8_e4m3fn", 0))
+            for j in T.unroll(RJ):
+                for v in T.vectorized(8):
+                    rope_r[(k * RJ + j) * 8 + v] = T.if_then_else(
+                        loc[k, 0] >= 0, kvr[pg, loc[k, 1] * ROW16 + NCH + j * TPR_G + q4, v], T.bfloat16(0))
+
+    def scale_byte(e_r, k: int, g: int):
+        return (e_r[k * 2 + g // 4] >> (8 * (g % 4))) & T.uint32(0xFF)
+
+    @T.macro
+    def store_rows(r0, q4, nope_r, rope_r, e_r, kv_l, kv_r, valid, loc, b):
+        # dequantize the registers into the KV buffer (8 values a 16-byte store); chunk 4j + q4 of a row is
+        # columns 64j + 16 q4 .. + 15: the left half for j < 4
+        for k in T.unroll(PASSES):
+            r = r0 + k * ROWS_PER_PASS
+            for j in T.unroll(NG):
+                for h in T.unroll(2):
+                    if j < LCH // TPR_G:
+                        T.call_extern("handle", "dsv4_dequant8", T.address_of(kv_l[r, (j * TPR_G + q4) * 16 + h * 8]),
+                                      T.address_of(nope_r[(k * NG + j) * 16 + h * 8]), scale_byte(e_r, k, j))
+                    else:
+                        T.call_extern("handle", "dsv4_dequant8",
+                                      T.address_of(kv_r[r, (j * TPR_G + q4) * 16 - HALF + h * 8]),
+                                      T.address_of(nope_r[(k * NG + j) * 16 + h * 8]), scale_byte(e_r, k, j))
+            for j in T.unroll(RJ):
+                for v in T.vectorized(8):
+                    kv_r[r, NOPE - HALF + (j * TPR_G + q4) * 8 + v] = rope_r[(k * RJ + j) * 8 + v]
+            if q4 == 0:
+                valid[b, r] = T.if_then_else(loc[k, 0] >= 0, 1, -1)
+
+    @T.macro
+    def gather_tile(kvq1, kvs1, kvr1, kvq2, kvs2, kvr2, bs1, bs2, g, rng, r0, q4, slot_r, loc, nope_r, rope_r,
+                    e_r, kv_l, kv_r, valid, kv_free, kv_ready, b, parity, idx1, lens1, idx2, lens2, t):
+        if g < rng[0]:
+            for k in T.unroll(PASSES):
+                place(slot_r, k, P1, RW1, bs1, loc, k)
+            load_rows(kvq1, kvs1, kvr1, loc, q4, nope_r, rope_r, e_r)
+        else:
+            for k in T.unroll(PASSES):
+                place(slot_r, k, P2, RW2, bs2, loc, k)
+            load_rows(kvq2, kvs2, kvr2, loc, q4, nope_r, rope_r, e_r)
+        # the next tile's slots now, so their index loads fly during this tile's wait and stores
+        for k in T.unroll(PASSES):
+            slot_of(idx1, lens1, idx2, lens2, t, g + 1, rng, r0 + k * ROWS_PER_PASS, slot_r, k)
+        T.barrier_wait(kv_free[b], parity)
+        if b == 0:
+            store_rows(r0, q4, nope_r, rope_r, e_r, kv_l[0], kv_r[0], valid, loc, b)
+        else:
+            store_rows(r0, q4, nope_r, rope_r, e_r, kv_l[1], kv_r[1], valid, loc, b)
+        T.fence_proxy_async()   # the generic-proxy stores, before the WGMMAs that read them
+        T.barrier_arrive(kv_ready[b])
+
+    @T.macro
+    def scores_tile(q_l, q_r, kv_l, kv_r, valid, p_s, alpha_s, acc_s, acc_o, m_f, m_prev, ref_f, alpha_f, rsum,
+                    sum_f, kv_ready, kv_free, p_ready, p_free, b, parity):
+        T.barrier_wait(kv_ready[b], parity)
+        if b == 0:
+            T.wgmma_gemm(q_l, kv_l[0], acc_s, transpose_B=True, clear_accum=True)
+            T.wgmma_gemm(q_r, kv_r[0], acc_s, transpose_B=True)
+        else:
+            T.wgmma_gemm(q_l, kv_l[1], acc_s, transpose_B=True, clear_accum=True)
+            T.wgmma_gemm(q_r, kv_r[1], acc_s, transpose_B=True)
+        T.wait_wgmma(0)
+        for h, j in T.Parallel(HB, BI):
+            acc_s[h, j] = T.if_then_else(valid[b, j] >= 0, acc_s[h, j] * scale2, neg_inf)
+        T.copy(m_f, m_prev)
+        T.reduce_max(acc_s, m_f, dim=1, clear=False)
+        for h in T.Parallel(HB):
+            # an all-masked row keeps m = -inf; 0 as its reference makes exp2 give 0, not NaN
+            ref_f[h] = T.if_then_else(m_f[h] == neg_inf, T.float32(0), m_f[h])
+            alpha_f[h] = T.exp2(m_prev[h] - ref_f[h])
+        for h, j in T.Parallel(HB, BI):
+            acc_s[h, j] = T.exp2(acc_s[h, j] - ref_f[h])
+        T.reduce_sum(acc_s, rsum, dim=1)
+        for h in T.Parallel(HB):
+            sum_f[h] = sum_f[h] * alpha_f[h] + rsum[h]
+        for h, d in T.Parallel(HB, HALF):
+            acc_o[h, d] = acc_o[h, d] * alpha_f[h]
+        T.barrier_wait(p_free[b], parity ^ 1)   # WG1 is done with this P buffer's previous tile
+        if b == 0:
+            T.copy(acc_s, p_s[0])
+        else:
+            T.copy(acc_s, p_s[1])
+        T.copy(alpha_f, alpha_s[b, :])
+        T.fence_proxy_async()
+        T.sync_threads(2, 128)                  # all of P written, before this warp group's WGMMA reads it
+        T.barrier_arrive(p_ready[b])
+        if b == 0:
+            T.gemm(p_s[0], kv_l[0], acc_o)
+        else:
+            T.gemm(p_s[1], kv_l[1], acc_o)
+        T.barrier_arrive(kv_free[b])
+
+    @T.macro
+    def right_tile(kv_r, p_s, alpha_s, a_f, acc_o, p_ready, kv_free, p_free, b, parity):
+        T.barrier_wait(p_ready[b], parity)
+        for h in T.Parallel(HB):
+            a_f[h] = alpha_s[b, h]
+        for h, d in T.Parallel(HB, HALF):
+            acc_o[h, d] = acc_o[h, d] * a_f[h]
+        if b == 0:
+            T.gemm(p_s[0], kv_r[0], acc_o)
+        else:
+            T.gemm(p_s[1], kv_r[1], acc_o)
+        T.barrier_arrive(kv_free[b])
+        T.barrier_arrive(p_free[b])
+
+    @T.macro
+    def write_half(acc_o, fac, stage, l_s, m_s, sink, out, o_part, t, hb, split, col0, bar_id):
+        # this warp group's half of O -> bf16 rows in `stage` (Q's half: no tile reads Q any more) -> global.
+        # One factor a row (a thread holds 2 rows), then multiplies: a division an element, with its slow path,
+        # made this epilogue's code long enough to miss the instruction cache all through (ncu: no_inst).
+        for h in T.Parallel(HB):
+            if S == 1:
+                # a row with no candidate is 0 (softmax over the sink alone), also where e^sink underflows
+                fac[h] = T.if_then_else(l_s[h] > 0, T.float32(1) / (l_s[h] + T.exp2(
+                    sink[hb * HB + h] * LOG2E - T.if_then_else(m_s[h] == neg_inf, T.float32(0), m_s[h]))),
+                    T.float32(0))
+            else:
+                # normalised within the split; a row with no candidate writes zeros (its lse is -inf: the combine
+                # weighs it 0)
+                fac[h] = T.if_then_else(l_s[h] > 0, T.float32(1) / l_s[h], T.float32(0))
+        for h, d in T.Parallel(HB, HALF):
+            stage[h, d] = T.Cast("bfloat16", acc_o[h, d] * fac[h])
+        T.sync_threads(bar_id, 128)
+        if S == 1:
+            T.copy(stage, out[t, hb * HB:(hb + 1) * HB, col0:col0 + HALF])
+        else:
+            T.copy(stage, o_part[split, t, hb * HB:(hb + 1) * HB, col0:col0 + HALF])
+
+    @T.prim_func
+    def sparse_mla_fwd(
+        q: T.Tensor[(num_tokens, H, D), "bfloat16"],
+        kvq1: T.Tensor[(P1, RW1, 16), "float8_e4m3fn"],
+        kvs1: T.Tensor[(P1, RW1, 16), "uint8"],
+        kvr1: T.Tensor[(P1, RW1, 8), "bfloat16"],
+        idx1: T.Tensor[(num_tokens, n1), "int32"],
+        lens1: T.Tensor[(num_tokens,), "int32"],
+        kvq2: T.Tensor[(P2, RW2, 16), "float8_e4m3fn"],
+        kvs2: T.Tensor[(P2, RW2, 16), "uint8"],
+        kvr2: T.Tensor[(P2, RW2, 8), "bfloat16"],
+        idx2: T.Tensor[(num_tokens, n2), "int32"],
+        lens2: T.Tensor[(num_tokens,), "int32"],
+        block_size1: T.int32,
+        block_size2: T.int32,
+        sink: T.Tensor[(H,), "float32"],
+        out: T.Tensor[(num_out, H, D), "bfloat16"],
+        o_part: T.Tensor[(S, num_part, H, D), "bfloat16"],
+        lse_part: T.Tensor[(S, num_part, H), "float32"],
+    ):
+        with T.Kernel(num_tokens, NHB, S, threads=WS_THREADS) as (t, hb, split):
+            T.import_source(DEQUANT8_SRC + LD_U32_SRC)
+            q_l = T.alloc_shared([HB, HALF], "bfloat16")
+            q_r = T.alloc_shared([HB, HALF], "bfloat16")
+            # two of each, tile it in buffer it % 2; the GEMM operands are separate allocations named statically
+            # (TileLang 0.1.12 drops a leading index from a WGMMA operand's descriptor, 0.1.15 a dynamic one)
+            kv_l0 = T.alloc_shared([BI, HALF], "bfloat16")
+            kv_l1 = T.alloc_shared([BI, HALF], "bfloat16")
+            kv_r0 = T.alloc_shared([BI, HALF], "bfloat16")
+            kv_r1 = T.alloc_shared([BI, HALF], "bfloat16")
+            p0 = T.alloc_shared([HB, BI], "bfloat16")
+            p1 = T.alloc_shared([HB, BI], "bfloat16")
+            kv_l, kv_r, p_s = (kv_l0, kv_l1), (kv_r0, kv_r1), (p0, p1)
+            alpha_s = T.alloc_shared([2, HB], "float32")
+            valid = T.alloc_shared([2, BI], "int32")
+            l_s = T.alloc_shared([HB], "float32")
+            m_s = T.alloc_shared([HB], "float32")
+            kv_ready = T.alloc_barrier([128, 128])
+            kv_free = T.alloc_barrier([256, 256])
+            p_ready = T.alloc_barrier([128, 128])
+            p_free = T.alloc_barrier([128, 128])
+            rng = T.alloc_local([3], "int32")
+            tx = T.get_thread_binding()
+
+            # launched behind its producer (PDL: the top-k, q's kernel): everything read here is its output
+            T.pdl_sync()
+            t1, t2 = list_tiles(T, lens1, lens2, t, n1, n2, BI)
+            per = split_share(T, t1 + t2, S)
+            rng[0] = t1
+            rng[1] = T.min(split * per, t1 + t2)
+            rng[2] = T.min(split * per + per, t1 + t2)
+
+            if tx < 128:
+                T.set_max_nreg(R0, 1)
+                acc_s = T.alloc_fragment([HB, BI], "float32")
+                acc_o = T.alloc_fragment([HB, HALF], "float32")
+                m_f = T.alloc_fragment([HB], "float32")
+                m_prev = T.alloc_fragment([HB], "float32")
+                ref_f = T.alloc_fragment([HB], "float32")
+                alpha_f = T.alloc_fragment([HB], "float32")
+                rsum = T.alloc_fragment([HB], "float32")
+                sum_f = T.alloc_fragment([HB], "float32")
+                fac = T.alloc_fragment([HB], "float32")
+                T.copy(q[t, hb * HB:(hb + 1) * HB, 0:HALF], q_l)
+                T.fill(acc_o, 0)
+                T.fill(sum_f, 0)
+                T.fill(m_f, neg_inf)
+                T.fence_proxy_async()
+                T.sync_threads(1, 256)   # Q in shared memory (both halves)
+                for it in T.serial(rng[2] - rng[1]):
+                    scores_tile(q_l, q_r, kv_l, kv_r, valid, p_s, alpha_s, acc_s, acc_o, m_f, m_prev, ref_f, alpha_f,
+                                rsum, sum_f, kv_ready, kv_free, p_ready, p_free, it % 2, (it // 2) % 2)
+                # the kernel behind this one may launch now (its CTAs wait in pdl_sync for this grid's writes)
+                T.pdl_trigger()
+                T.copy(sum_f, l_s)
+                T.copy(m_f, m_s)
+                T.sync_threads(3, 256)   # row sums and maxima to WG1; both warp groups are past their last tile
+                write_half(acc_o, fac, q_l, l_s, m_s, sink, out, o_part, t, hb, split, 0, 2)
+                if S > 1:
+                    for h in T.Parallel(HB):
+                        lse_part[split, t, hb * HB + h] = T.if_then_else(
+                            l_s[h] > 0, m_s[h] + T.log2(l_s[h]), neg_inf)
+            elif tx < 256:
+                T.set_max_nreg(R1_, 0)
+                acc_o = T.alloc_fragment([HB, HALF], "float32")
+                a_f = T.alloc_fragment([HB], "float32")
+                fac = T.alloc_fragment([HB], "float32")
+                T.copy(q[t, hb * HB:(hb + 1) * HB, HALF:D], q_r)
+                T.fill(acc_o, 0)
+                T.fence_proxy_async()
+                T.sync_threads(1, 256)
+                for it in T.serial(rng[2] - rng[1]):
+                    right_tile(kv_r, p_s, alpha_s, a_f, acc_o, p_ready, kv_free, p_free, it % 2, (it // 2) % 2)
+                T.pdl_trigger()
+                T.sync_threads(3, 256)
+                write_half(acc_o, fac, q_r, l_s, m_s, sink, out, o_part, t, hb, split, HALF, 4)
+            else:
+                T.set_max_nreg(R2_, 0)
+                slot_r = T.alloc_local([PASSES], "int32")
+                loc = T.alloc_local([PASSES, 4], "int32")
+                nope_r = T.alloc_local([PASSES * NG * 16], "float8_e4m3fn")
+                rope_r = T.alloc_local([PASSES * RJ * 8], "bfloat16")
+                e_r = T.alloc_local([PASSES * 2], "uint32")
+                r0 = (tx - 256) // TPR_G
+                q4 = (tx - 256) % TPR_G
+                for k in T.unroll(PASSES):
+                    slot_of(idx1, lens1, idx2, lens2, t, rng[1], rng, r0 + k * ROWS_PER_PASS, slot_r, k)
+                for it in T.serial(rng[2] - rng[1]):
+                    gather_tile(kvq1, kvs1, kvr1, kvq2, kvs2, kvr2, block_size1, block_size2, rng[1] + it, rng, r0, q4,
+                                slot_r, loc, nope_r, rope_r, e_r, kv_l, kv_r, valid, kv_free, kv_ready, it % 2,
+                                (it // 2) % 2 ^ 1, idx1, lens1, idx2, lens2, t)
+                T.pdl_trigger()
+
+    return sparse_mla_fwd
