@@ -145,6 +145,10 @@ def other_gpu_lines(d: Path, families: tuple[str, ...] | None = None) -> list[st
     keeps only those (the ones whose kernels the pass ran as they are now)."""
     got = read_passes([d])
     sb = scoreboard([d], got)
+    # only the families this pass benchmarked (its floors file also covers the others' points)
+    ran = {f for _, doc in got["used"] if (f := family_of(doc)) is not None}
+    families = tuple(f for f in (families if families is not None else FAMILIES) if _in_families(f, tuple(ran))
+                     or (f == "attention" and BLOCK in ran))
     if families is not None:
         sb = {**sb, "rows": [r for r in sb["rows"] if _in_families(r["family"], families)],
               "large_m": sb["large_m"] if "gemm" in families else []}
