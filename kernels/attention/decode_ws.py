@@ -36,7 +36,7 @@ WS_BLOCK_I = 64
 WS_THREADS = 384
 # setmaxnreg per warp group: scores + softmax + left O (128 accumulators + 32 scores), right O (128), gather
 # (up to 74 loaded registers). setmaxnreg.inc takes only what the decs gave back: at most 3 x 168 (the
-# launch's 65,536 / 384, rounded down to 8) = 504 in all; ptxas spills 16 B a thread at 224.
+# launch's 65,536 / 384, rounded down to 8) = 504 in all; ptxas spills 8 B a thread (scripts/ptxas_report.py).
 WS_REGS = (224, 160, 120)
 HALF = D // 2
 LD_U32_SRC = r"""
