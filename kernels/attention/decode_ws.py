@@ -28,7 +28,7 @@ requests). All of a tile's loads are issued before the wait for its buffer, and 
 after them. A masked row (hole, past the length, outside the cache) loads nothing and stores zeros, validity -1.
 """
 # No `from __future__ import annotations`: TileLang evaluates the T.Tensor annotations.
-from .common import D, GROUP, LOG2E, NOPE, ROPE, SCALE_BYTES, TOKEN_BYTES, list_tiles, split_share
+from .common import D, LOG2E, NOPE, ROPE, SCALE_BYTES, TOKEN_BYTES, list_tiles, split_share
 from .decode import DEQUANT8_SRC
 
 WS_HEAD_BLOCK = 64
@@ -89,9 +89,9 @@ def build_decode_ws(heads: int, n_splits: int, softmax_scale: float):
                                            idx2[t, T.max(T.min((g - rng[0]) * BI + r, n2 - 1), 0)], -1)
 
     @T.macro
-    def place(slot_r, ks, pages, rows, bs, loc, k):
-        # loc[k] = [page (-1: masked), offset, the scale bytes' 16-byte row, their byte in that row] of slot_r[ks]
-        slot = slot_r[ks]
+    def place(slot_r, pages, rows, bs, loc, k):
+        # loc[k] = [page (-1: masked), offset, the scale bytes' 16-byte row, their byte in that row] of slot_r[k]
+        slot = slot_r[k]
         ok = (slot >= 0) and (slot < pages * bs) and (bs > 0) and (rows * 16 >= bs * (TOKEN_BYTES + SCALE_BYTES))
         loc[k, 0] = T.if_then_else(ok, slot // T.max(bs, 1), -1)
         loc[k, 1] = T.if_then_else(ok, slot % T.max(bs, 1), 0)
@@ -146,11 +146,11 @@ def build_decode_ws(heads: int, n_splits: int, softmax_scale: float):
                     e_r, kv_l, kv_r, valid, kv_free, kv_ready, b, parity, idx1, lens1, idx2, lens2, t):
         if g < rng[0]:
             for k in T.unroll(PASSES):
-                place(slot_r, k, P1, RW1, bs1, loc, k)
+                place(slot_r, P1, RW1, bs1, loc, k)
             load_rows(kvq1, kvs1, kvr1, loc, q4, nope_r, rope_r, e_r)
         else:
             for k in T.unroll(PASSES):
-                place(slot_r, k, P2, RW2, bs2, loc, k)
+                place(slot_r, P2, RW2, bs2, loc, k)
             load_rows(kvq2, kvs2, kvr2, loc, q4, nope_r, rope_r, e_r)
         # the next tile's slots now, so their index loads fly during this tile's wait and stores
         for k in T.unroll(PASSES):
