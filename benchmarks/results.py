@@ -145,15 +145,15 @@ def other_gpu_lines(d: Path, families: tuple[str, ...] | None = None) -> list[st
     keeps only those (the ones whose kernels the pass ran as they are now)."""
     got = read_passes([d])
     sb = scoreboard([d], got)
-    # only the families this pass benchmarked (its floors file also covers the others' points)
-    ran = {f for _, doc in got["used"] if (f := family_of(doc)) is not None}
-    families = tuple(f for f in (families if families is not None else FAMILIES) if _in_families(f, tuple(ran))
-                     or (f == "attention" and BLOCK in ran))
-    if families is not None:
-        sb = {**sb, "rows": [r for r in sb["rows"] if _in_families(r["family"], families)],
-              "large_m": sb["large_m"] if "gemm" in families else []}
-    used = [(n, doc) for n, doc in got["used"] if family_of(doc) is None or _in_families(family_of(doc), families)]
     shown = "" if families is None else f" ({', '.join(families)})"
+    # of those, only the families this pass benchmarked (its floors file also covers the others' points)
+    ran = {f for _, doc in got["used"] if (f := family_of(doc)) is not None}
+    keep = tuple(f for f in (families or FAMILIES) if f in ran or (f == "attention" and BLOCK in ran))
+    if families is not None:
+        shown = f" ({', '.join(keep)})"
+    sb = {**sb, "rows": [r for r in sb["rows"] if _in_families(r["family"], keep)],
+          "large_m": sb["large_m"] if "gemm" in keep else []}
+    used = [(n, doc) for n, doc in got["used"] if family_of(doc) is None or _in_families(family_of(doc), keep)]
     out = ["", f"## Scoreboard on {sb['device'] or '?'}{shown}", "", "The same code's bench pass on this GPU, judged "
            "on the floors of its own call:", ""]
     out += sources(used)
