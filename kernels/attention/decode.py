@@ -58,6 +58,29 @@ def e4m3_bf16_bits(byte: int) -> int:
     return (byte & 0x80) << 8 | (byte & 0x7F) << 4
 
 
+def slot_macros(T, block_i: int, n1, n2):
+    """What both fp8 decode kernels (this one and decode_ws.py) ask of a candidate: its slot in the index lists, and
+    whether that slot is a row of its cache. n1 / n2 are the index lists' width symbols."""
+    BI = block_i
+
+    @T.macro
+    def list_slot(idx1, lens1, idx2, lens2, t, g, rng, r, slot_r, k):
+        # slot_r[k] = the slot of row r of tile g of [list 1 tiles | list 2 tiles] (g < rng[2]), -1 past a length
+        if g < rng[0]:
+            slot_r[k] = T.if_then_else(g * BI + r < T.min(lens1[t], n1),
+                                       idx1[t, T.max(T.min(g * BI + r, n1 - 1), 0)], -1)
+        else:
+            slot_r[k] = T.if_then_else((g - rng[0]) * BI + r < T.min(lens2[t], n2),
+                                       idx2[t, T.max(T.min((g - rng[0]) * BI + r, n2 - 1), 0)], -1)
+
+    @T.macro
+    def cache_row_ok(slot, pages, rows, bs):
+        # a hole (-1), a slot past the cache, or a cache whose pages cannot hold bs tokens is never read
+        return (slot >= 0) and (slot < pages * bs) and (bs > 0) and (rows * 16 >= bs * (TOKEN_BYTES + SCALE_BYTES))
+
+    return list_slot, cache_row_ok
+
+
 def build_decode(heads: int, head_block: int, block_i: int, threads: int, n_splits: int, softmax_scale: float,
                  stages: int = 0, score_chains: int = 0):
     import tilelang.language as T
@@ -75,6 +98,7 @@ def build_decode(heads: int, head_block: int, block_i: int, threads: int, n_spli
     tm = tile_macros(T, heads=H, head_block=HB, block_i=BI, threads=threads, n_splits=S, softmax_scale=softmax_scale,
                     score_chains=score_chains, n1=n1, n2=n2)
     load_q, attend_tile, mark_valid, tile_range, finish = tm.load_q, tm.attend_tile, tm.mark_valid, tm.tile_range, tm.finish
+    list_slot, cache_row_ok = slot_macros(T, BI, n1, n2)
     neg_inf, pad_heads, out_shape, part_shape, lse_shape = tm.neg_inf, tm.pad_heads, tm.out_shape, tm.part_shape, tm.lse_shape
 
     @T.macro
@@ -93,12 +117,7 @@ def build_decode(heads: int, head_block: int, block_i: int, threads: int, n_spli
         # Read one tile ahead of its use, so the index load's latency hides behind a whole tile's math
         # instead of standing between the barrier and the tile's gather.
         if tx < BI and g < rng[2]:
-            if g < rng[0]:
-                slot_r[k] = T.if_then_else(g * BI + tx < T.min(lens1[t], n1),
-                                           idx1[t, T.max(T.min(g * BI + tx, n1 - 1), 0)], -1)
-            else:
-                slot_r[k] = T.if_then_else((g - rng[0]) * BI + tx < T.min(lens2[t], n2),
-                                           idx2[t, T.max(T.min((g - rng[0]) * BI + tx, n2 - 1), 0)], -1)
+            list_slot(idx1, lens1, idx2, lens2, t, g, rng, tx, slot_r, k)
 
     @T.macro
     def rows_fp8(slot_r, k, tx, pages, rows, st, pg_s, off_s, bs):
@@ -106,7 +125,7 @@ def build_decode(heads: int, head_block: int, block_i: int, threads: int, n_spli
         # cache; into stage st of the ring's page / offset buffers, or (st None) the register path's one row each
         if tx < BI:
             slot = slot_r[k]
-            ok = (slot >= 0) and (slot < pages * bs) and (bs > 0) and (rows * 16 >= bs * (TOKEN_BYTES + SCALE_BYTES))
+            ok = cache_row_ok(slot, pages, rows, bs)
             if st is None:
                 pg_s[tx] = T.if_then_else(ok, slot // T.max(bs, 1), -1)
                 off_s[tx] = T.if_then_else(ok, slot % T.max(bs, 1), 0)

@@ -29,7 +29,7 @@ after them. A masked row (hole, past the length, outside the cache) loads nothin
 """
 # No `from __future__ import annotations`: TileLang evaluates the T.Tensor annotations.
 from .common import D, LOG2E, NOPE, ROPE, SCALE_BYTES, TOKEN_BYTES, list_tiles, split_share
-from .decode import DEQUANT8_SRC
+from .decode import DEQUANT8_SRC, slot_macros
 
 WS_HEAD_BLOCK = 64
 WS_BLOCK_I = 64
@@ -74,6 +74,7 @@ def build_decode_ws(heads: int, n_splits: int, softmax_scale: float):
     n1, n2 = T.dynamic("n_idx1"), T.dynamic("n_idx2")
     P1, RW1, P2, RW2 = T.dynamic("pages1"), T.dynamic("rows1"), T.dynamic("pages2"), T.dynamic("rows2")
     num_out, num_part = T.dynamic("num_out"), T.dynamic("num_part")
+    list_slot, cache_row_ok = slot_macros(T, BI, n1, n2)
 
     @T.macro
     def slot_of(idx1, lens1, idx2, lens2, t, g, rng, r, slot_r, k):
@@ -81,18 +82,13 @@ def build_decode_ws(heads: int, n_splits: int, softmax_scale: float):
         # split's end
         slot_r[k] = -1
         if g < rng[2]:
-            if g < rng[0]:
-                slot_r[k] = T.if_then_else(g * BI + r < T.min(lens1[t], n1),
-                                           idx1[t, T.max(T.min(g * BI + r, n1 - 1), 0)], -1)
-            else:
-                slot_r[k] = T.if_then_else((g - rng[0]) * BI + r < T.min(lens2[t], n2),
-                                           idx2[t, T.max(T.min((g - rng[0]) * BI + r, n2 - 1), 0)], -1)
+            list_slot(idx1, lens1, idx2, lens2, t, g, rng, r, slot_r, k)
 
     @T.macro
     def place(slot_r, pages, rows, bs, loc, k):
         # loc[k] = [page (-1: masked), offset, the scale bytes' 16-byte row, their byte in that row] of slot_r[k]
         slot = slot_r[k]
-        ok = (slot >= 0) and (slot < pages * bs) and (bs > 0) and (rows * 16 >= bs * (TOKEN_BYTES + SCALE_BYTES))
+        ok = cache_row_ok(slot, pages, rows, bs)
         loc[k, 0] = T.if_then_else(ok, slot // T.max(bs, 1), -1)
         loc[k, 1] = T.if_then_else(ok, slot % T.max(bs, 1), 0)
         loc[k, 2] = (bs * TOKEN_BYTES + loc[k, 1] * SCALE_BYTES) // 16

@@ -205,7 +205,7 @@ class SparseMlaSpec(KernelSpec):
             # partial O, all through the cp.async ring) beat 64-head CTAs that split each list 16+ ways
             hb = SMALL_STEP_HEAD_BLOCK
             threads, wgmma_cta, n_splits, stages, bi = _schedule(arch, heads, hb, fmt, num_tokens)
-        if fmt == "fp8_ds_mla" and wgmma_cta and ws_fits(arch, heads, hb, n_splits):
+        if fmt == "fp8_ds_mla" and ws_fits(arch, heads, hb, n_splits):
             return Variant.make(self.name, ws_params(heads, n_splits, scale), arch, schedule_name(arch))
         params = {"heads": heads, "head_block": hb, "block_i": bi, "threads": threads, "kv_format": fmt,
                   "n_splits": n_splits, "softmax_scale": scale}
