@@ -30,6 +30,8 @@ from pathlib import Path
 
 FAMILIES = ("attention", "indexer", "gemm", "moe")
 BLOCK = "attention block"   # not a floor family: its rows are sums of the attention and indexer points
+# bench_gather_floor.py: sparse MLA's candidate rows read where they lie; a table of its own, judging nothing
+GATHER_FLOOR = "attention gather floor"
 
 
 @dataclass(frozen=True)
@@ -69,11 +71,13 @@ def load(path: Path) -> dict | None:
 
 def family_of(doc: dict) -> str | None:
     """Which family benchmark wrote a file ("attention", "indexer", "gemm", "moe", "mhc", "compressor"), from its
-    `benchmark` path, else from its first row's keys ("attention block" for bench_attention_block.py); None for
-    anything else (bench_mma_peak, bench_floor)."""
+    `benchmark` path, else from its first row's keys ("attention block" for bench_attention_block.py, "attention
+    gather floor" for bench_gather_floor.py); None for anything else (bench_mma_peak, bench_floor)."""
     bench = doc.get("benchmark") or ""
     if bench == "benchmarks/attention/bench_attention_block.py":
         return BLOCK
+    if bench == "benchmarks/attention/bench_gather_floor.py":
+        return GATHER_FLOOR
     for fam in (*FAMILIES, "mhc", "compressor"):
         if bench == f"benchmarks/{fam}/bench_{fam}.py":
             return fam

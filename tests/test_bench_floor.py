@@ -264,3 +264,25 @@ def test_a_later_partial_pass_replaces_the_families_it_measured(points, tmp_path
     md = res.render([first, later])
     assert "2026-11-26 11:01 UTC" in md and md.count("`bench_floor.json`") == 2
     assert "- H100 (attention): copy" in md and "- H100 (gemm, indexer, moe): copy" in md
+
+
+def test_results_md_shows_a_later_folders_gather_floor_as_a_table_of_its_own(points, tmp_path):
+    """bench_gather_floor.py's file (in a later folder: a run of its own) is a table of its own, judging nothing."""
+    res, gt = _load("results"), _load("goal_table")
+    for name, doc in _pass_files(points).items():
+        (tmp_path / name).write_text(json.dumps(doc))
+    later = tmp_path / "gather"
+    later.mkdir()
+    doc = {"device": "H100", "benchmark": "benchmarks/attention/bench_gather_floor.py", "date": "2026-11-27 18:30 UTC",
+           "command": "python3 benchmarks/attention/bench_gather_floor.py --out x.json", "layers": 8,
+           "rows": [{"ratio": 4, "ctx": 65536, "batch": 64, "candidates": 640, "row_bytes": 23920640,
+                     "shuffled_us": 12.5, "shuffled_shape": [64, 128], "sorted_us": 12.4, "in_order_us": 10.8,
+                     "shuffled_over_in_order": 1.157}]}
+    (later / "bench_gather_floor.json").write_text(json.dumps(doc))
+    assert gt.family_of(doc) == gt.GATHER_FLOOR
+    md = res.render([tmp_path, later])
+    assert "## attention gather floor (`bench_gather_floor.json`)" in md
+    assert "| 4 | 65,536 | 64 | 640 | 23,920,640 | 12.50 | 12.40 | 10.80 | 1.16 |" in md
+    assert "python3 benchmarks/attention/bench_gather_floor.py --out x.json" in md
+    sb = gt.scoreboard([tmp_path, later])
+    assert not [r for r in sb["rows"] if r["family"] == gt.GATHER_FLOOR]
