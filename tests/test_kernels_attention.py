@@ -247,7 +247,11 @@ def test_hopper_64_head_decode_over_a_long_share_is_warp_specialized():
             assert (v.p["head_block"], v.p["block_i"], v.p["threads"]) == (64, 64, 384)
             assert "stages" not in v.p and "score_chains" not in v.p
             assert v.p["n_splits"] <= sparse_mla.WS_MAX_SPLITS
-            assert FWD.smem_bytes(v) == sparse_mla.ws_smem_bytes() == 214_592 <= hopper.max_smem_per_block
+            # two splits merge in a thread block cluster (the peer's row statistics: 512 B more), no combine
+            pair = v.p["n_splits"] == 2
+            assert bool(v.p.get("cluster")) == pair
+            assert FWD.smem_bytes(v) == sparse_mla.ws_smem_bytes(64, 64, pair) <= hopper.max_smem_per_block
+            assert sparse_mla.ws_smem_bytes() == 214_592 and sparse_mla.ws_smem_bytes(64, 64, True) == 215_104
             c = COMBINE.select(hopper, {"heads": heads, "softmax_scale": SCALE}, tokens)
             assert c.p["block_i"] == 64   # the combine counts live splits over the same 64-candidate tiles
     for arch in ("sm_100a", "sm_120a", "sm_121a"):
@@ -280,6 +284,27 @@ def test_warp_specialized_decode_compiles_with_its_register_split(tmp_path):
     assert f"warpgroup_reg_dealloc<{WS_REGS[1]}>" in src and f"warpgroup_reg_dealloc<{WS_REGS[2]}>" in src
     assert src.count(".init(") == 8 and "wgmma" in src
     assert meta["smem_bytes"] == sparse_mla.ws_smem_bytes()
+
+
+@pytest.mark.compile
+def test_two_splits_merge_in_a_cluster_through_shared_memory(tmp_path):
+    # a token's two splits are one thread block cluster: each sends the half of O its peer merges (mapa +
+    # st.shared::cluster between two cluster barriers), no partials and no combine; the lowered shared memory is
+    # the formula's (the peer's row sums and maxima added)
+    from dsv4_jit import jit
+    from dsv4_jit.kernels.attention import ops
+    hopper = get_profile("sm_90a")
+    v = FWD.select(hopper, {"heads": 64, "softmax_scale": SCALE}, 64)
+    assert v.p.get("cluster") and v.p["n_splits"] == 2
+    assert ops.sparse_mla_workspace_numel(hopper, 64, 64) == 0
+    meta = jit.compile_to_dir(FWD, v, tmp_path)
+    src = (tmp_path / jit.SOURCE_NAME).read_text()
+    assert src.count("dsv4_cluster_sync();") == 6 and "st.shared::cluster.v4.u32" in src and "mapa.shared::cluster" in src
+    assert "o_part[" not in src and "lse_part[" not in src
+    assert meta["smem_bytes"] == sparse_mla.ws_smem_bytes(64, 64, True) == FWD.smem_bytes(v)
+    with pytest.raises(ValueError, match="cluster merge joins a token's 2 splits"):
+        sparse_mla.build_sparse_mla(heads=64, head_block=64, block_i=64, threads=384, kv_format="fp8_ds_mla", n_splits=4,
+                                    softmax_scale=SCALE, warp_specialized=True, cluster=True)
 
 
 def test_sm12x_decode_runs_64_head_ctas_over_16_row_tiles_where_they_fit():

@@ -39,6 +39,8 @@ def run_variant(prof, v: Variant, p: dict, scale: float, out: torch.Tensor):
     s = v.p["n_splits"]
     fwd = jit.load(FWD, v)
     comb = None
+    if v.p.get("cluster"):   # merges its splits in the launch: no partials, no combine
+        s = 1
     if s > 1:
         cv = Variant.make(COMBINE.name, combine_params(h, s, t, v.p["block_i"]), prof, v.schedule)
         comb = jit.load(COMBINE, cv)

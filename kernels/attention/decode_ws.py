@@ -17,8 +17,8 @@ P and the rescale factors written), kv_free (WG0 and WG1 done with the KV buffer
 P -> WG0). The gather and WG0 stores are fenced (fence.proxy.async) before the arrive, as WGMMA reads them.
 
 Shared memory: Q (64 KB; the output's staging at the end), two KV buffers (2 x 64 KB), two P buffers and rescale
-vectors, two validity vectors, the row sum and max, 8 mbarriers: 214,592 B (SM12x has neither WGMMA nor setmaxnreg, nor the
-room). Q and each KV buffer are split in column halves (0:256, 256:512), the halves the two P.V products read.
+vectors, two validity vectors, the row sum and max (in a cluster the peer's too), 8 mbarriers: 214,592 B, 215,104 in
+a cluster (SM12x has neither WGMMA nor setmaxnreg, nor the room). Q and each KV buffer are split in column halves (0:256, 256:512), the halves the two P.V products read.
 Only the GEMMs and the stores into their operands branch on b (each buffer its own allocation, named statically);
 the rest of each role's code exists once, which keeps the kernel in the instruction cache (a copy of the whole tile
 a buffer made 8,744 SASS instructions, and a quarter of the samples waited on instruction fetch).
@@ -33,6 +33,16 @@ issued at once after the last one was stored (the same registers, one tile's byt
 dequantizes), per layer on an H100, outputs bit-identical: 64 heads x 64 tokens 64K 34.9 -> 32.7 us, 256K
 84.9 -> 79.3, 8K 21.8 -> 21.3; 32 tokens 24.9 -> 23.9; 24 tokens at 256K 48.1 -> 44.7; 128 heads x 64 tokens
 47.7 -> 45.2. A masked row (hole, past the length, outside the cache) loads nothing and stores zeros, validity -1.
+
+Two splits (`cluster`): a token's two splits are one thread block cluster and merge in the launch, with no partials
+and no sparse_mla_combine behind it. Past their tiles, split 1's WG0 stages its left half of O (normalised, bf16) in
+its Q buffer and split 0's WG1 its right half; after a cluster barrier (both CTAs past their tiles, so both Q
+buffers free) each copies its staged half into the same place of the peer's shared memory and sends its row sums
+and maxima (mapa + st.shared::cluster), and after a second barrier split 0's WG0 merges the left half and split 1's
+WG1 the right half, each with its own fp32 O and the sink, straight into `out`. The gather warp group takes part
+in both barriers. Per layer on an H100 against the same kernel writing partials for the combine, alternated in one
+call: 64 heads x 64 tokens 64K 32.5 -> 30.5 us, 256K 78.5 -> 75.4, 8K 21.2 -> 19.3; 48 tokens 30.8 -> 29.1;
+128 heads x 24 tokens 29.6 -> 28.0 (and the per-token error 2.5e-3 -> 2.1e-3: each half's own O stays fp32).
 """
 # No `from __future__ import annotations`: TileLang evaluates the T.Tensor annotations.
 from .common import D, LOG2E, NOPE, ROPE, SCALE_BYTES, TOKEN_BYTES, list_tiles, split_share
@@ -46,21 +56,48 @@ WS_THREADS = 384
 # launch's 65,536 / 384, rounded down to 8) = 504 in all; ptxas spills nothing (scripts/ptxas_report.py).
 WS_REGS = (224, 160, 120)
 HALF = D // 2
+# A thread block cluster's barrier (release / acquire: the shared-memory stores before it, the peer's included, are
+# seen after it) and 16- / 4-byte stores into the peer CTA's shared memory at the address the local pointer has here
+# (both CTAs lay their shared memory out alike).
+CLUSTER_SRC = r"""
+__device__ __forceinline__ void dsv4_cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+__device__ __forceinline__ unsigned dsv4_peer_addr(const void* p, unsigned rank) {
+  unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p)), r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+  return r;
+}
+__device__ __forceinline__ void dsv4_put16(const void* base, int chunk, unsigned rank) {
+  const char* p = reinterpret_cast<const char*>(base) + 16 * chunk;
+  uint4 v = *reinterpret_cast<const uint4*>(p);
+  asm volatile("st.shared::cluster.v4.u32 [%0], {%1, %2, %3, %4};"
+               :: "r"(dsv4_peer_addr(p, rank)), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+}
+__device__ __forceinline__ void dsv4_put4(const void* src, void* dst, unsigned rank) {
+  asm volatile("st.shared::cluster.u32 [%0], %1;"
+               :: "r"(dsv4_peer_addr(dst, rank)), "r"(*reinterpret_cast<const unsigned*>(src)) : "memory");
+}
+"""
 LD_U32_SRC = r"""
 __device__ __forceinline__ unsigned dsv4_ld_u32(const void* p, int k) { return reinterpret_cast<const unsigned*>(p)[k]; }
 """
 
 
-def ws_smem_bytes(hb: int = WS_HEAD_BLOCK, bi: int = WS_BLOCK_I) -> int:
-    """Q, two KV buffers, two P buffers (bf16); two rescale vectors, two validity vectors, row sum and max; the
-    eight mbarriers (8 B each)."""
-    return 2 * D * hb + 2 * (2 * D * bi) + 2 * (2 * hb * bi) + 2 * 4 * hb + 2 * 4 * bi + 2 * 4 * hb + 8 * 8
+def ws_smem_bytes(hb: int = WS_HEAD_BLOCK, bi: int = WS_BLOCK_I, cluster: bool = False) -> int:
+    """Q, two KV buffers, two P buffers (bf16); two rescale vectors, two validity vectors, row sum and max (and in a
+    cluster the peer's); the eight mbarriers (8 B each)."""
+    return (2 * D * hb + 2 * (2 * D * bi) + 2 * (2 * hb * bi) + 2 * 4 * hb + 2 * 4 * bi + (4 if cluster else 2) * 4 * hb
+            + 8 * 8)
 
 
-def build_decode_ws(heads: int, n_splits: int, softmax_scale: float):
+def build_decode_ws(heads: int, n_splits: int, softmax_scale: float, cluster: bool = False):
     import tilelang.language as T
 
     H, HB, BI, S = heads, WS_HEAD_BLOCK, WS_BLOCK_I, n_splits
+    if cluster and S != 2:
+        raise ValueError(f"sparse_mla: the cluster merge joins a token's 2 splits; got {S} splits")
+    SP = 1 if cluster else S   # partials' splits (a cluster variant takes placeholders: it writes none)
     if H % HB:
         raise ValueError(f"sparse_mla: the warp-specialized decode runs {HB} heads a CTA; {H} heads do not split "
                          f"into blocks of {HB}")
@@ -250,6 +287,44 @@ def build_decode_ws(heads: int, n_splits: int, softmax_scale: float):
         else:
             T.copy(stage, o_part[split, t, hb * HB:(hb + 1) * HB, col0:col0 + HALF])
 
+    @T.macro
+    def stage_half(acc_o, fac, stage, l_s, bar_id):
+        # this split's O half normalised within it (0 where no candidate) -> bf16 rows in `stage`
+        for h in T.Parallel(HB):
+            fac[h] = T.if_then_else(l_s[h] > 0, T.float32(1) / l_s[h], T.float32(0))
+        for h, d in T.Parallel(HB, HALF):
+            stage[h, d] = T.Cast("bfloat16", acc_o[h, d] * fac[h])
+        T.sync_threads(bar_id, 128)
+
+    @T.macro
+    def put_half(stage, peer, tx0):
+        # the staged half (HB x HALF bf16, 16-byte chunks) into the same place of the peer's shared memory
+        for i in T.unroll(HB * HALF * 2 // 16 // 128):
+            T.call_extern("handle", "dsv4_put16", T.address_of(stage[0, 0]), i * 128 + tx0, peer)
+
+    @T.macro
+    def merge_pair(acc_o, stage, l_s, m_s, pl_s, pm_s, sink, out, t, hb, col0, bar_id, mx, fs, wp):
+        # out half = (2^(m - M) acc_o + l' 2^(m' - M) o') / (2^(m - M) l + l' 2^(m' - M) + 2^(sink - M)), o' the
+        # peer's normalised half in `stage`, M the largest of the two maxima (of rows with a candidate) and the sink
+        for h in T.Parallel(HB):
+            mx[h] = T.max(T.max(sink[hb * HB + h] * LOG2E, T.if_then_else(l_s[h] > 0, m_s[h], neg_inf)),
+                          T.if_then_else(pl_s[h] > 0, pm_s[h], neg_inf))
+            fs[h] = T.if_then_else(l_s[h] > 0, T.exp2(m_s[h] - mx[h]), T.float32(0))
+            wp[h] = T.if_then_else(pl_s[h] > 0, pl_s[h] * T.exp2(pm_s[h] - mx[h]), T.float32(0))
+            mx[h] = T.float32(1) / (l_s[h] * fs[h] + wp[h] + T.exp2(sink[hb * HB + h] * LOG2E - mx[h]))   # >= 2^0
+        for h, d in T.Parallel(HB, HALF):
+            acc_o[h, d] = (acc_o[h, d] * fs[h] + wp[h] * T.Cast("float32", stage[h, d])) * mx[h]
+        T.sync_threads(bar_id, 128)
+        for h, d in T.Parallel(HB, HALF):
+            stage[h, d] = T.Cast("bfloat16", acc_o[h, d])
+        T.sync_threads(bar_id, 128)
+        T.copy(stage, out[t, hb * HB:(hb + 1) * HB, col0:col0 + HALF])
+
+    def launch(*grid):
+        if cluster:   # a token's two splits are one cluster (z = split = the CTA's rank in it)
+            return T.ClusterKernel(*grid, cluster_dims=(1, 1, 2), threads=WS_THREADS)
+        return T.Kernel(*grid, threads=WS_THREADS)
+
     @T.prim_func
     def sparse_mla_fwd(
         q: T.Tensor[(num_tokens, H, D), "bfloat16"],
@@ -267,11 +342,11 @@ def build_decode_ws(heads: int, n_splits: int, softmax_scale: float):
         block_size2: T.int32,
         sink: T.Tensor[(H,), "float32"],
         out: T.Tensor[(num_out, H, D), "bfloat16"],
-        o_part: T.Tensor[(S, num_part, H, D), "bfloat16"],
-        lse_part: T.Tensor[(S, num_part, H), "float32"],
+        o_part: T.Tensor[(SP, num_part, H, D), "bfloat16"],
+        lse_part: T.Tensor[(SP, num_part, H), "float32"],
     ):
-        with T.Kernel(num_tokens, NHB, S, threads=WS_THREADS) as (t, hb, split):
-            T.import_source(DEQUANT8_SRC + LD_U32_SRC)
+        with launch(num_tokens, NHB, S) as (t, hb, split):
+            T.import_source(DEQUANT8_SRC + LD_U32_SRC + (CLUSTER_SRC if cluster else ""))
             q_l = T.alloc_shared([HB, HALF], "bfloat16")
             q_r = T.alloc_shared([HB, HALF], "bfloat16")
             # two of each, tile it in buffer it % 2; the GEMM operands are separate allocations named statically
@@ -287,6 +362,9 @@ def build_decode_ws(heads: int, n_splits: int, softmax_scale: float):
             valid = T.alloc_shared([2, BI], "int32")
             l_s = T.alloc_shared([HB], "float32")
             m_s = T.alloc_shared([HB], "float32")
+            if cluster:
+                pl_s = T.alloc_shared([HB], "float32")   # the peer split's row sums and maxima
+                pm_s = T.alloc_shared([HB], "float32")
             kv_ready = T.alloc_barrier([128, 128])
             kv_free = T.alloc_barrier([256, 256])
             p_ready = T.alloc_barrier([128, 128])
@@ -327,16 +405,34 @@ def build_decode_ws(heads: int, n_splits: int, softmax_scale: float):
                 T.copy(sum_f, l_s)
                 T.copy(m_f, m_s)
                 T.sync_threads(3, 256)   # row sums and maxima to WG1; both warp groups are past their last tile
-                write_half(acc_o, fac, q_l, l_s, m_s, sink, out, o_part, t, hb, split, 0, 2)
-                if S > 1:
-                    for h in T.Parallel(HB):
-                        lse_part[split, t, hb * HB + h] = T.if_then_else(
-                            l_s[h] > 0, m_s[h] + T.log2(l_s[h]), neg_inf)
+                if cluster:
+                    # split 0 merges the left half, split 1 sends it (Q's left half is its staging in both)
+                    if split == 1:
+                        stage_half(acc_o, fac, q_l, l_s, 2)
+                    T.call_extern("handle", "dsv4_cluster_sync")   # both CTAs past their tiles: Q free in both
+                    if tx < HB:
+                        T.call_extern("handle", "dsv4_put4", T.address_of(l_s[tx]), T.address_of(pl_s[tx]), 1 - split)
+                        T.call_extern("handle", "dsv4_put4", T.address_of(m_s[tx]), T.address_of(pm_s[tx]), 1 - split)
+                    if split == 1:
+                        put_half(q_l, 0, tx)
+                    T.call_extern("handle", "dsv4_cluster_sync")   # the peer's half and row statistics landed
+                    if split == 0:
+                        merge_pair(acc_o, q_l, l_s, m_s, pl_s, pm_s, sink, out, t, hb, 0, 2, m_prev, ref_f, alpha_f)
+                else:
+                    write_half(acc_o, fac, q_l, l_s, m_s, sink, out, o_part, t, hb, split, 0, 2)
+                    if S > 1:
+                        for h in T.Parallel(HB):
+                            lse_part[split, t, hb * HB + h] = T.if_then_else(
+                                l_s[h] > 0, m_s[h] + T.log2(l_s[h]), neg_inf)
             elif tx < 256:
                 T.set_max_nreg(R1_, 0)
                 acc_o = T.alloc_fragment([HB, HALF], "float32")
                 a_f = T.alloc_fragment([HB], "float32")
                 fac = T.alloc_fragment([HB], "float32")
+                if cluster:
+                    mx = T.alloc_fragment([HB], "float32")
+                    fs = T.alloc_fragment([HB], "float32")
+                    wp = T.alloc_fragment([HB], "float32")
                 T.copy(q[t, hb * HB:(hb + 1) * HB, HALF:D], q_r)
                 T.fill(acc_o, 0)
                 T.fence_proxy_async()
@@ -345,7 +441,18 @@ def build_decode_ws(heads: int, n_splits: int, softmax_scale: float):
                     right_tile(kv_r, p_s, alpha_s, a_f, acc_o, p_ready, kv_free, p_free, it % 2, (it // 2) % 2)
                 T.pdl_trigger()
                 T.sync_threads(3, 256)
-                write_half(acc_o, fac, q_r, l_s, m_s, sink, out, o_part, t, hb, split, HALF, 4)
+                if cluster:
+                    # split 1 merges the right half, split 0 sends it
+                    if split == 0:
+                        stage_half(acc_o, fac, q_r, l_s, 4)
+                    T.call_extern("handle", "dsv4_cluster_sync")
+                    if split == 0:
+                        put_half(q_r, 1, tx - 128)
+                    T.call_extern("handle", "dsv4_cluster_sync")
+                    if split == 1:
+                        merge_pair(acc_o, q_r, l_s, m_s, pl_s, pm_s, sink, out, t, hb, HALF, 4, mx, fs, wp)
+                else:
+                    write_half(acc_o, fac, q_r, l_s, m_s, sink, out, o_part, t, hb, split, HALF, 4)
             else:
                 T.set_max_nreg(R2_, 0)
                 slot_r = T.alloc_local([PASSES], "int32")
@@ -368,5 +475,8 @@ def build_decode_ws(heads: int, n_splits: int, softmax_scale: float):
                                 slot_r, loc, nope_r, rope_r, e_r, kv_l, kv_r, valid, kv_free, kv_ready, it % 2,
                                 (it // 2) % 2 ^ 1, idx1, lens1, idx2, lens2, t)
                 T.pdl_trigger()
+                if cluster:   # every thread of the cluster takes part in its barriers
+                    T.call_extern("handle", "dsv4_cluster_sync")
+                    T.call_extern("handle", "dsv4_cluster_sync")
 
     return sparse_mla_fwd

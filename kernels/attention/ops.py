@@ -29,7 +29,7 @@ def sparse_mla_workspace_numel(arch: ArchProfile, heads: int, num_tokens: int, k
     at this token count; 0 where the kernel does not split."""
     v = _FWD.select(arch, _static(heads, D ** -0.5, kv_format), num_tokens)
     s = v.p["n_splits"]
-    return 0 if s == 1 else partials_numel(s, num_tokens, heads)
+    return 0 if s == 1 or v.p.get("cluster") else partials_numel(s, num_tokens, heads)
 
 
 def partials_numel(splits: int, num_tokens: int, heads: int) -> int:
@@ -196,8 +196,10 @@ def _launch(q, static, t: int, h: int, out, workspace, attn_sink, args, lists, g
     index lists and their lengths, which the combine splits as the forward kernel did."""
     fwd = get_kernel(_FWD, static, t)
     s = fwd.variant.p["n_splits"]
-    o_part, lse = _partials(q, t, h, s, workspace)
-    if s == 1:
+    # a cluster variant merges its two splits in the launch, through shared memory: no partials, no combine
+    merged = bool(fwd.variant.p.get("cluster"))
+    o_part, lse = _partials(q, t, h, 1 if merged else s, workspace)
+    if s == 1 or merged:
         fwd(*args, attn_sink, out, o_part, lse)
     else:
         fwd(*args, attn_sink, out[:1], o_part, lse)

@@ -131,30 +131,37 @@ WS_MAX_SPLITS = 4  # the warp-specialized decode where a token's list is split a
 def ws_fits(arch: ArchProfile, heads: int, hb: int, n_splits: int) -> bool:
     """Where the fp8 decode runs decode_ws.py's warp-specialized kernel: a Hopper CTA of 64 heads (heads a multiple
     of 64) over a token's list split at most WS_MAX_SPLITS ways, so a CTA walks several 64-candidate tiles for its
-    three warp groups to overlap. H100, per layer, against the 8-warp ring kernel (benchmarks/RESULTS.md):
+    three warp groups to overlap. At 2 splits the pair is one thread block cluster merging in the launch (select:
+    `cluster`; no combine kernel). H100, per layer, against the 8-warp ring kernel (benchmarks/RESULTS.md):
     V4-Pro TP 1 (128 heads) x 64 tokens at 64K 76.9 -> 55.2 us; 64 heads x 64 tokens 256K (ratio 128) 97.0 -> 92.2,
     8K 26.6 -> 25.0, 64K (ratio 4) level (40.7 / 40.9); x 32 tokens (4 splits) 30.5 -> 29.0; at 8 splits level."""
     return (arch.has_wgmma and hb == WS_HEAD_BLOCK and heads % WS_HEAD_BLOCK == 0 and n_splits <= WS_MAX_SPLITS
             and ws_smem_bytes() <= arch.max_smem_per_block)
 
 
-def ws_params(heads: int, n_splits: int, scale: float) -> dict[str, Any]:
-    return {"heads": heads, "head_block": WS_HEAD_BLOCK, "block_i": WS_BLOCK_I, "threads": WS_THREADS,
-            "kv_format": "fp8_ds_mla", "n_splits": n_splits, "softmax_scale": scale, "warp_specialized": True}
+def ws_params(heads: int, n_splits: int, scale: float, cluster: bool = False) -> dict[str, Any]:
+    p = {"heads": heads, "head_block": WS_HEAD_BLOCK, "block_i": WS_BLOCK_I, "threads": WS_THREADS,
+         "kv_format": "fp8_ds_mla", "n_splits": n_splits, "softmax_scale": scale, "warp_specialized": True}
+    if cluster:
+        p["cluster"] = True
+    return p
 
 
 def build_sparse_mla(heads: int, head_block: int, block_i: int, threads: int, kv_format: str, n_splits: int,
-                     softmax_scale: float, stages: int = 0, score_chains: int = 0, warp_specialized: bool = False):
+                     softmax_scale: float, stages: int = 0, score_chains: int = 0, warp_specialized: bool = False,
+                     cluster: bool = False):
     """The forward kernel of a variant: decode.py's over the fp8_ds_mla cache (decode_ws.py's where
     warp_specialized), prefill.py's over bf16 rows."""
     if kv_format not in KV_FORMATS:
         raise ValueError(f"sparse_mla: kv_format must be one of {KV_FORMATS}, got {kv_format!r}")
+    if cluster and not warp_specialized:
+        raise ValueError("sparse_mla: the cluster merge is the warp-specialized decode's (warp_specialized=True)")
     if warp_specialized:
         if (kv_format, head_block, block_i, threads) != ("fp8_ds_mla", WS_HEAD_BLOCK, WS_BLOCK_I, WS_THREADS):
             raise ValueError(f"sparse_mla: the warp-specialized decode is fp8_ds_mla, {WS_HEAD_BLOCK} heads x "
                              f"{WS_BLOCK_I} candidates, {WS_THREADS} threads; got {kv_format}, {head_block} x "
                              f"{block_i}, {threads}")
-        return build_decode_ws(heads, n_splits, softmax_scale)
+        return build_decode_ws(heads, n_splits, softmax_scale, cluster)
     if kv_format == "fp8_ds_mla":
         return build_decode(heads, head_block, block_i, threads, n_splits, softmax_scale, stages, score_chains)
     if stages:
@@ -206,7 +213,8 @@ class SparseMlaSpec(KernelSpec):
             hb = SMALL_STEP_HEAD_BLOCK
             threads, wgmma_cta, n_splits, stages, bi = _schedule(arch, heads, hb, fmt, num_tokens)
         if fmt == "fp8_ds_mla" and ws_fits(arch, heads, hb, n_splits):
-            return Variant.make(self.name, ws_params(heads, n_splits, scale), arch, schedule_name(arch))
+            return Variant.make(self.name, ws_params(heads, n_splits, scale, cluster=n_splits == 2), arch,
+                                schedule_name(arch))
         params = {"heads": heads, "head_block": hb, "block_i": bi, "threads": threads, "kv_format": fmt,
                   "n_splits": n_splits, "softmax_scale": scale}
         if stages:
@@ -221,7 +229,7 @@ class SparseMlaSpec(KernelSpec):
     def smem_bytes(self, variant: Variant) -> int:
         p = variant.p
         if p.get("warp_specialized"):
-            return ws_smem_bytes(p["head_block"], p["block_i"])
+            return ws_smem_bytes(p["head_block"], p["block_i"], p.get("cluster", False))
         return smem_bytes_for(p["head_block"], p["block_i"], p.get("stages", 0))
 
     def pass_configs(self, variant: Variant) -> dict[str, Any]:
@@ -239,8 +247,9 @@ class SparseMlaCombineSpec(KernelSpec):
     def select(self, arch: ArchProfile, static: Mapping[str, Any], num_tokens: int) -> Variant:
         """The combine matching SparseMlaSpec.select at the same token count (n_splits > 1 only)."""
         fwd = SparseMlaSpec().select(arch, static, num_tokens)
-        # Where the forward kernel does not split, no combine runs; select still names the 2-split combine
-        # (compiled anyway for the token counts that split) so the planner's enumeration stays total.
+        # Where the forward kernel does not split, or merges its two splits in a cluster, no combine runs; select
+        # still names the 2-split combine (compiled anyway for the token counts that split) so the planner's
+        # enumeration stays total.
         s = max(2, fwd.p["n_splits"])
         params = combine_params(fwd.p["heads"], s, num_tokens, fwd.p["block_i"])
         return Variant.make(self.name, params, arch, schedule_name(arch))
