@@ -299,12 +299,13 @@ def test_two_splits_merge_in_a_cluster_through_shared_memory(tmp_path):
     assert ops.sparse_mla_workspace_numel(hopper, 64, 64) == 0
     meta = jit.compile_to_dir(FWD, v, tmp_path)
     src = (tmp_path / jit.SOURCE_NAME).read_text()
-    assert src.count("dsv4_cluster_sync();") == 6 and "st.shared::cluster.v4.u32" in src and "mapa.shared::cluster" in src
+    assert src.count("dsv4_cluster_sync();") == 6
+    assert "st.shared::cluster.v4.u32" in src and "mapa.shared::cluster" in src
     assert "o_part[" not in src and "lse_part[" not in src
     assert meta["smem_bytes"] == sparse_mla.ws_smem_bytes(64, 64, True) == FWD.smem_bytes(v)
     with pytest.raises(ValueError, match="cluster merge joins a token's 2 splits"):
-        sparse_mla.build_sparse_mla(heads=64, head_block=64, block_i=64, threads=384, kv_format="fp8_ds_mla", n_splits=4,
-                                    softmax_scale=SCALE, warp_specialized=True, cluster=True)
+        sparse_mla.build_sparse_mla(heads=64, head_block=64, block_i=64, threads=384, kv_format="fp8_ds_mla",
+                                    n_splits=4, softmax_scale=SCALE, warp_specialized=True, cluster=True)
 
 
 def test_sm12x_decode_runs_64_head_ctas_over_16_row_tiles_where_they_fit():

@@ -56,7 +56,8 @@ def build_gather_read(rows_per_cta: int, threads: int):
                     buf[k * words + j * 4 + v] = T.if_then_else(slot[k] >= 0, kv[pg, off * ROW16 + j * TPR + q, v], 0)
             for w in T.unroll(4):
                 buf[k * words + ch * 4 + w] = T.if_then_else(
-                    slot[k] >= 0 and q == 0 and w < 2, kv[pg, (bs * 576 + off * 8) // 16, ((off * 8) % 16) // 4 + w % 2], 0)
+                    slot[k] >= 0 and q == 0 and w < 2,
+                    kv[pg, (bs * 576 + off * 8) // 16, ((off * 8) % 16) // 4 + w % 2], 0)
 
     @T.prim_func
     def gather_read(kv1: T.Tensor[(P1, R1, 4), "int32"], idx1: T.Tensor[(nt, n1), "int32"],

@@ -18,7 +18,8 @@ P -> WG0). The gather and WG0 stores are fenced (fence.proxy.async) before the a
 
 Shared memory: Q (64 KB; the output's staging at the end), two KV buffers (2 x 64 KB), two P buffers and rescale
 vectors, two validity vectors, the row sum and max (in a cluster the peer's too), 8 mbarriers: 214,592 B, 215,104 in
-a cluster (SM12x has neither WGMMA nor setmaxnreg, nor the room). Q and each KV buffer are split in column halves (0:256, 256:512), the halves the two P.V products read.
+a cluster (SM12x has neither WGMMA nor setmaxnreg, nor the room). Q and each KV buffer are split in column halves
+(0:256, 256:512), the halves the two P.V products read.
 Only the GEMMs and the stores into their operands branch on b (each buffer its own allocation, named statically);
 the rest of each role's code exists once, which keeps the kernel in the instruction cache (a copy of the whole tile
 a buffer made 8,744 SASS instructions, and a quarter of the samples waited on instruction fetch).
@@ -87,8 +88,8 @@ __device__ __forceinline__ unsigned dsv4_ld_u32(const void* p, int k) { return r
 def ws_smem_bytes(hb: int = WS_HEAD_BLOCK, bi: int = WS_BLOCK_I, cluster: bool = False) -> int:
     """Q, two KV buffers, two P buffers (bf16); two rescale vectors, two validity vectors, row sum and max (and in a
     cluster the peer's); the eight mbarriers (8 B each)."""
-    return (2 * D * hb + 2 * (2 * D * bi) + 2 * (2 * hb * bi) + 2 * 4 * hb + 2 * 4 * bi + (4 if cluster else 2) * 4 * hb
-            + 8 * 8)
+    return (2 * D * hb + 2 * (2 * D * bi) + 2 * (2 * hb * bi) + 2 * 4 * hb + 2 * 4 * bi
+            + (4 if cluster else 2) * 4 * hb + 8 * 8)
 
 
 def build_decode_ws(heads: int, n_splits: int, softmax_scale: float, cluster: bool = False):
