@@ -266,10 +266,10 @@ def build_decode_ws(heads: int, n_splits: int, softmax_scale: float, cluster: bo
         T.barrier_arrive(p_free[b])
 
     @T.macro
-    def write_half(acc_o, fac, stage, l_s, m_s, sink, out, o_part, t, hb, split, col0, bar_id):
-        # this warp group's half of O -> bf16 rows in `stage` (Q's half: no tile reads Q any more) -> global.
-        # One factor a row (a thread holds 2 rows), then multiplies: a division an element, with its slow path,
-        # made this epilogue's code long enough to miss the instruction cache all through (ncu: no_inst).
+    def stage_half(acc_o, fac, stage, l_s, m_s, sink, hb, bar_id):
+        # this warp group's half of O -> bf16 rows in `stage` (Q's half: no tile reads Q any more). One factor a row
+        # (a thread holds 2 rows), then multiplies: a division an element, with its slow path, made this epilogue's
+        # code long enough to miss the instruction cache all through (ncu: no_inst).
         for h in T.Parallel(HB):
             if S == 1:
                 # a row with no candidate is 0 (softmax over the sink alone), also where e^sink underflows
@@ -278,24 +278,20 @@ def build_decode_ws(heads: int, n_splits: int, softmax_scale: float, cluster: bo
                     T.float32(0))
             else:
                 # normalised within the split; a row with no candidate writes zeros (its lse is -inf: the combine
-                # weighs it 0)
+                # and the cluster merge weigh it 0)
                 fac[h] = T.if_then_else(l_s[h] > 0, T.float32(1) / l_s[h], T.float32(0))
         for h, d in T.Parallel(HB, HALF):
             stage[h, d] = T.Cast("bfloat16", acc_o[h, d] * fac[h])
         T.sync_threads(bar_id, 128)
+
+    @T.macro
+    def write_half(acc_o, fac, stage, l_s, m_s, sink, out, o_part, t, hb, split, col0, bar_id):
+        # the staged half -> global: the output unsplit, else the split's partial
+        stage_half(acc_o, fac, stage, l_s, m_s, sink, hb, bar_id)
         if S == 1:
             T.copy(stage, out[t, hb * HB:(hb + 1) * HB, col0:col0 + HALF])
         else:
             T.copy(stage, o_part[split, t, hb * HB:(hb + 1) * HB, col0:col0 + HALF])
-
-    @T.macro
-    def stage_half(acc_o, fac, stage, l_s, bar_id):
-        # this split's O half normalised within it (0 where no candidate) -> bf16 rows in `stage`
-        for h in T.Parallel(HB):
-            fac[h] = T.if_then_else(l_s[h] > 0, T.float32(1) / l_s[h], T.float32(0))
-        for h, d in T.Parallel(HB, HALF):
-            stage[h, d] = T.Cast("bfloat16", acc_o[h, d] * fac[h])
-        T.sync_threads(bar_id, 128)
 
     @T.macro
     def put_half(stage, peer, tx0):
@@ -409,7 +405,7 @@ def build_decode_ws(heads: int, n_splits: int, softmax_scale: float, cluster: bo
                 if cluster:
                     # split 0 merges the left half, split 1 sends it (Q's left half is its staging in both)
                     if split == 1:
-                        stage_half(acc_o, fac, q_l, l_s, 2)
+                        stage_half(acc_o, fac, q_l, l_s, m_s, sink, hb, 2)
                     T.call_extern("handle", "dsv4_cluster_sync")   # both CTAs past their tiles: Q free in both
                     if tx < HB:
                         T.call_extern("handle", "dsv4_put4", T.address_of(l_s[tx]), T.address_of(pl_s[tx]), 1 - split)
@@ -445,7 +441,7 @@ def build_decode_ws(heads: int, n_splits: int, softmax_scale: float, cluster: bo
                 if cluster:
                     # split 1 merges the right half, split 0 sends it
                     if split == 0:
-                        stage_half(acc_o, fac, q_r, l_s, 4)
+                        stage_half(acc_o, fac, q_r, l_s, m_s, sink, hb, 4)
                     T.call_extern("handle", "dsv4_cluster_sync")
                     if split == 0:
                         put_half(q_r, 1, tx - 128)
