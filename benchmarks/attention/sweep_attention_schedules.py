@@ -33,29 +33,21 @@ FWD, COMBINE = get_spec("sparse_mla_fwd"), get_spec("sparse_mla_combine")
 
 
 def run_variant(prof, v: Variant, p: dict, scale: float, out: torch.Tensor):
-    """The op's launch sequence with a forced forward variant (and its matching combine)."""
+    """The op's own launch (ops.sparse_mla_decode: partials, combine or cluster merge as the variant asks) with a
+    forced forward variant and its matching combine."""
     (c1, i1, l1, bs1), (c2, i2, l2, bs2) = p["lists"]
     t, h = p["q"].shape[:2]
     s = v.p["n_splits"]
-    fwd = jit.load(FWD, v)
-    comb = None
-    if v.p.get("cluster"):   # merges its splits in the launch: no partials, no combine
-        s = 1
-    if s > 1:
+    kernels = {FWD.name: jit.load(FWD, v)}
+    if s > 1 and not v.p.get("cluster"):
         cv = Variant.make(COMBINE.name, combine_params(h, s, t, v.p["block_i"]), prof, v.schedule)
-        comb = jit.load(COMBINE, cv)
+        kernels[COMBINE.name] = jit.load(COMBINE, cv)
     ws = torch.empty(max(1, ops.partials_numel(s, t, h)), device="cuda")
-    o_part, lse = (ops.carve_partials(ws, s, t, h) if s > 1 else
-                   (torch.empty(1, 1, h, D, dtype=torch.bfloat16, device="cuda"), torch.empty(1, 1, h, device="cuda")))
-    args = (p["q"], *ops._fp8_views(c1, c1.shape[0], c1.shape[1]), i1, l1,
-            *ops._fp8_views(c2, c2.shape[0], c2.shape[1]), i2, l2, bs1, bs2)
 
     def f():
-        if s == 1:
-            fwd(*args, p["sink"], out, o_part, lse)
-        else:
-            fwd(*args, p["sink"], out[:1], o_part, lse)
-            comb(o_part, lse, p["sink"], l1, l2, i1.shape[1], i2.shape[1], out)
+        ops.sparse_mla_decode(p["q"], c1, i1, l1, p["sink"], block_size=bs1, extra_kv_cache=c2, extra_indices=i2,
+                              extra_lengths=l2, extra_block_size=bs2, softmax_scale=scale, out=out, workspace=ws,
+                              check_indices=False, arch=prof, get_kernel=lambda spec, static, n: kernels[spec.name])
     return f
 
 
