@@ -19,7 +19,7 @@ from dsv4_jit.kernels.quant import ops as qops
 from dsv4_jit.kernels.quant import reference as qref
 from dsv4_jit.kernels.quant.family import quant_statics
 from dsv4_jit.model_config import EMBEDDED, ParallelConfig, load_model_config
-from dsv4_jit.spec import get_spec
+from dsv4_jit.spec import Variant, get_spec
 from dsv4_jit.testing import select_only_getter
 
 SM120 = get_profile("sm_120a")
@@ -314,6 +314,57 @@ def test_decode_ring_waits_never_exceed_the_replayed_pending_count():
                 assert ring_wait(stages, n_iters, stages - 1) == pending[stages - 1] == 2 * (stages - 1)
     # 4 stages, 32 iterations: the replay (prologue: B0-B2 then A0-A2 around the grid dependency sync)
     assert ring_pending(4, 32)[:3] == [4, 5, 6] and ring_pending(4, 32)[-3:] == [4, 2, 0]
+
+
+def test_decode_ring_fills_where_the_share_fits_one_wave_or_one_slot():
+    """fill (the CTA's whole weight share requested before the grid dependency sync) where the share fits the ring
+    and the grid is at most one CTA an SM, or the ring has one slot; never elsewhere, never past 64 rows."""
+    from dsv4_jit.kernels.gemm.fp8_gemm import BLOCK_K, ring_fill
+    spec = get_spec("fp8_gemm")
+    hopper = get_profile("sm_90a")
+    idx, w2 = gops.gemm_static(8192, 1024), gops.gemm_static(7168, 384)   # V4-Flash indexer wq_b, V4-Pro TP 8 w2
+    for t in (1, 8, 32):
+        p = spec.select(hopper, idx, t).p
+        assert p["fill"] and p["split"] == 1 and (p["n"] // p["block_n"]) <= hopper.num_sms_hint
+        assert spec.select(SM120, w2, t).p["stages"] == 1 and spec.select(SM120, w2, t).p["fill"]
+        assert spec.select(hopper, w2, t).p["fill"]
+        # 2 splits on SM12x: 256 CTAs, more than the SMs
+        assert "fill" not in spec.select(SM120, idx, t).p
+    assert "fill" not in spec.select(hopper, idx, 64).p and "fill" not in spec.select(hopper, idx, 300).p
+    for arch in PROFILES.values():
+        for model in EMBEDDED:
+            for tp in (1, 8):
+                for s in gemm_shapes(load_model_config(model), tp):
+                    for t in (1, 16, 33, 64, 200):
+                        p = spec.select(arch, gops.gemm_static(s["n"], s["k"], s["groups"]), t).p
+                        if p.get("fill"):
+                            assert p["ring"] and t <= 64
+                            assert p["k"] // BLOCK_K // p["split"] // p["k_stage"] <= p["stages"]
+                            assert ring_fill(p, -(-t // p["block_m"]), arch.num_sms_hint)
+
+
+@pytest.mark.compile
+def test_ring_fill_requests_every_weight_stage_before_the_grid_sync(tmp_path):
+    """A fill variant issues all its weight stages' copies before cudaGridDependencySynchronize and waits once for
+    everything; the same shape without fill keeps stages - 1 before it (cross-compiled, no GPU)."""
+    from dsv4_jit import jit
+    spec = get_spec("fp8_gemm")
+    v = spec.select(get_profile("sm_90a"), gops.gemm_static(8192, 1024), 1)
+    assert v.p["fill"] and (v.p["stages"], v.p["k_stage"]) == (4, 2)
+    sync = "cudaGridDependencySynchronize()"
+    for fill, before in ((True, 4), (False, 3)):
+        p = dict(v.p, fill=True) if fill else {kk: vv for kk, vv in v.p.items() if kk != "fill"}
+        out = tmp_path / str(fill)
+        jit.compile_to_dir(spec, Variant.make(spec.name, p, v.profile, v.schedule), out)
+        body = (out / jit.SOURCE_NAME).read_text()
+        body = body[body.index("__launch_bounds__"):]
+        pre = body[:body.index(sync)]
+        assert "for (int slot = 0; slot < %d; ++slot)" % before in pre and "a[" not in pre   # weights only
+        waits = body.count("tl::cp_async_wait<")
+        assert (waits == 1) == fill
+    with pytest.raises(ValueError, match="fill needs the decode ring"):
+        gemm_kernel.build_fp8_gemm(n=8192, k=1024, block_m=16, block_n=64, split=1, stages=2, threads=128,
+                                   ring=True, k_stage=2, fill=True)
 
 
 def test_decode_selects_the_ring_within_budget():

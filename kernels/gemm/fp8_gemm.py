@@ -186,7 +186,24 @@ def _gemm_params(arch: ArchProfile, n: int, k: int, num_tokens: int, groups: int
          "stages": _stages(block_m, block_n, kb // split)}
     if num_tokens <= DECODE_MAX_M:
         p.update(ring_stages(p))
+        if ring_fill(p, -(-num_tokens // block_m), arch.num_sms_hint):
+            p["fill"] = True
     return p
+
+
+def ring_fill(p: Mapping[str, Any], m_tiles: int, num_sms: int) -> bool:
+    """Whether the decode ring requests its CTA's whole weight share before the grid dependency sync (`fill`), not
+    its first stages - 1: where the share fits the ring (one slot a stage) and either the ring has one slot (it would
+    prefetch nothing) or the grid is at most one CTA an SM. Per layer on an H100, 8 layers a graph, against the
+    stages - 1 prefetch: V4-Flash's indexer wq_b (128 CTAs) 6.20 -> 5.80 us at M = 1, 7.18 -> 6.82 at 32; V4-Pro TP 8's
+    shared expert w2 (112 CTAs) 3.46 -> 2.81 at M = 1, 4.32 -> 3.70 at 32, and on the SM12x schedule (3 splits, one
+    slot) 5.28 -> 4.77. With more CTAs than SMs it was 2-28% slower at 14 of 17 points (the next GEMM's prefetch then
+    takes bandwidth from this one's CTAs: V4-Flash shared expert w1+w3, 256 CTAs, 9.42 -> 9.88)."""
+    kps = p["k"] // BLOCK_K // p["split"]
+    if not p.get("ring") or kps % p["k_stage"] or kps // p["k_stage"] > p["stages"]:
+        return False
+    ctas = m_tiles * p["groups"] * (p["n"] // p["block_n"]) * p["split"]
+    return p["stages"] == 1 or ctas <= num_sms
 
 
 def wgmma_params(n: int, k: int, kb: int, groups: int, num_tokens: int, decode_block_n: int, decode_split_k: int,
@@ -299,7 +316,7 @@ def ring_wait(stages: int, n_iters: int, i: int) -> int:
 
 def build_fp8_gemm(*, n: int, k: int, block_m: int, block_n: int, split: int, stages: int, threads: int,
                    groups: int = 1, ring: bool = False, k_stage: int = 1, wgmma: bool = False,
-                   tiles_per_cta: int = 1):
+                   tiles_per_cta: int = 1, fill: bool = False):
     import tilelang.language as T
 
     BM, BN, BK = block_m, block_n, BLOCK_K
@@ -314,6 +331,9 @@ def build_fp8_gemm(*, n: int, k: int, block_m: int, block_n: int, split: int, st
     W = KS * BK                      # K columns per ring stage
     NK = KPS // KS                   # ring iterations per CTA
     HEAD_WAIT, STEADY_WAIT = ring_head_steady_waits(S)   # never above ring_pending's replay (tests)
+    if fill and not (ring and NK <= S):
+        raise ValueError(f"fp8_gemm: fill needs the decode ring with the CTA's {NK} stages within its {S} slots")
+    PRE = NK if fill else min(S - 1, NK)   # weight stages requested before the grid dependency sync
 
     @T.macro
     def mainloop_pipelined(a, sa, b, sb, acc, bx, by, g, sp):
@@ -394,15 +414,25 @@ def build_fp8_gemm(*, n: int, k: int, block_m: int, block_n: int, split: int, st
         T.clear(acc)
         b_row = g * n + bx * BN
         k_col = (sp * KPS) * BK
-        for st in T.unroll(min(S - 1, NK)):
+        for st in T.unroll(PRE):
             issue(b, BN, b_row, k_col + st * W, b_w, st)
         T.pdl_sync()
-        for st in T.unroll(min(S - 1, NK)):
+        for st in T.unroll(PRE):
             issue(a, BM, by * BM, g * k + k_col + st * W, a_w, st)
         for i, c in T.Parallel(BM, KPS):
             sc_all[i, c] = (sa[T.min(by * BM + i, M - 1), g * KB + sp * KPS + c]
                             * sb[g * NQ + (bx * BN) // QBLOCK, sp * KPS + c])
-        for ks in T.serial(NK):
+        if fill:
+            # the CTA's whole share is in flight (see ring_fill): one wait, then the MMAs
+            T.ptx_wait_group(0)
+            T.sync_threads()
+            for ks in T.serial(NK):
+                for u in T.unroll(KS):
+                    T.gemm(a_w[ks, :, u * BK:(u + 1) * BK], b_w[ks, :, u * BK:(u + 1) * BK],
+                           part, transpose_B=True, clear_accum=True, policy=policy)
+                    for i, j in T.Parallel(BM, BN):
+                        acc[i, j] += part[i, j] * sc_all[i, ks * KS + u]
+        for ks in T.serial(0 if fill else NK):
             T.sync_threads()   # every warp is done with the slot the next issue overwrites
             if ks + S - 1 < NK:
                 issue(b, BN, b_row, k_col + (ks + S - 1) * W, b_w, T.floormod(ks + S - 1, S))
@@ -590,7 +620,7 @@ class Fp8GemmSpec(_GemmSpecBase):
         return build_fp8_gemm(n=p["n"], k=p["k"], block_m=p["block_m"], block_n=p["block_n"], split=p["split"],
                               stages=p["stages"], threads=p["threads"], groups=p["groups"],
                               ring=p.get("ring", False), k_stage=p.get("k_stage", 1), wgmma=p.get("wgmma", False),
-                              tiles_per_cta=p.get("tiles_per_cta", 1))
+                              tiles_per_cta=p.get("tiles_per_cta", 1), fill=p.get("fill", False))
 
 
 @register
