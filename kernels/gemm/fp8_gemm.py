@@ -23,7 +23,8 @@ Schedules (`select` picks one of four by the token count; the same on every arch
     that to `fp8_gemm_reduce` (see sums_in_kernel). The main loop is a cp.async ring
     (`ring`, k_stage K blocks per stage: 256 B runs of each weight row) that requests its first weight stages
     before the grid dependency sync, so under programmatic dependent launch (PDL; the ring GEMM
-    triggers its dependents at start) a GEMM may begin streaming its weight while the previous one drains. All
+    triggers its dependents at start) a GEMM may begin streaming its weight while the previous one drains (its
+    whole share where it fits the ring and the grid is one wave: see ring_fill). All
     the CTA's scale products load once, not per K block. act_quant_fp8 (the GEMM's usual predecessor) has no
     PDL trigger: it gave no measurable overlap.
   * batched decode, 64 < M <= 256: the same 64-row tiles (2..4 M tiles), split-K counted for 2 M tiles and
@@ -432,26 +433,28 @@ def build_fp8_gemm(*, n: int, k: int, block_m: int, block_n: int, split: int, st
                            part, transpose_B=True, clear_accum=True, policy=policy)
                     for i, j in T.Parallel(BM, BN):
                         acc[i, j] += part[i, j] * sc_all[i, ks * KS + u]
-        for ks in T.serial(0 if fill else NK):
-            T.sync_threads()   # every warp is done with the slot the next issue overwrites
-            if ks + S - 1 < NK:
-                issue(b, BN, b_row, k_col + (ks + S - 1) * W, b_w, T.floormod(ks + S - 1, S))
-                issue(a, BM, by * BM, g * k + k_col + (ks + S - 1) * W, a_w, T.floormod(ks + S - 1, S))
-            # one branch (each `if` gets a barrier of its own from TileLang): the steady state waits exactly;
-            # the first S - 2 iterations wait for one stage more than they need, the last S - 1 for everything
-            if ks + S - 1 < NK:
-                if ks < S - 1:
-                    T.ptx_wait_group(HEAD_WAIT)
+        else:
+            for ks in T.serial(NK):
+                T.sync_threads()   # every warp is done with the slot the next issue overwrites
+                if ks + S - 1 < NK:
+                    issue(b, BN, b_row, k_col + (ks + S - 1) * W, b_w, T.floormod(ks + S - 1, S))
+                    issue(a, BM, by * BM, g * k + k_col + (ks + S - 1) * W, a_w, T.floormod(ks + S - 1, S))
+                # one branch (each `if` gets a barrier of its own from TileLang): the steady state waits exactly;
+                # the first S - 2 iterations wait for one stage more than they need, the last S - 1 for everything
+                if ks + S - 1 < NK:
+                    if ks < S - 1:
+                        T.ptx_wait_group(HEAD_WAIT)
+                    else:
+                        T.ptx_wait_group(STEADY_WAIT)
                 else:
-                    T.ptx_wait_group(STEADY_WAIT)
-            else:
-                T.ptx_wait_group(0)
-            T.sync_threads()
-            for u in T.unroll(KS):
-                T.gemm(a_w[T.floormod(ks, S), :, u * BK:(u + 1) * BK], b_w[T.floormod(ks, S), :, u * BK:(u + 1) * BK],
-                       part, transpose_B=True, clear_accum=True, policy=policy)
-                for i, j in T.Parallel(BM, BN):
-                    acc[i, j] += part[i, j] * sc_all[i, ks * KS + u]
+                    T.ptx_wait_group(0)
+                T.sync_threads()
+                for u in T.unroll(KS):
+                    slot = T.floormod(ks, S)
+                    T.gemm(a_w[slot, :, u * BK:(u + 1) * BK], b_w[slot, :, u * BK:(u + 1) * BK], part,
+                           transpose_B=True, clear_accum=True, policy=policy)
+                    for i, j in T.Parallel(BM, BN):
+                        acc[i, j] += part[i, j] * sc_all[i, ks * KS + u]
 
     mainloop = mainloop_ring if ring else mainloop_pipelined
 
