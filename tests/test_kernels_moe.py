@@ -226,10 +226,12 @@ def test_select_rejects_bad_statics(static, match):
 def test_stages_never_exceed_the_k_blocks():
     spec = get_spec("fp4_moe_gemm")
     # one warp per K block up to 4, 2 stages a warp where a warp walks 2 K blocks or more and they fit the budget;
-    # 64 weight columns a CTA, 32 for 64-row blocks
+    # 64 weight columns a CTA (32 at one token where each warp has one K block), 32 for 64-row blocks
     dec = [spec.select(SM120, {"n": 4096, "k": k}, 1).p for k in (128, 256, 384, 512, 1024, 7168)]
     assert [(p["threads"], p["stages"]) for p in dec] == [(32, 1), (64, 1), (96, 1), (128, 1), (128, 2), (128, 2)]
-    assert all(p["block_n"] == 64 for p in dec)
+    assert [p["block_n"] for p in dec] == [32, 32, 32, 32, 64, 64]
+    for arch in (SM120, get_profile("sm_90a")):   # from two tokens on, 64 columns again
+        assert [spec.select(arch, {"n": 7168, "k": 384}, t).p["block_n"] for t in (1, 2, 8)] == [32, 64, 64]
     assert all(p["block_m"] == 8 for p in dec)
     # a stage: 64 weight rows x 64 B + 8 routed rows x 128 B, twice, a warp; the exponents; the activation scales
     assert kmod.moe_smem_bytes(dec[-1]) == 4 * 2 * 5120 + 64 * (224 + 16) + 4 * 8 * 57 == 58_144
@@ -386,10 +388,11 @@ def test_deep_rings_and_wide_tiles_follow_the_token_count():
     # SM12x: one 4-stage CTA an SM at most, so always 2 stages
     for arch in ("sm_120a", "sm_121a"):
         assert {pick(get_profile(arch), 4096, 4096, t)[2] for t in (1, 4, 64, 128, 256)} == {2}
-    # 128 weight rows a CTA where a warp walks one K block (w2 at TP 8, K = 384 / 256) from 32 to 256 tokens
+    # 128 weight rows a CTA where a warp walks one K block (w2 at TP 8, K = 384 / 256) from 32 to 256 tokens, 32 at
+    # one token
     for arch in (hopper, SM120):
         assert [pick(arch, 7168, 384, t) for t in (1, 8, 31, 32, 64, 256, 257)] == [
-            (64, 3, 1), (64, 3, 1), (64, 3, 1), (128, 3, 1), (128, 3, 1), (128, 3, 1), (64, 3, 1)]
+            (32, 3, 1), (64, 3, 1), (64, 3, 1), (128, 3, 1), (128, 3, 1), (128, 3, 1), (64, 3, 1)]
         assert pick(arch, 4096, 256, 64) == (128, 2, 1)
         assert pick(arch, 4096, 2048, 64)[0] == 64          # 16 K blocks: not a short walk
         assert spec.smem_bytes(spec.select(arch, {"n": 7168, "k": 384}, 64)) <= 101_376

@@ -166,6 +166,14 @@ NARROW_TOKENS = (2, 16)
 NARROW_MAX_N = 1536
 
 
+# One token, short K walks (at most SHORT_K_BLOCKS K blocks, one warp each: w2 at TP 4 / 8): ONE_TOKEN_COLS weight rows a
+# CTA, twice the CTAs of 64-column ones, each with half the fixed work ahead of its single K block. Per layer on an H100,
+# 8 layers a graph, against 64 columns (two runs each): V4-Pro TP 8 w2 9.5 -> 8.8 us, its SM12x schedule 9.4 -> 8.6;
+# V4-Flash TP 8 w2 5.7 -> 5.4 (both schedules), TP 4 7.7 -> 7.2. From 2 tokens level, at 4 and 8 slower (V4-Pro TP 8
+# w2 at 8 tokens: 33.8 -> 37.6).
+ONE_TOKEN_COLS = 32
+
+
 # Weight rows (output columns) per CTA by routed rows: four m16 tiles, two for 64 routed rows (a lane's
 # accumulators are cols x rows / 32 twice over: 64 x 64 would not fit its registers).
 COLS_BY_ROWS = {8: 64, 16: 64, 32: 64, 64: 32}
@@ -211,6 +219,8 @@ def moe_params(arch: ArchProfile, n: int, k: int, num_tokens: int) -> dict:
     kb = k // ACT_BLOCK
     if bm == ROWS[0] and num_tokens >= WIDE_FROM_TOKENS and kb <= SHORT_K_BLOCKS and n % WIDE_COLS == 0:
         bn = WIDE_COLS
+    if bm == ROWS[0] and num_tokens == 1 and kb <= SHORT_K_BLOCKS:
+        bn = ONE_TOKEN_COLS
     long_k = kb > LONG_K_BLOCKS and arch.family != "blackwell_consumer"
     narrow = long_k and bm == ROWS[0] and NARROW_TOKENS[0] <= num_tokens <= NARROW_TOKENS[1] and n <= NARROW_MAX_N
     if narrow:
