@@ -198,8 +198,10 @@ def ring_fill(p: Mapping[str, Any], m_tiles: int, num_sms: int) -> bool:
     prefetch nothing) or the grid is at most one CTA an SM. Per layer on an H100, 8 layers a graph, against the
     stages - 1 prefetch: V4-Flash's indexer wq_b (128 CTAs) 6.20 -> 5.80 us at M = 1, 7.18 -> 6.82 at 32; V4-Pro TP 8's
     shared expert w2 (112 CTAs) 3.46 -> 2.81 at M = 1, 4.32 -> 3.70 at 32, and on the SM12x schedule (3 splits, one
-    slot) 5.28 -> 4.77. With more CTAs than SMs it was 2-28% slower at 14 of 17 points (the next GEMM's prefetch then
-    takes bandwidth from this one's CTAs: V4-Flash shared expert w1+w3, 256 CTAs, 9.42 -> 9.88)."""
+    slot) 5.28 -> 4.77. With more CTAs than SMs it was 1-35% slower at 42 of 59 points (V4-Flash shared expert w1+w3,
+    256 CTAs, 9.42 -> 9.88; V4-Pro TP 8 shared expert w1+w3, 168 CTAs, 6.06 -> 7.49) and at most 3% faster at 15; the
+    SM12x schedule's V4-Pro w1+w3 (28 splits for SM120's 188 SMs: 336 CTAs on the H100) was 24-30% faster at M = 1 / 8,
+    a grid this GPU cannot judge for SM120."""
     kps = p["k"] // BLOCK_K // p["split"]
     if not p.get("ring") or kps % p["k_stage"] or kps // p["k_stage"] > p["stages"]:
         return False
