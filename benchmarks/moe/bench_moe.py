@@ -91,6 +91,7 @@ def main() -> None:
             if tile is not None:   # the small-T block size, its column tile and its warps
                 kmod.BLOCK_M_BY_TOKENS = ((kmod.BLOCK_M_BY_TOKENS[0][0], tile[0]),) + kmod.BLOCK_M_BY_TOKENS[1:]
                 kmod.COLS_BY_ROWS[tile[0]] = tile[1]
+                kmod.ONE_TOKEN_COLS = tile[1]   # the one-token tile of short K walks too
                 kmod.WARPS_BY_ROWS[tile[0]] = tile[2] if len(tile) > 2 else warps0.get(tile[0], 4)
                 kmod.LONG_K_WARPS = tile[2] if len(tile) > 2 else long0   # a W given holds for long K walks too
             jit._SELECT_MEMO.clear()   # select reads the constants: drop the memoised variants

@@ -170,7 +170,8 @@ NARROW_MAX_N = 1536
 # CTA, twice the CTAs of 64-column ones, each with half the fixed work ahead of its single K block. Per layer on an H100,
 # 8 layers a graph, against 64 columns (two runs each): V4-Pro TP 8 w2 9.5 -> 8.8 us, its SM12x schedule 9.4 -> 8.6;
 # V4-Flash TP 8 w2 5.7 -> 5.4 (both schedules), TP 4 7.7 -> 7.2. From 2 tokens level, at 4 and 8 slower (V4-Pro TP 8
-# w2 at 8 tokens: 33.8 -> 37.6).
+# w2 at 8 tokens: 33.8 -> 37.6). 16 columns (one m16 tile a CTA) were slower again: V4-Pro TP 8 w2 8.8 -> 9.1-9.2,
+# SM12x schedule 8.6 -> 9.0, V4-Flash TP 8 level.
 ONE_TOKEN_COLS = 32
 
 
