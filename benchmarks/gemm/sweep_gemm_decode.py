@@ -8,6 +8,8 @@ replay of the op (GEMM, + reduce where a split variant does not sum in its launc
 timer around a graph of one 1-element kernel: what any single-launch op costs here before it moves a byte.
 
     python benchmarks/gemm/sweep_gemm_decode.py --schedule sm_120a --m 1 64 -j 16 --out bench_out/sweep_gemm.json
+    python benchmarks/gemm/sweep_gemm_decode.py --schedule sm_90a --model deepseek-v4-pro --tp 8 --m 1 8 32 \
+        --picked-only --fill -j 14      (the pick with and without fill)
 """
 from __future__ import annotations
 
@@ -70,6 +72,11 @@ def candidates(prof, n: int, k: int, groups: int, m: int, args) -> list[dict]:
         p["stages"] = gk.fitting_stages(p, budget, most)
         if gk.gemm_smem_bytes(p) <= min(budget, prof.max_smem_per_block):
             out.append(p)
+    if args.fill:   # each ring candidate whose share fits its ring, with and without `fill` (see fp8_gemm.ring_fill)
+        for p in list(out):
+            kps = p["k"] // gk.BLOCK_K // p["split"]
+            if p.get("ring") and kps % p["k_stage"] == 0 and kps // p["k_stage"] <= p["stages"]:
+                out += [{**p, "fill": True}, {q: v for q, v in p.items() if q != "fill"}]
     return list({str(sorted(p.items())): p for p in out}.values())
 
 
@@ -91,6 +98,8 @@ def main() -> int:
     ap.add_argument("--picked-only", action="store_true",
                     help="only the pick, the pick with each --block-m, and (--wgmma) the WGMMA forms")
     ap.add_argument("--wgmma", action="store_true", help="also Hopper's WGMMA form at decode sizes (sm_90a only)")
+    ap.add_argument("--fill", action="store_true", help="each ring candidate whose K share fits its ring both with "
+                    "its whole share requested before the grid sync (fill) and with the first stages - 1")
     ap.add_argument("--ring", type=int, nargs="+", default=[0, 1],
                     help="0: the T.Pipelined main loop; 1: the PDL cp.async ring with the scale prefetch")
     ap.add_argument("--k-stage", type=int, nargs="+", default=[1, 2, 4], help="K blocks per stage (ring only)")
@@ -180,7 +189,8 @@ def main() -> int:
             rows.append(row)
             print(f"{s['label'][:28]:<28} {groups * k:>6}->{groups * n:<6} M={m:<3} bm={p['block_m']:<3} bn={p['block_n']:<3} "
                   f"split={p['split']:<3} st={p['stages']} ring={int(p.get('ring', False))} "
-                  f"ks={p.get('k_stage', 1)} thr={p['threads']}{' wgmma' if p.get('wgmma') else ''}: "
+                  f"ks={p.get('k_stage', 1)} thr={p['threads']}{' wgmma' if p.get('wgmma') else ''}"
+                  f"{' fill' if p.get('fill') else ''}: "
                   f"{us if us is None else round(us, 1)} us {pct if pct is None else round(pct, 1)}% | per layer "
                   f"{lus if lus is None else round(lus, 1)} us {lpct if lpct is None else round(lpct, 1)}% "
                   f"err {err:.1e}{'  <- select' if row['selected'] else ''}", flush=True)
