@@ -97,6 +97,7 @@ def main() -> None:
             jit._SELECT_MEMO.clear()   # select reads the constants: drop the memoised variants
             if args.stages or args.tiles:
                 print(f"-- stages {st} tile {tile}")
+            g.manual_seed(0)   # every swept tile sees the same weights, routing and activations
             rows += run_shapes(args, m, arch, experts, topk, g, bw)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
