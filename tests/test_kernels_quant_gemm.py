@@ -340,6 +340,7 @@ def test_decode_ring_fills_where_the_share_fits_one_wave_or_one_slot():
                         if p.get("fill"):
                             assert p["ring"] and t <= 64
                             assert p["k"] // BLOCK_K // p["split"] // p["k_stage"] <= p["stages"]
+                            assert gemm_kernel.ring_holds_share(p)
                             assert ring_fill(p, -(-t // p["block_m"]), arch.num_sms_hint)
 
 

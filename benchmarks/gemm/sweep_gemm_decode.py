@@ -74,8 +74,7 @@ def candidates(prof, n: int, k: int, groups: int, m: int, args) -> list[dict]:
             out.append(p)
     if args.fill:   # each ring candidate whose share fits its ring, with and without `fill` (see fp8_gemm.ring_fill)
         for p in list(out):
-            kps = p["k"] // gk.BLOCK_K // p["split"]
-            if p.get("ring") and kps % p["k_stage"] == 0 and kps // p["k_stage"] <= p["stages"]:
+            if gk.ring_holds_share(p):
                 out += [{**p, "fill": True}, {q: v for q, v in p.items() if q != "fill"}]
     return list({str(sorted(p.items())): p for p in out}.values())
 

@@ -192,6 +192,12 @@ def _gemm_params(arch: ArchProfile, n: int, k: int, num_tokens: int, groups: int
     return p
 
 
+def ring_holds_share(p: Mapping[str, Any]) -> bool:
+    """Whether ring variant params `p` hold their CTA's whole K share at once (one slot a stage): what fill needs."""
+    kps = p["k"] // BLOCK_K // p["split"]
+    return bool(p.get("ring")) and kps % p["k_stage"] == 0 and kps // p["k_stage"] <= p["stages"]
+
+
 def ring_fill(p: Mapping[str, Any], m_tiles: int, num_sms: int) -> bool:
     """Whether the decode ring requests its CTA's whole weight share before the grid dependency sync (`fill`), not
     its first stages - 1: where the share fits the ring (one slot a stage) and either the ring has one slot (it would
@@ -202,8 +208,7 @@ def ring_fill(p: Mapping[str, Any], m_tiles: int, num_sms: int) -> bool:
     256 CTAs, 9.42 -> 9.88; V4-Pro TP 8 shared expert w1+w3, 168 CTAs, 6.06 -> 7.49) and at most 3% faster at 15; the
     SM12x schedule's V4-Pro w1+w3 (28 splits for SM120's 188 SMs: 336 CTAs on the H100) was 24-30% faster at M = 1 / 8,
     a grid this GPU cannot judge for SM120."""
-    kps = p["k"] // BLOCK_K // p["split"]
-    if not p.get("ring") or kps % p["k_stage"] or kps // p["k_stage"] > p["stages"]:
+    if not ring_holds_share(p):
         return False
     ctas = m_tiles * p["groups"] * (p["n"] // p["block_n"]) * p["split"]
     return p["stages"] == 1 or ctas <= num_sms
