@@ -408,6 +408,15 @@ def build_fp8_gemm(*, n: int, k: int, block_m: int, block_n: int, split: int, st
         T.async_copy(src[row0: row0 + rows, col0: col0 + W], dst[slot, :, :])
 
     @T.macro
+    def stage_mma(a_w, b_w, sc_all, part, acc, slot, ks):
+        # ring slot `slot` (the CTA's stage ks): each of its K blocks' A.B into part, added to acc times its scales
+        for u in T.unroll(KS):
+            T.gemm(a_w[slot, :, u * BK:(u + 1) * BK], b_w[slot, :, u * BK:(u + 1) * BK], part,
+                   transpose_B=True, clear_accum=True, policy=policy)
+            for i, j in T.Parallel(BM, BN):
+                acc[i, j] += part[i, j] * sc_all[i, ks * KS + u]
+
+    @T.macro
     def mainloop_ring(a, sa, b, sb, acc, bx, by, g, sp):
         # Decode: the weight is the only big operand and nothing upstream writes it, so its first S - 1 stages
         # are requested before the grid dependency sync (PDL): launched behind the previous kernel, this CTA
@@ -435,11 +444,7 @@ def build_fp8_gemm(*, n: int, k: int, block_m: int, block_n: int, split: int, st
             T.ptx_wait_group(0)
             T.sync_threads()
             for ks in T.serial(NK):
-                for u in T.unroll(KS):
-                    T.gemm(a_w[ks, :, u * BK:(u + 1) * BK], b_w[ks, :, u * BK:(u + 1) * BK],
-                           part, transpose_B=True, clear_accum=True, policy=policy)
-                    for i, j in T.Parallel(BM, BN):
-                        acc[i, j] += part[i, j] * sc_all[i, ks * KS + u]
+                stage_mma(a_w, b_w, sc_all, part, acc, ks, ks)
         else:
             for ks in T.serial(NK):
                 T.sync_threads()   # every warp is done with the slot the next issue overwrites
@@ -456,12 +461,7 @@ def build_fp8_gemm(*, n: int, k: int, block_m: int, block_n: int, split: int, st
                 else:
                     T.ptx_wait_group(0)
                 T.sync_threads()
-                for u in T.unroll(KS):
-                    slot = T.floormod(ks, S)
-                    T.gemm(a_w[slot, :, u * BK:(u + 1) * BK], b_w[slot, :, u * BK:(u + 1) * BK], part,
-                           transpose_B=True, clear_accum=True, policy=policy)
-                    for i, j in T.Parallel(BM, BN):
-                        acc[i, j] += part[i, j] * sc_all[i, ks * KS + u]
+                stage_mma(a_w, b_w, sc_all, part, acc, T.floormod(ks, S), ks)
 
     mainloop = mainloop_ring if ring else mainloop_pipelined
 
