@@ -323,6 +323,27 @@ def test_logits_grid_is_whole_waves_of_what_the_sms_hold():
     assert grid_columns(5, 1026, 528, 528, 32) == 105    # 525, not 530
 
 
+def test_decode_logits_grid_is_one_wave_at_64_tokens():
+    """Hopper's decode sizes the grid for the logits width (graph capture), not the rows' lengths: with its decode cap
+    a 64-token batch over a 256K-context width (1,026 tiles) runs one wave of 8 CTAs a row, not four waves of 33 (each
+    CTA one valid tile at 8K context); prefill and the other schedules keep the 32-tile cap."""
+    from dsv4_jit.kernels.indexer.logits import DECODE_MAX_TILES_PER_CTA, MAX_TILES_PER_CTA, grid_columns
+    prof = get_profile("sm_90a")
+    spec = get_spec("indexer_decode_logits")
+    v = spec.select(prof, ops.decode_static(64, 128, 1, 64), 1)
+    assert v.p["max_tiles"] == DECODE_MAX_TILES_PER_CTA["hopper"] == 1024
+    for arch in ("sm_120a", "sm_121a", "sm_100a"):
+        assert spec.select(get_profile(arch), ops.decode_static(64, 128, 1, 64), 1).p["max_tiles"] == MAX_TILES_PER_CTA
+    assert get_spec("indexer_prefill_logits").select(prof, {"heads": 64, "dim": 128}, 1).p["max_tiles"] == \
+        MAX_TILES_PER_CTA == 32
+    tiles = 65600 // 64 + 1
+    assert grid_columns(64, tiles, v.p["target_ctas"], v.p["slots"], v.p["max_tiles"]) * 64 == 512   # one wave of 528
+    assert grid_columns(8, tiles, v.p["target_ctas"], v.p["slots"], v.p["max_tiles"]) == 66          # as with 32
+    assert grid_columns(1, tiles, v.p["target_ctas"], v.p["slots"], v.p["max_tiles"]) == 528
+    # a 1M-token max_model_len (4,097 tiles a row) still gives no CTA more than 1,024
+    assert grid_columns(600, 4097, 528, 528, 1024) == 5
+
+
 def test_uses_are_ratio4_only():
     m = load_model_config("deepseek-v4-flash")
     labels = [u.label for u in family._uses(m, ParallelConfig(tp_size=4))]

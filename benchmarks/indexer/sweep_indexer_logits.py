@@ -1,5 +1,5 @@
 """Grid and ring sweep for `indexer_decode_logits`: the logits kernel's target CTAs per SM (logits.CTAS_PER_SM: the
-grid holds at least that many CTAs an SM, in whole waves of what the SMs hold; MAX_TILES_PER_CTA raises it at
+grid holds at least that many CTAs an SM, in whole waves of what the SMs hold; DECODE_MAX_TILES_PER_CTA raises it for
 large batch) and its cp.async ring depth (--stages), timed at bench_indexer's points, each output checked against
 bench_indexer's torch logits. Each value is a separate variant (kernel parameters), compiled on first use.
 
@@ -33,8 +33,9 @@ def main() -> int:
     ap.add_argument("--ctas-per-sm", type=int, nargs="+", default=[2, 4, 8, 16])
     ap.add_argument("--contexts", type=int, nargs="+", default=[65536, 262144])
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 8, 64])
-    ap.add_argument("--max-tiles", type=int, default=None, help="logits.MAX_TILES_PER_CTA for every run (default: "
-                    "the module's); a large value reproduces the CTAS_PER_SM-only grid")
+    ap.add_argument("--max-tiles", type=int, default=None, help="logits.DECODE_MAX_TILES_PER_CTA of this GPU's "
+                    "schedule family for every run (default: the module's); a large value reproduces the "
+                    "CTAS_PER_SM-only grid")
     ap.add_argument("--stages", type=int, nargs="+", default=[None], help="the cp.async ring depth of this GPU's "
                     "schedule family (logits.SCHEDULES; default: the module's)")
     ap.add_argument("--out", default="bench_out/sweep_indexer_logits.json")
@@ -58,7 +59,7 @@ def main() -> int:
         lg_mod.CTAS_PER_SM = c
         lg_mod.SCHEDULES[arch.family] = (base[0], ns or base[1], base[2])
         if args.max_tiles:
-            lg_mod.MAX_TILES_PER_CTA = args.max_tiles
+            lg_mod.DECODE_MAX_TILES_PER_CTA[arch.family] = args.max_tiles
         jit._SELECT_MEMO.clear()   # select reads the constants: drop the memoised variants
         v = get_spec("indexer_decode_logits").select(arch, ops.decode_static(64, 128, 1, PAGE), 1)
         print(f"variant {v.name}", flush=True)
@@ -71,7 +72,7 @@ def main() -> int:
             kbytes = b * d["comp"] * 132
             pct = 100 * kbytes / (us * 1e-6) / 1e9 / bw if us else None
             rows.append({"ctas_per_sm": c, "stages": v.p["stages"], "slots": v.p.get("slots"),
-                         "max_tiles": lg_mod.MAX_TILES_PER_CTA, "ctx": ctx, "batch": b, "us": us, "why": why,
+                         "max_tiles": v.p["max_tiles"], "ctx": ctx, "batch": b, "us": us, "why": why,
                          "pct_copy": pct, "max_rel_err": err})
             print(f"CTAS_PER_SM={c:>2} stages={v.p['stages']} ctx={ctx:>6} B={b:>2}: {us:7.1f} us  {pct:5.1f}% of copy  err {err:.1e}",
                   flush=True)

@@ -80,10 +80,19 @@ SCHEDULES = {
 CTAS_PER_SM = 4
 MIN_BLOCKS = 4
 # Tiles one CTA walks at most: at large batch the CTAs per row grow past CTAS_PER_SM's share so no CTA walks more
-# than this many (valid or -inf) tiles. H100, 256K-context width (1,025 tiles), batch 64: 411 us with 9 CTAs per
-# row (114 tiles each), 320 us with 33 (32 each); batch 8 was fastest at CTAS_PER_SM 4 (50.6 us against 52.9 at
-# 8 and 55.5 at 16), benchmarks/indexer/sweep_indexer_logits.py.
+# than this many (valid or -inf) tiles. Prefill keeps 32. H100, 256K-context width (1,025 tiles), batch 64: 411 us
+# with 9 CTAs per row (114 tiles each), 320 us with 33 (32 each), measured before the grid came in whole waves (9 a
+# row is 576 CTAs on 528 slots: a second wave); batch 8 was fastest at CTAS_PER_SM 4 (50.6 us against 52.9 at 8 and
+# 55.5 at 16), benchmarks/indexer/sweep_indexer_logits.py.
 MAX_TILES_PER_CTA = 32
+# Decode on Hopper: the grid is sized for the logits width (max_model_len / ratio, for CUDA-graph capture), so the cap
+# of 32 made every row of a 64-token batch 33 CTAs (2,112, four waves) whatever its length: at 8K context each CTA had
+# one valid tile and the waves cost more than the tiles. With 1,024 a 64-token batch runs one wave (8 CTAs a row).
+# Per layer on an H100 (65,600 columns, no -inf fill, 8 layers a graph), cap 32 -> 1,024: 8K context x 32 / 64 / 128
+# tokens 10.6 -> 8.8, 16.7 -> 12.8, 28.7 -> 19.7 us; 64K x 32 / 64 / 128 36.1 -> 33.5, 66.9 -> 60.4, 127.7 -> 116.9;
+# 256K x 64 level (227.6 / 229.8); 1, 8 and 16 tokens unchanged (their grids are set by CTAS_PER_SM). SM12x and
+# sm_100a keep 32: SM12x's grid is sized for 188 SMs, which an H100 cannot judge (there, 64K x 64 85.5 -> 93.4).
+DECODE_MAX_TILES_PER_CTA = {"hopper": 1024}
 
 
 class _IntOps:
@@ -403,6 +412,7 @@ class IndexerDecodeLogitsSpec(_LogitsSpec):
 
     def select(self, arch: ArchProfile, static: Mapping[str, Any], num_tokens: int) -> Variant:
         p = self._common(arch, static, num_tokens)
+        p["max_tiles"] = DECODE_MAX_TILES_PER_CTA.get(arch.family, MAX_TILES_PER_CTA)
         next_n = int_param(self.name, static, "next_n", allowed=(1, 2, 3, 4))
         page_size = int_param(self.name, static, "page_size", allowed=(16, 32, 64, 128, 256))
         ratio = int_param(self.name, static, "ratio")
