@@ -325,7 +325,7 @@ def test_logits_grid_is_whole_waves_of_what_the_sms_hold():
 
 def test_decode_logits_grid_is_one_wave_at_64_tokens():
     """Hopper's decode sizes the grid for the logits width (graph capture), not the rows' lengths: with its decode cap
-    a 64-token batch over a 256K-context width (1,026 tiles) runs one wave of 8 CTAs a row, not four waves of 33 (each
+    a 64-token batch over a 256K-context width (1,025 tiles) runs one wave of 8 CTAs a row, not four waves of 33 (each
     CTA one valid tile at 8K context); prefill and the other schedules keep the 32-tile cap."""
     from dsv4_jit.kernels.indexer.logits import DECODE_MAX_TILES_PER_CTA, MAX_TILES_PER_CTA, grid_columns
     prof = get_profile("sm_90a")
@@ -336,7 +336,7 @@ def test_decode_logits_grid_is_one_wave_at_64_tokens():
         assert spec.select(get_profile(arch), ops.decode_static(64, 128, 1, 64), 1).p["max_tiles"] == MAX_TILES_PER_CTA
     assert get_spec("indexer_prefill_logits").select(prof, {"heads": 64, "dim": 128}, 1).p["max_tiles"] == \
         MAX_TILES_PER_CTA == 32
-    tiles = 65600 // 64 + 1
+    tiles = -(-65600 // 64)
     assert grid_columns(64, tiles, v.p["target_ctas"], v.p["slots"], v.p["max_tiles"]) * 64 == 512   # one wave of 528
     assert grid_columns(8, tiles, v.p["target_ctas"], v.p["slots"], v.p["max_tiles"]) == 66          # as with 32
     assert grid_columns(1, tiles, v.p["target_ctas"], v.p["slots"], v.p["max_tiles"]) == 528

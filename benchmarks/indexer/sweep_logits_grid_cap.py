@@ -61,7 +61,8 @@ def main() -> int:
                     "reference the others' outputs are compared with")
     ap.add_argument("--contexts", type=int, nargs="+", default=[8192, 65536])
     ap.add_argument("--batch", type=int, nargs="+", default=[16, 32, 64, 128])
-    ap.add_argument("--schedules", nargs="+", default=["sm_90a"])
+    ap.add_argument("--schedules", nargs="+", default=None, help="schedules to run (default: this GPU's; another is "
+                    "compiled for this GPU)")
     ap.add_argument("--width", type=int, default=262144 // RATIO + 64)
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--reps", type=int, default=5)
@@ -79,14 +80,15 @@ def main() -> int:
     from dsv4_jit.jit import kernel_getter
     from dsv4_jit.kernels.indexer import ops
     from dsv4_jit.spec import Variant
-    from benchmarks.harness import graph_us_or_reason, run_info
+    from benchmarks.harness import graph_us_or_reason
     from benchmarks.indexer.bench_indexer import make_inputs
     native = detect_arch().name
-    compile_all(args.schedules, args.caps, args.batch, native, args.jobs)
+    schedules = args.schedules or [native]
+    compile_all(schedules, args.caps, args.batch, native, args.jobs)
     g = torch.Generator(device="cuda").manual_seed(0)
     rows = []
     print(f"{torch.cuda.get_device_name()}; {args.layers} layers a graph, median of {args.reps}, us a layer")
-    for sched in args.schedules:
+    for sched in schedules:
         prof = profile_of(sched, native)
         selected = kernel_getter(prof)
 
@@ -132,30 +134,40 @@ def main() -> int:
                     for k in ("nofill", "fill", "step"):
                         for cap in args.caps:
                             us, why = graph_us_or_reason(fns[cap][k], reps=1)
-                            times[cap, k].append(us / len(sets) if us else float("nan"))
+                            if us:
+                                times[cap, k].append(us / len(sets))
                             if why:
                                 notes.append(f"cap {cap} {k}: {why}")
                 ref = outs[args.caps[0]]
                 row = {"schedule": sched, "ctx": ctx, "batch": b, "width": args.width, "layers": args.layers,
-                       "us": {f"{cap}/{k}": sorted(v)[len(v) // 2] for (cap, k), v in times.items()},
+                       # the median of the timed reps; None where no rep could be timed (the notes say why)
+                       "us": {f"{cap}/{k}": sorted(v)[len(v) // 2] if v else None for (cap, k), v in times.items()},
                        "identical": {str(cap): bool(torch.equal(o[0], ref[0]) and torch.equal(o[1], ref[1]))
                                      for cap, o in outs.items()},
                        "notes": notes}
                 rows.append(row)
-                cells = "  ".join(f"cap {cap}: {row['us'][f'{cap}/nofill']:.2f} / {row['us'][f'{cap}/fill']:.2f} / "
-                                  f"{row['us'][f'{cap}/step']:.2f}" for cap in args.caps)
+                fmt = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731
+                cells = "  ".join(f"cap {cap}: {fmt(row['us'][f'{cap}/nofill'])} / {fmt(row['us'][f'{cap}/fill'])} / "
+                                  f"{fmt(row['us'][f'{cap}/step'])}" for cap in args.caps)
                 print(f"{sched} {ctx:>6} x {b:>3} (nofill / fill / step)  {cells}  identical "
                       f"{all(row['identical'].values())}", flush=True)
+                write(args.out, rows, args.caps)   # after every point: a later failure keeps the rows timed
                 if not all(row["identical"].values()):
-                    raise RuntimeError(f"{sched} {ctx} x {b}: a cap changed the logits or the top-k: {row['identical']}")
+                    raise RuntimeError(f"{sched} {ctx} x {b}: a cap changed the logits or the top-k: "
+                                       f"{row['identical']}")
                 del sets
                 torch.cuda.empty_cache()
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"device": torch.cuda.get_device_name(), **run_info(), "caps": args.caps,
-                               "rows": rows}, indent=1))
-    print(f"wrote {out}")
+    print(f"wrote {args.out}")
     return 0
+
+
+def write(path: str, rows: list, caps: list) -> None:
+    import torch
+    from benchmarks.harness import run_info
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"device": torch.cuda.get_device_name(), **run_info(), "caps": caps, "rows": rows},
+                              indent=1))
 
 
 if __name__ == "__main__":
