@@ -147,16 +147,20 @@ def write_rows(path: str, rows: list, **extra) -> Path:
     return out
 
 
+def schedule_profile(schedule: str, arch: str):
+    """The arch profile that runs `schedule` on a GPU of `arch`: its own, or the schedule emulated on that arch."""
+    from dsv4_jit.arch import get_profile
+    return get_profile(arch) if schedule == arch else get_profile(schedule).emulated(get_profile(arch))
+
+
 def compile_job(job: tuple) -> str:
     """(kernel name, params, arch, schedule) -> compiled into the default store; for a ProcessPoolExecutor map
     (the store's per-key locks make parallel compiles safe). A schedule other than the arch is compiled emulated
     on it. A failure is only named: the caller's timed loop reports it again."""
     from dsv4_jit import jit
-    from dsv4_jit.arch import get_profile
     from dsv4_jit.spec import Variant, get_spec
     name, params, arch, schedule = job
-    prof = get_profile(arch) if schedule == arch else get_profile(schedule).emulated(get_profile(arch))
-    v = Variant.make(name, params, prof, schedule)
+    v = Variant.make(name, params, schedule_profile(schedule, arch), schedule)
     try:
         jit.compile_variant(get_spec(name), v)
         return f"compiled {v.name}"

@@ -20,21 +20,16 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: benchmarks.* imports
-from benchmarks.harness import compile_job  # noqa: E402
+from benchmarks.harness import compile_job, schedule_profile  # noqa: E402
 
 HEADS, DIM, PAGE, TOPK, RATIO = 64, 128, 64, 512, 4
-
-
-def profile_of(schedule: str, native: str = "sm_90a"):
-    from dsv4_jit.arch import get_profile
-    return get_profile(schedule) if schedule == native else get_profile(schedule).emulated(get_profile(native))
 
 
 def logits_params(schedule: str, clean: bool, cap: int, native: str) -> dict:
     from dsv4_jit.kernels.indexer.ops import decode_static
     from dsv4_jit.spec import get_spec
     spec = get_spec("indexer_decode_logits")
-    return {**spec.select(profile_of(schedule, native), decode_static(HEADS, DIM, 1, PAGE, RATIO, clean), 1).p,
+    return {**spec.select(schedule_profile(schedule, native), decode_static(HEADS, DIM, 1, PAGE, RATIO, clean), 1).p,
             "max_tiles": cap}
 
 
@@ -47,8 +42,8 @@ def compile_all(schedules, caps, batches, native: str, jobs: int) -> None:
         spec = get_spec(name)
         for s in schedules:
             for b in batches:
-                todo.append((name, dict(spec.select(profile_of(s, native), {"topk": TOPK, "page_size": PAGE}, b).p),
-                             native, s))
+                v = spec.select(schedule_profile(s, native), {"topk": TOPK, "page_size": PAGE}, b)
+                todo.append((name, dict(v.p), native, s))
     with ProcessPoolExecutor(jobs) as ex:
         for r in ex.map(compile_job, todo):
             if not r.startswith("compiled"):
@@ -89,7 +84,7 @@ def main() -> int:
     rows = []
     print(f"{torch.cuda.get_device_name()}; {args.layers} layers a graph, median of {args.reps}, us a layer")
     for sched in schedules:
-        prof = profile_of(sched, native)
+        prof = schedule_profile(sched, native)
         selected = kernel_getter(prof)
 
         def getter(cap):

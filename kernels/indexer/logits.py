@@ -364,6 +364,8 @@ def build_logits(*, paged: bool, heads: int, dim: int, group: int, block_n: int,
 class _LogitsSpec(KernelSpec):
     paged = False
     arg_names: tuple = ()
+    # per schedule family, the tiles one CTA walks at most where it is not MAX_TILES_PER_CTA
+    max_tiles_by_family: Mapping[str, int] = {}
 
     def _common(self, arch: ArchProfile, static: Mapping[str, Any], num_tokens: int) -> dict:
         check_arch(self.name, arch)
@@ -373,7 +375,8 @@ class _LogitsSpec(KernelSpec):
         block_n, stages, threads = SCHEDULES[arch.family]
         return {"heads": heads, "dim": dim, "block_n": block_n, "stages": stages, "threads": threads,
                 "operand": arch.fp8_mma_operand, "wgmma": arch.has_wgmma and arch.fp8_mma_operand != FP8,
-                "target_ctas": CTAS_PER_SM * arch.num_sms_hint, "max_tiles": MAX_TILES_PER_CTA}
+                "target_ctas": CTAS_PER_SM * arch.num_sms_hint,
+                "max_tiles": self.max_tiles_by_family.get(arch.family, MAX_TILES_PER_CTA)}
 
     @staticmethod
     def _with_slots(p: dict, arch: ArchProfile) -> dict:
@@ -404,6 +407,7 @@ class IndexerDecodeLogitsSpec(_LogitsSpec):
     ranges)."""
     name = "indexer_decode_logits"
     paged = True
+    max_tiles_by_family = DECODE_MAX_TILES_PER_CTA
     arg_names = ("q", "q_scale", "weights", "kv_f32", "kv_fp8", "seq_lens", "block_table", "logits", "row_info")
 
     def static_params(self, model, parallel) -> dict[str, Any]:
@@ -412,7 +416,6 @@ class IndexerDecodeLogitsSpec(_LogitsSpec):
 
     def select(self, arch: ArchProfile, static: Mapping[str, Any], num_tokens: int) -> Variant:
         p = self._common(arch, static, num_tokens)
-        p["max_tiles"] = DECODE_MAX_TILES_PER_CTA.get(arch.family, MAX_TILES_PER_CTA)
         next_n = int_param(self.name, static, "next_n", allowed=(1, 2, 3, 4))
         page_size = int_param(self.name, static, "page_size", allowed=(16, 32, 64, 128, 256))
         ratio = int_param(self.name, static, "ratio")
