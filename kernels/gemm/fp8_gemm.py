@@ -324,7 +324,7 @@ def ring_wait(stages: int, n_iters: int, i: int) -> int:
 
 def build_fp8_gemm(*, n: int, k: int, block_m: int, block_n: int, split: int, stages: int, threads: int,
                    groups: int = 1, ring: bool = False, k_stage: int = 1, wgmma: bool = False,
-                   tiles_per_cta: int = 1, fill: bool = False):
+                   tiles_per_cta: int = 1, fill: bool = False, panel: int = 10):
     import tilelang.language as T
 
     BM, BN, BK = block_m, block_n, BLOCK_K
@@ -382,7 +382,7 @@ def build_fp8_gemm(*, n: int, k: int, block_m: int, block_n: int, split: int, st
             # CTA an SM) but two CTAs an SM (90 registers)
             T.no_set_max_nreg()
             T.annotate_min_blocks_per_sm(2)
-        T.use_swizzle(panel_size=10)
+        T.use_swizzle(panel_size=panel)
         T.clear(acc)
         if STORE_IN_LOOP:
             c_s = T.alloc_shared((BM, BN), "bfloat16")
@@ -630,7 +630,8 @@ class Fp8GemmSpec(_GemmSpecBase):
         return build_fp8_gemm(n=p["n"], k=p["k"], block_m=p["block_m"], block_n=p["block_n"], split=p["split"],
                               stages=p["stages"], threads=p["threads"], groups=p["groups"],
                               ring=p.get("ring", False), k_stage=p.get("k_stage", 1), wgmma=p.get("wgmma", False),
-                              tiles_per_cta=p.get("tiles_per_cta", 1), fill=p.get("fill", False))
+                              tiles_per_cta=p.get("tiles_per_cta", 1), fill=p.get("fill", False),
+                              panel=p.get("panel", 10))
 
 
 @register
