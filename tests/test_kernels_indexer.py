@@ -579,6 +579,20 @@ def test_split_kernel_threads_follow_the_splits():
     assert spec.select(get_profile("sm_90a"), st, 64).p["splits"] == 2
 
 
+def test_hopper_two_split_rows_up_to_96k_context_are_one_cta_each():
+    """At 2 splits (34-66 rows on 132 SMs) Hopper selects rows up to 24,576 columns (a 96K context at ratio 4) with
+    one CTA and no row barriers; 4-16 splits, SM12x and sm_100a keep rows above 8,192 columns split
+    (topk.SOLO_MAX_TWO_SPLITS)."""
+    spec = get_spec("indexer_topk_split")
+    st = {"topk": 512, "page_size": 64}
+    solo = {(a, t): spec.select(get_profile(a), st, t).p["solo"]
+            for a in ("sm_90a", "sm_120a", "sm_100a") for t in (1, 12, 24, 40, 64)}
+    assert [solo["sm_90a", t] for t in (1, 12, 24, 40, 64)] == [8_192, 8_192, 8_192, 24_576, 24_576]
+    assert {v for (a, _), v in solo.items() if a != "sm_90a"} == {8_192}
+    # the solo row is held whole in the CTA's resident buffer
+    assert spec.select(get_profile("sm_90a"), st, 64).p["resident"] >= 24_576
+
+
 def test_topk_splits_fill_the_gpu_and_stop_at_one_cta_per_row():
     from dsv4_jit.kernels.indexer.topk import topk_splits
     assert [topk_splits(t, 132) for t in (1, 8, 9, 33, 34, 64, 66, 67, 132, 4096)] == [16, 16, 8, 4, 2, 2, 2, 1, 1, 1]

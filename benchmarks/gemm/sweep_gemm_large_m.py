@@ -74,6 +74,9 @@ def main() -> int:
     ap.add_argument("--stages", type=int, nargs="+", default=None, help="select's pick at these pipeline depths")
     ap.add_argument("--panel", type=int, nargs="+", default=None,
                     help="with --stages: these rasterization panel widths (T.use_swizzle; 10 is the default)")
+    ap.add_argument("--models", nargs="+", default=["deepseek-v4-flash:1", "deepseek-v4-pro:8"],
+                    help="MODEL:TP pairs whose FP8 weight shapes are swept")
+    ap.add_argument("--shape", default="", help="only the shapes whose label contains this text")
     ap.add_argument("-j", "--jobs", type=int, default=16)
     ap.add_argument("--out", default="bench_out/sweep_gemm_large_m.json")
     args = ap.parse_args()
@@ -83,8 +86,10 @@ def main() -> int:
         raise SystemExit(f"--m: the large-M form starts past M = {gk.SPLIT_MAX_M}")
     prof = get_profile("sm_90a")
     plan = []
-    for model, tp in (("deepseek-v4-flash", 1), ("deepseek-v4-pro", 8)):
+    for model, tp in ((x.rsplit(":", 1)[0], int(x.rsplit(":", 1)[1])) for x in args.models):
         for s in gemm_shapes(load_model_config(model), tp):
+            if args.shape not in s["label"]:
+                continue
             for m in args.m:
                 base, cands = candidates(prof, s["n"], s["k"], s["groups"], m, args.block_n, args.tiles_per_cta,
                                          args.small_tile, args.stages, args.panel)

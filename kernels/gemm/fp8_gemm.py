@@ -245,7 +245,16 @@ def wgmma_params(n: int, k: int, kb: int, groups: int, num_tokens: int, decode_b
             split = 1
             extra = {"tiles_per_cta": tiles_per_cta(n // block_n, tiles, num_sms, kb)}
     return {"n": n, "k": k, "groups": groups, "block_m": block_m, "block_n": block_n, "split": split,
-            "threads": threads, "stages": max(1, min(_WGMMA_TILE[3], kb // split)), "wgmma": True, **extra}
+            "threads": threads, "stages": wgmma_stages(kb // split, extra.get("tiles_per_cta", 1)), "wgmma": True,
+            **extra}
+
+
+def wgmma_stages(k_blocks: int, tiles: int) -> int:
+    """Pipeline stages of the WGMMA form: _WGMMA_TILE's, at most the K blocks its one pipelined loop walks (a CTA's
+    `tiles` N tiles x its `k_blocks` each: the loop runs on from one tile into the next). V4-Pro TP 8's shared expert
+    w2 (K = 384, 3 K blocks, 4 tiles a CTA) with 4 stages instead of 3: 26.4 -> 25.3 us at M = 2,048, 87.3 -> 83.0
+    at 8,192 (H100, sweep_gemm_large_m.py --stages)."""
+    return max(1, min(_WGMMA_TILE[3], k_blocks * tiles))
 
 
 def tiles_per_cta(n_tiles: int, tiles: int, num_sms: int, k_blocks: int) -> int:

@@ -627,6 +627,13 @@ ROW_WS = WS_CK + CAND_MAX
 # Rows up to this many columns (and the resident size) are selected by one CTA from shared memory (no row barriers)
 # when the split kernel runs (faster than splitting them: sweep_topk); longer rows are split over the row's CTAs.
 SOLO_MAX = 8192
+# ... and per schedule family at 2 splits (34-66 rows on Hopper's 132 SMs, where each row's CTAs have SMs of their
+# own either way): one CTA per row, no row barriers, up to this many columns. H100, 8K-32K-column rows at 12-64 rows
+# (the split kernel's graph time, logits in L2): at 2 splits 16,384 columns 11.7 -> 10.3 us (40 rows), 11.9 -> 10.4
+# (64); 24,576 columns 13.8 -> 12.7, 14.1 -> 12.8; 8,192 level; 32,768 level (15.0 / 14.9), so those stay split. At
+# 4 and 8 splits (fewer rows) one CTA per row was slower from 16,384 / 24,576 columns (8 splits, 16,384: 9.5 ->
+# 10.2), so they keep SOLO_MAX. SM12x keeps it too (unmeasured there).
+SOLO_MAX_TWO_SPLITS = {"hopper": 24_576}
 
 
 def build_topk_split(*, topk: int, page_size: int, threads: int, splits: int, resident: int, solo: int = SOLO_MAX):
@@ -1035,7 +1042,7 @@ class IndexerTopkSplitSpec(KernelSpec):
         threads, cap = split_schedule(splits)
         p = {"topk": topk, "page_size": page_size, "threads": threads, "splits": splits}
         p["resident"] = min(cap, resident_keys(arch, topk_split_smem_bytes(p), ctas_per_sm=1))
-        p["solo"] = SOLO_MAX
+        p["solo"] = SOLO_MAX_TWO_SPLITS.get(arch.family, SOLO_MAX) if splits == 2 else SOLO_MAX
         return Variant.make(self.name, p, arch, schedule_name(arch))
 
     def smem_bytes(self, variant: Variant) -> int:
