@@ -252,7 +252,7 @@ def wgmma_params(n: int, k: int, kb: int, groups: int, num_tokens: int, decode_b
 def wgmma_stages(k_blocks: int, tiles: int) -> int:
     """Pipeline stages of the WGMMA form: _WGMMA_TILE's, at most the K blocks its one pipelined loop walks (a CTA's
     `tiles` N tiles x its `k_blocks` each: the loop runs on from one tile into the next). V4-Pro TP 8's shared expert
-    w2 (K = 384, 3 K blocks, 4 tiles a CTA) with 4 stages instead of 3: 26.4 -> 25.3 us at M = 2,048, 87.3 -> 83.0
+    w2 (K = 384, 3 K blocks, 4 tiles a CTA) with 4 stages instead of 3: 25.9 -> 25.0 us at M = 2,048, 87.3 -> 82.7
     at 8,192 (H100, sweep_gemm_large_m.py --stages)."""
     return max(1, min(_WGMMA_TILE[3], k_blocks * tiles))
 
