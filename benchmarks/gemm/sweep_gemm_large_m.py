@@ -52,6 +52,7 @@ def candidates(prof, n: int, k: int, groups: int, m: int, widths: list[int], cou
                 out.append(p)
     if small_tile and n % 64 == 0:
         for t in counts:
+            t = t or base.get("tiles_per_cta", 1)
             if (n // 64) % t == 0:
                 out.append({**base, "block_m": 64, "block_n": 64, "threads": 128, "tiles_per_cta": t})
     for bn in widths:
@@ -80,6 +81,11 @@ def main() -> int:
     ap.add_argument("-j", "--jobs", type=int, default=16)
     ap.add_argument("--out", default="bench_out/sweep_gemm_large_m.json")
     args = ap.parse_args()
+    if args.panel and not args.stages:
+        raise SystemExit("--panel varies select's pick at each --stages count: give --stages too")
+    bad = [x for x in args.models if ":" not in x or not x.rsplit(":", 1)[1].isdigit()]
+    if bad:
+        raise SystemExit(f"--models: MODEL:TP pairs, e.g. deepseek-v4-pro:8 (got {bad})")
     if not torch.cuda.is_available():
         raise SystemExit("sweep_gemm_large_m.py needs a CUDA GPU (Hopper)")
     if min(args.m) <= gk.SPLIT_MAX_M:
@@ -129,7 +135,7 @@ def main() -> int:
             row.update(us=us, why=why, tflops=tf, max_token_rel_err=err)
             rows.append(row)
             print(f"{mdl} TP{tp} {s['label'][:22]:<22} M={m:<5} bm={p['block_m']:<3} bn={p['block_n']:<3} "
-                  f"tpc={p['tiles_per_cta']} st={p['stages']} panel={p.get('panel', 10)}: "
+                  f"tpc={p.get('tiles_per_cta', 1)} st={p['stages']} panel={p.get('panel', 10)}: "
                   f"{us if us is None else round(us, 1)} us {tf if tf is None else round(tf)} TFLOP/s err "
                   f"{'-' if err is None else f'{err:.1e}'}{'  <- select' if row['selected'] else ''}", flush=True)
         del a, sa, b, sb, c, ref
