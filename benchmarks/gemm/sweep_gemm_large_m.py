@@ -46,7 +46,7 @@ def candidates(prof, n: int, k: int, groups: int, m: int, widths: list[int], cou
     for st in stages or []:
         for pn in panels or [None]:
             p = {**base, "stages": st}
-            if pn is not None and pn != 10:   # 10: the builder's default, left out of the params
+            if pn is not None and pn != gk.WGMMA_PANEL:   # the builder's default is left out of the params
                 p["panel"] = pn
             if p not in out:
                 out.append(p)
@@ -83,16 +83,16 @@ def main() -> int:
     args = ap.parse_args()
     if args.panel and not args.stages:
         raise SystemExit("--panel varies select's pick at each --stages count: give --stages too")
-    bad = [x for x in args.models if ":" not in x or not x.rsplit(":", 1)[1].isdigit()]
-    if bad:
-        raise SystemExit(f"--models: MODEL:TP pairs, e.g. deepseek-v4-pro:8 (got {bad})")
+    pairs = [x.rsplit(":", 1) for x in args.models]
+    if any(len(x) != 2 or not x[1].isdigit() for x in pairs):
+        raise SystemExit(f"--models: MODEL:TP pairs, e.g. deepseek-v4-pro:8 (got {args.models})")
     if not torch.cuda.is_available():
         raise SystemExit("sweep_gemm_large_m.py needs a CUDA GPU (Hopper)")
     if min(args.m) <= gk.SPLIT_MAX_M:
         raise SystemExit(f"--m: the large-M form starts past M = {gk.SPLIT_MAX_M}")
     prof = get_profile("sm_90a")
     plan = []
-    for model, tp in ((x.rsplit(":", 1)[0], int(x.rsplit(":", 1)[1])) for x in args.models):
+    for model, tp in ((x[0], int(x[1])) for x in pairs):
         for s in gemm_shapes(load_model_config(model), tp):
             if args.shape not in s["label"]:
                 continue
@@ -135,7 +135,7 @@ def main() -> int:
             row.update(us=us, why=why, tflops=tf, max_token_rel_err=err)
             rows.append(row)
             print(f"{mdl} TP{tp} {s['label'][:22]:<22} M={m:<5} bm={p['block_m']:<3} bn={p['block_n']:<3} "
-                  f"tpc={p.get('tiles_per_cta', 1)} st={p['stages']} panel={p.get('panel', 10)}: "
+                  f"tpc={p.get('tiles_per_cta', 1)} st={p['stages']} panel={p.get('panel', gk.WGMMA_PANEL)}: "
                   f"{us if us is None else round(us, 1)} us {tf if tf is None else round(tf)} TFLOP/s err "
                   f"{'-' if err is None else f'{err:.1e}'}{'  <- select' if row['selected'] else ''}", flush=True)
         del a, sa, b, sb, c, ref

@@ -81,6 +81,9 @@ _LARGE_TILE = (64, 128, 128)
 # a 64 x block_n wgmma tile. The per-K-block scales are read by the consumers from global memory (a SIMT store by
 # the producer would cost it the setmaxnreg split). Not an SM12x path: SM120 has no WGMMA.
 _WGMMA_TILE = (128, 128, 256, 4)
+# the WGMMA form's CTA rasterization panel (T.use_swizzle): the default, left out of the variant params; 4 and 16
+# measured level with it (sweep_gemm_large_m.py --panel)
+WGMMA_PANEL = 10
 # what a CTA's pipeline fill and last epilogue cost, in K blocks of its main loop (tiles_per_cta below 4 waves; any
 # value from 2 to 16 picks the same counts on the 26 swept V4 points)
 _TILE_FILL_BLOCKS = 8
@@ -333,7 +336,7 @@ def ring_wait(stages: int, n_iters: int, i: int) -> int:
 
 def build_fp8_gemm(*, n: int, k: int, block_m: int, block_n: int, split: int, stages: int, threads: int,
                    groups: int = 1, ring: bool = False, k_stage: int = 1, wgmma: bool = False,
-                   tiles_per_cta: int = 1, fill: bool = False, panel: int = 10):
+                   tiles_per_cta: int = 1, fill: bool = False, panel: int = WGMMA_PANEL):
     import tilelang.language as T
 
     BM, BN, BK = block_m, block_n, BLOCK_K
@@ -640,7 +643,7 @@ class Fp8GemmSpec(_GemmSpecBase):
                               stages=p["stages"], threads=p["threads"], groups=p["groups"],
                               ring=p.get("ring", False), k_stage=p.get("k_stage", 1), wgmma=p.get("wgmma", False),
                               tiles_per_cta=p.get("tiles_per_cta", 1), fill=p.get("fill", False),
-                              panel=p.get("panel", 10))
+                              panel=p.get("panel", WGMMA_PANEL))
 
 
 @register
