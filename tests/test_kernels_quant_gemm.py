@@ -232,6 +232,8 @@ def test_gemm_select_ladder_and_split():
                         if arch.has_wgmma and t > 32 and not mid:
                             # Hopper from 33 rows: 64 x 64 WGMMA tiles, split until the CTAs reach 2/3 of the SMs
                             assert (p["block_m"], p["block_n"], p["threads"], p["wgmma"]) == (64, 64, 128, True)
+                            # launched by PDL, its first stages of weight sent to L2 before the grid sync
+                            assert p["pdl_prefetch"] == p["stages"] >= 1
                             want = -(-2 * arch.num_sms_hint // 3)
                             smaller = [d for d in range(1, p["split"]) if kb % d == 0]
                             assert all(tiles * d < want for d in smaller)   # the fewest splits that reach it
@@ -251,7 +253,7 @@ def test_gemm_select_ladder_and_split():
                         # Hopper: 64-row WGMMA tiles up to 128 rows where they are 64 columns wide, else 128 x 128
                         rows = 128 if arch.has_wgmma and (t > 128 or p["block_n"] == 128) else 64
                         assert p["block_m"] == rows and kb % p["split"] == 0
-                        assert p.get("wgmma", False) == arch.has_wgmma
+                        assert p.get("wgmma", False) == arch.has_wgmma and "pdl_prefetch" not in p
                         assert p["split"] == 1 or p["split"] * 256 * 4 <= s["k"]     # partials <= weight bytes
                     if arch.has_wgmma:   # N tiles a CTA divide the row; from 4 waves up never fewer CTAs than
                         for t in (257, 1000, 2049, 8192):   # SMs, below that the fewest waves x (K blocks + fill)
@@ -366,6 +368,25 @@ def test_ring_fill_requests_every_weight_stage_before_the_grid_sync(tmp_path):
     with pytest.raises(ValueError, match="fill needs the decode ring"):
         gemm_kernel.build_fp8_gemm(n=8192, k=1024, block_m=16, block_n=64, split=1, stages=2, threads=128,
                                    ring=True, k_stage=2, fill=True)
+
+
+@pytest.mark.compile
+def test_wgmma_decode_prefetches_its_weight_before_the_grid_sync(tmp_path):
+    """Hopper's 33..64-row WGMMA form: one L2 bulk prefetch per weight row of its first `stages` K blocks, then the
+    PDL trigger and the grid dependency sync, and no TMA load before them (cross-compiled, no GPU)."""
+    from dsv4_jit import jit
+    spec = get_spec("fp8_gemm")
+    v = spec.select(get_profile("sm_90a"), gops.gemm_static(32768, 1024), 64)
+    assert (v.p["wgmma"], v.p["stages"], v.p["pdl_prefetch"]) == (True, 4, 4)
+    jit.compile_to_dir(spec, v, tmp_path)
+    body = (tmp_path / jit.SOURCE_NAME).read_text()
+    body = body[body.index("__launch_bounds__"):]
+    pre = body[:body.index("cudaGridDependencySynchronize()")]
+    assert "dsv4_prefetch_l2(" in pre and ", 512);" in pre   # 4 K blocks of 128 B a row
+    assert "cudaTriggerProgrammaticLaunchCompletion()" in pre and "tma_load" not in pre
+    with pytest.raises(ValueError, match="pdl_prefetch belongs to the WGMMA form"):
+        gemm_kernel.build_fp8_gemm(n=8192, k=1024, block_m=16, block_n=64, split=1, stages=2, threads=128,
+                                   ring=True, k_stage=2, pdl_prefetch=2)
 
 
 def test_decode_selects_the_ring_within_budget():

@@ -10,6 +10,8 @@ timer around a graph of one 1-element kernel: what any single-launch op costs he
     python benchmarks/gemm/sweep_gemm_decode.py --schedule sm_120a --m 1 64 -j 16 --out bench_out/sweep_gemm.json
     python benchmarks/gemm/sweep_gemm_decode.py --schedule sm_90a --model deepseek-v4-pro --tp 8 --m 1 8 32 \
         --picked-only --fill -j 14      (the pick with and without fill)
+    python benchmarks/gemm/sweep_gemm_decode.py --schedule sm_90a --m 64 --picked-only --wgmma --pdl-ab -j 15
+                                        (Hopper's WGMMA tiles without PDL and with each L2 prefetch depth)
 """
 from __future__ import annotations
 
@@ -48,7 +50,7 @@ def candidates(prof, n: int, k: int, groups: int, m: int, args) -> list[dict]:
     if args.wgmma and prof.has_wgmma:
         # Hopper's WGMMA form (TMA, warp specialization) at decode sizes: the 64 x 64 tile at each split, and
         # wgmma_params' own pick from both N-tile rules
-        for split in splits:
+        for split in ([] if args.pdl_ab else splits):
             ctas = groups * (n // 64) * split
             if split == 1 or prof.num_sms_hint // 2 <= ctas <= args.max_waves * prof.num_sms_hint:
                 out.append({"n": n, "k": k, "groups": groups, "block_m": 64, "block_n": 64, "split": split,
@@ -56,6 +58,26 @@ def candidates(prof, n: int, k: int, groups: int, m: int, args) -> list[dict]:
         for dbn in (64, 128):
             d_split = gk.decode_split(groups * n // dbn, kb, prof.num_sms_hint)
             out.append(gk.wgmma_params(n, k, kb, groups, max(m, 65), dbn, d_split, prof.num_sms_hint))
+        if m <= gk.DECODE_MAX_M and n % 128 == 0:
+            # 64 x 128 tiles over two consumer warp groups (each a 64 x 64 slice): the activation tile is read
+            # by half the CTAs; split as wgmma_params counts it, and one step more
+            share, of = gk.WGMMA_DECODE_SM_SHARE
+            s0 = gk.decode_split(groups * n // 128, kb, -(-share * prof.num_sms_hint // of))
+            for split in sorted({s0, *[d for d in splits if d > s0][:1]}):
+                for st in (3, 4):
+                    out.append({"n": n, "k": k, "groups": groups, "block_m": 64, "block_n": 128, "split": split,
+                                "threads": 256, "stages": max(1, min(st, kb // split)), "wgmma": True})
+        # --pdl-ab: the pick, and the 64-row WGMMA candidates of the fewest splits each without PDL and with it,
+        # prefetching into L2 before the grid sync the first `stages` K blocks of the CTA's weight rows or its whole
+        # share (fp8_gemm's pdl_prefetch)
+        if args.pdl_ab:
+            def least_split(q):   # the fewest splits among the 64-row candidates of q's N tile
+                return q["split"] == min(r["split"] for r in out if r.get("wgmma") and r["block_m"] == 64
+                                         and r["block_n"] == q["block_n"])
+            keep = [{q_: v for q_, v in q.items() if q_ != "pdl_prefetch"} for q in out
+                    if q.get("wgmma") and q["block_m"] == 64 and least_split(q) and q["stages"] == min(4, kb // q["split"])]
+            out = [picked] + keep + [{**q, "pdl_prefetch": pf} for q in keep
+                                     for pf in sorted({q["stages"], kb // q["split"]})]
     for block_m, bn, split, ring, ks, thr in itertools.product(block_ms, args.block_n, splits, args.ring,
                                                                args.k_stage, args.threads):
         if args.picked_only:
@@ -97,6 +119,10 @@ def main() -> int:
     ap.add_argument("--picked-only", action="store_true",
                     help="only the pick, the pick with each --block-m, and (--wgmma) the WGMMA forms")
     ap.add_argument("--wgmma", action="store_true", help="also Hopper's WGMMA form at decode sizes (sm_90a only)")
+    ap.add_argument("--n", type=int, nargs="+", default=None, help="only the shapes with these N")
+    ap.add_argument("--pdl-ab", action="store_true", help="with --wgmma: only the pick and the 64-row WGMMA tiles "
+                    "(64 and 128 columns) of the fewest splits, each without PDL and with pdl_prefetch = its stages "
+                    "and = its whole K share")
     ap.add_argument("--fill", action="store_true", help="each ring candidate whose K share fits its ring both with "
                     "its whole share requested before the grid sync (fill) and with the first stages - 1")
     ap.add_argument("--ring", type=int, nargs="+", default=[0, 1],
@@ -115,7 +141,7 @@ def main() -> int:
     from dsv4_jit.model_config import load_model_config
     hopper = get_profile("sm_90a")
     prof = hopper if args.schedule == "sm_90a" else get_profile(args.schedule).emulated(hopper)
-    shapes = gemm_shapes(load_model_config(args.model), args.tp)
+    shapes = [s for s in gemm_shapes(load_model_config(args.model), args.tp) if not args.n or s["n"] in args.n]
     plan = [(s, m, candidates(prof, s["n"], s["k"], s["groups"], m, args)) for s in shapes for m in args.m]
     if args.jobs > 1:
         from concurrent.futures import ProcessPoolExecutor
@@ -189,7 +215,7 @@ def main() -> int:
             print(f"{s['label'][:28]:<28} {groups * k:>6}->{groups * n:<6} M={m:<3} bm={p['block_m']:<3} bn={p['block_n']:<3} "
                   f"split={p['split']:<3} st={p['stages']} ring={int(p.get('ring', False))} "
                   f"ks={p.get('k_stage', 1)} thr={p['threads']}{' wgmma' if p.get('wgmma') else ''}"
-                  f"{' fill' if p.get('fill') else ''}: "
+                  f"{' fill' if p.get('fill') else ''}{' pdl ' + str(p['pdl_prefetch']) if 'pdl_prefetch' in p else ''}: "
                   f"{us if us is None else round(us, 1)} us {pct if pct is None else round(pct, 1)}% | per layer "
                   f"{lus if lus is None else round(lus, 1)} us {lpct if lpct is None else round(lpct, 1)}% "
                   f"err {err:.1e}{'  <- select' if row['selected'] else ''}", flush=True)

@@ -27,6 +27,8 @@ Schedules (`select` picks one of four by the token count; the same on every arch
     whole share where it fits the ring and the grid is one wave: see ring_fill). All
     the CTA's scale products load once, not per K block. act_quant_fp8 (the GEMM's usual predecessor) has no
     PDL trigger: it gave no measurable overlap.
+    On Hopper the 33..64-row WGMMA form below is launched by PDL too: it sends its first weight stages to L2
+    before the grid dependency sync (see wgmma_params).
   * batched decode, 64 < M <= 256: the same 64-row tiles (2..4 M tiles), split-K counted for 2 M tiles and
     capped so the partials (split x 256 x N fp32) never outweigh the weight (N x K fp8): a 128 x 128 tile
     would give e.g. the fused wq_a+wkv (N = 1,536) only 12..24 CTAs. On Hopper the WGMMA form below runs it
@@ -222,7 +224,13 @@ def wgmma_params(n: int, k: int, kb: int, groups: int, num_tokens: int, decode_b
     """Hopper past the 32-row decode ring (M > 32). Up to 64 rows: 64 x 64 tiles over one consumer warp group, two
     CTAs an SM (registers capped), split-K until the CTAs reach 2/3 of the SMs; per layer on an H100 against the
     64-row mma.sync ring at M = 64: 1.0-1.4x faster at every V4-Flash TP 1 / V4-Pro TP 8 shape (e.g. V4-Flash
-    wo_a 21.9 -> 17.7 us, V4-Pro wq_b 13.0 -> 9.4; benchmarks/gemm/sweep_gemm_decode.py --wgmma). Up to 128 rows
+    wo_a 21.9 -> 17.7 us, V4-Pro wq_b 13.0 -> 9.4; benchmarks/gemm/sweep_gemm_decode.py --wgmma). Those are launched
+    by PDL and prefetch their first `stages` K blocks of weight into L2 before the grid dependency sync
+    (`pdl_prefetch`); per layer on an H100, 6 layers a graph, against the same tiles without: V4-Flash wq_b 18.6 ->
+    16.9 us, wo_b 21.0 -> 19.2, indexer wq_b 8.2 -> 7.1, shared expert w1+w3 13.7 -> 11.7, w2 10.1 -> 8.0, wo_a level
+    (18.3); V4-Pro TP 8 wq_b 10.1 -> 9.2, wo_b 11.2 -> 10.4, shared expert w2 5.3 -> 4.2 (sweep_gemm_decode.py
+    --wgmma --pdl-ab). Prefetching the CTA's whole K share instead was slower where the grid's shares outgrow L2
+    (V4-Flash wo_a 22.6, wo_b 20.9). Up to 128 rows
     where the mma.sync rule picked 64-column tiles: those tiles and split. Otherwise the 128 x 128 tile over two
     consumer warp groups, split-K (M <= 256) as the batched decode counts it: faster than the mma.sync form at
     every V4-Flash shape but wo_a (benchmarks/RESULTS.md)."""
@@ -231,6 +239,7 @@ def wgmma_params(n: int, k: int, kb: int, groups: int, num_tokens: int, decode_b
         share, of = WGMMA_DECODE_SM_SHARE
         block_m, block_n, threads = DECODE_MAX_M, 64, 128
         split = decode_split(groups * n // block_n, kb, -(-share * num_sms // of))
+        extra = {"pdl_prefetch": wgmma_stages(kb // split, 1)}
     elif num_tokens <= 2 * DECODE_MAX_M and decode_block_n == 64:
         block_m, block_n, threads, split = DECODE_MAX_M, 64, 128, decode_split_k
     else:
@@ -334,9 +343,17 @@ def ring_wait(stages: int, n_iters: int, i: int) -> int:
     return 0
 
 
+# one bulk prefetch of `bytes` (a multiple of 16) from global memory into L2 (sm_90+)
+_PREFETCH_SRC = r"""
+__device__ __forceinline__ void dsv4_prefetch_l2(const void* p, unsigned bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(p), "r"(bytes) : "memory");
+}
+"""
+
+
 def build_fp8_gemm(*, n: int, k: int, block_m: int, block_n: int, split: int, stages: int, threads: int,
                    groups: int = 1, ring: bool = False, k_stage: int = 1, wgmma: bool = False,
-                   tiles_per_cta: int = 1, fill: bool = False, panel: int = WGMMA_PANEL):
+                   tiles_per_cta: int = 1, fill: bool = False, panel: int = WGMMA_PANEL, pdl_prefetch: int = -1):
     import tilelang.language as T
 
     BM, BN, BK = block_m, block_n, BLOCK_K
@@ -354,6 +371,8 @@ def build_fp8_gemm(*, n: int, k: int, block_m: int, block_n: int, split: int, st
     if fill and not (ring and NK <= S):
         raise ValueError(f"fp8_gemm: fill needs the decode ring with the CTA's {NK} stages within its {S} slots")
     PRE = NK if fill else min(S - 1, NK)   # weight stages requested before the grid dependency sync
+    if pdl_prefetch >= 0 and not wgmma:
+        raise ValueError("fp8_gemm: pdl_prefetch belongs to the WGMMA form (the decode ring has its own PDL prefetch)")
 
     @T.macro
     def mainloop_pipelined(a, sa, b, sb, acc, bx, by, g, sp):
@@ -375,6 +394,8 @@ def build_fp8_gemm(*, n: int, k: int, block_m: int, block_n: int, split: int, st
 
     TPC = tiles_per_cta
     STORE_IN_LOOP = wgmma and split == 1
+    # a wgmma is 64 rows: 64-row tiles give each consumer warp group a 64-column slice, taller ones 64 rows each
+    wg_policy = T.GemmWarpPolicy.FullCol if BM == 64 else T.GemmWarpPolicy.FullRow
 
     @T.macro
     def mainloop_wgmma(a, sa, b, sb, acc, c, bx, by, g, sp):
@@ -389,12 +410,25 @@ def build_fp8_gemm(*, n: int, k: int, block_m: int, block_n: int, split: int, st
         b_s = T.alloc_shared((BN, BK), FP8)
         part = T.alloc_fragment((BM, BN), f32)
         sc = T.alloc_fragment((BM,), f32)
-        if BM == 64 and BN == 64:
+        if BM == 64 and BN // (threads // 128) == 64:
             # 32 + 32 accumulators a thread: no setmaxnreg split (it would take 240 registers a thread and one
             # CTA an SM) but two CTAs an SM (90 registers)
             T.no_set_max_nreg()
             T.annotate_min_blocks_per_sm(2)
         T.use_swizzle(panel_size=panel)
+        if pdl_prefetch >= 0:
+            # launched behind its producer by PDL. Nothing upstream writes the weight: the first pdl_prefetch K
+            # blocks of the CTA's weight rows head for L2 before the grid dependency sync (one bulk prefetch a row),
+            # so the pipeline's first TMA loads after the sync hit L2
+            if pdl_prefetch > 0:
+                T.import_source(_PREFETCH_SRC)
+                tx = T.get_thread_binding()
+                if tx < BN * TPC:
+                    T.call_extern("handle", "dsv4_prefetch_l2",
+                                  T.address_of(b[g * n + bx * TPC * BN + tx, (sp * KPS) * BK]),
+                                  min(pdl_prefetch, KPS) * BK)
+            T.pdl_trigger()
+            T.pdl_sync()
         T.clear(acc)
         if STORE_IN_LOOP:
             c_s = T.alloc_shared((BM, BN), "bfloat16")
@@ -406,7 +440,7 @@ def build_fp8_gemm(*, n: int, k: int, block_m: int, block_n: int, split: int, st
             for i in T.Parallel(BM):
                 sc[i] = (sa[T.min(by * BM + i, M - 1), g * KB + sp * KPS + kk]
                          * sb[g * NQ + col // QBLOCK, sp * KPS + kk])
-            T.gemm(a_s, b_s, part, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
+            T.gemm(a_s, b_s, part, transpose_B=True, clear_accum=True, policy=wg_policy)
             for i, j in T.Parallel(BM, BN):
                 acc[i, j] += part[i, j] * sc[i]
             if STORE_IN_LOOP:
@@ -643,7 +677,7 @@ class Fp8GemmSpec(_GemmSpecBase):
                               stages=p["stages"], threads=p["threads"], groups=p["groups"],
                               ring=p.get("ring", False), k_stage=p.get("k_stage", 1), wgmma=p.get("wgmma", False),
                               tiles_per_cta=p.get("tiles_per_cta", 1), fill=p.get("fill", False),
-                              panel=p.get("panel", WGMMA_PANEL))
+                              panel=p.get("panel", WGMMA_PANEL), pdl_prefetch=p.get("pdl_prefetch", -1))
 
 
 @register
