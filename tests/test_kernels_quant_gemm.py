@@ -223,7 +223,7 @@ def test_gemm_select_ladder_and_split():
                         p = spec.select(arch, st, t).p
                         assert kb % p["split"] == 0 and s["n"] % p["block_n"] == 0
                         p64 = gemm_kernel._gemm_params(arch, s["n"], s["k"], t, s["groups"])
-                        mid = t > 32 and p64["split"] >= gemm_kernel.MID_TILES_MIN_SPLIT[arch.has_wgmma]
+                        mid = t > 32 and not arch.has_wgmma and p64["split"] >= gemm_kernel.MID_TILES_MIN_SPLIT
                         assert p == (gemm_kernel._gemm_params(arch, s["n"], s["k"], t, s["groups"], 32) if mid else p64)
                         tiles = -(-t // p["block_m"]) * s["groups"] * s["n"] // p["block_n"]
                         if mid:   # two 32-row tiles summing their partials in the launch

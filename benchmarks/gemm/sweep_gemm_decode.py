@@ -78,6 +78,17 @@ def candidates(prof, n: int, k: int, groups: int, m: int, args) -> list[dict]:
                     if q.get("wgmma") and q["block_m"] == 64 and least_split(q) and q["stages"] == min(4, kb // q["split"])]
             out = [picked] + keep + [{**q, "pdl_prefetch": pf} for q in keep
                                      for pf in sorted({q["stages"], kb // q["split"]})]
+    if args.wgmma_splits and prof.has_wgmma and m <= gk.DECODE_MAX_M:
+        # the pick and the 64 x 64 WGMMA tile as select builds it (PDL, first stages prefetched) at each split
+        # giving from half to twice the SMs' CTAs
+        out = [picked]
+        for split in splits:
+            ctas = groups * (n // 64) * split
+            if prof.num_sms_hint // 2 <= ctas <= 2 * prof.num_sms_hint:
+                st = gk.wgmma_stages(kb // split, 1)
+                out.append({"n": n, "k": k, "groups": groups, "block_m": 64, "block_n": 64, "split": split,
+                            "threads": 128, "stages": st, "wgmma": True, "pdl_prefetch": st})
+        return list({str(sorted(p.items())): p for p in out}.values())
     for block_m, bn, split, ring, ks, thr in itertools.product(block_ms, args.block_n, splits, args.ring,
                                                                args.k_stage, args.threads):
         if args.picked_only:
@@ -123,6 +134,8 @@ def main() -> int:
     ap.add_argument("--pdl-ab", action="store_true", help="with --wgmma: only the pick and the 64-row WGMMA tiles "
                     "(64 and 128 columns) of the fewest splits, each without PDL and with pdl_prefetch = its stages "
                     "and = its whole K share")
+    ap.add_argument("--wgmma-splits", action="store_true", help="only the pick and Hopper's 64 x 64 WGMMA tile with "
+                    "PDL at every split from half to twice the SMs' CTAs (M <= 64)")
     ap.add_argument("--fill", action="store_true", help="each ring candidate whose K share fits its ring both with "
                     "its whole share requested before the grid sync (fill) and with the first stages - 1")
     ap.add_argument("--ring", type=int, nargs="+", default=[0, 1],

@@ -60,12 +60,15 @@ DECODE_MAX_M = 64
 # was 2-24% slower per layer at M = 32 (H100 sweep, every V4-Flash TP 1 / V4-Pro TP 8 shape; e.g. V4-Flash wq_b
 # 18.2 -> 15.0 us, wo_b 21.8 -> 18.0)
 DECODE_MID_M = 32
-# 33..64 rows: two 32-row tiles that sum their split-K partials in the launch, where the 64-row pick splits K at
-# least this many ways (key: the GPU has WGMMA). Per layer on an H100 at M = 64 the 32-row tiles beat the 64-row
-# tile and its reduce kernel there (V4-Flash wq_a+wkv 9.8 -> 8.6 us on sm_90a, 4-way split; the SM120 schedule's
-# shared expert w2 11.0 -> 9.0, indexer wq_b 10.1 -> 8.4, 2-4 ways) and lost where it splits less (unsplit V4-Flash
-# wq_b 18.2 -> 24.3: the weight is read by twice the CTAs; on sm_90a at 2 ways, wo_b 20.5 -> 22.6).
-MID_TILES_MIN_SPLIT = {True: 4, False: 2}
+# 33..64 rows on the mma.sync forms (no WGMMA): two 32-row tiles that sum their split-K partials in the launch, where
+# the 64-row pick splits K at least this many ways. Per layer on an H100 at M = 64 the 32-row tiles beat the 64-row
+# tile and its reduce kernel there (the SM120 schedule's shared expert w2 11.0 -> 9.0 us, indexer wq_b 10.1 -> 8.4,
+# 2-4 ways) and lost where it splits less (unsplit V4-Flash wq_b 18.2 -> 24.3: the weight is read by twice the CTAs).
+# Hopper runs its 64 x 64 WGMMA form at every split instead: launched by PDL (see wgmma_params) it beat the 32-row
+# tiles or was level at all 10 shapes where they had been picked (4+ splits; per layer, 6 layers a graph, V4-Flash
+# TP 1 wq_a+wkv 9.1 -> 8.7 us, V4-Pro TP 8 wq_a+wkv 13.2 -> 12.0, wo_a 9.9 -> 9.1, shared expert w1+w3 10.2 -> 8.4,
+# V4-Pro TP 4 w1+w3 12.6 -> 11.4; V4-Flash TP 4 / TP 8 w1+w3 7.7 -> 7.8; sweep_gemm_decode.py --wgmma-splits).
+MID_TILES_MIN_SPLIT = 2
 SPLIT_MAX_M = 256
 # Hopper's WGMMA form at 33..64 rows (64 x 64 tiles): split until the CTAs reach 2/3 of the SMs (two fit an SM)
 WGMMA_DECODE_SM_SHARE = (2, 3)
@@ -160,7 +163,7 @@ def decode_split(n_tiles: int, k_blocks: int, num_sms: int, most: int | None = N
 def gemm_params(arch: ArchProfile, n: int, k: int, num_tokens: int, groups: int = 1) -> dict:
     """The schedule: pure in (arch, n, k, groups, num_tokens)."""
     p = _gemm_params(arch, n, k, num_tokens, groups)
-    if DECODE_MID_M < num_tokens <= DECODE_MAX_M and p["split"] >= MID_TILES_MIN_SPLIT[arch.has_wgmma]:
+    if DECODE_MID_M < num_tokens <= DECODE_MAX_M and not arch.has_wgmma and p["split"] >= MID_TILES_MIN_SPLIT:
         return _gemm_params(arch, n, k, num_tokens, groups, DECODE_MID_M)
     return p
 
