@@ -12,6 +12,8 @@ timer around a graph of one 1-element kernel: what any single-launch op costs he
         --picked-only --fill -j 14      (the pick with and without fill)
     python benchmarks/gemm/sweep_gemm_decode.py --schedule sm_90a --m 64 --picked-only --wgmma --pdl-ab -j 15
                                         (Hopper's WGMMA tiles without PDL and with each L2 prefetch depth)
+    python benchmarks/gemm/sweep_gemm_decode.py --schedule sm_90a --model deepseek-v4-pro --tp 8 --n 2048 768 \
+        --m 64 --wgmma-splits -j 15     (the pick against the PDL WGMMA tile at every split)
 """
 from __future__ import annotations
 
