@@ -669,3 +669,29 @@ def test_padded_index_cache_views_are_the_pages_bytes():
         assert p == 64 and kv_fp8.stride() == (8_640, 128, 1) and kv_f32.shape == (4, 540, 4)
         assert torch.equal(kv_fp8.view(torch.uint8).cpu().reshape(-1, 128), k)
         assert torch.equal(kv_f32.reshape(4, -1)[:, 2_048:2_048 + 64].cpu().reshape(-1), sc)
+
+
+@pytest.mark.compile
+def test_fp8_wgmma_logits_form_fences_the_ring_before_its_wgmma(tmp_path, monkeypatch):
+    """The form sweep_indexer_logits.py --forms fp8 times (logits.FP8_WGMMA, off by default: its errors exceed
+    LOGITS_TOL): e4m3 x e4m3 WGMMA straight from the cp.async stage, each thread's copies fenced for the async proxy
+    before the barrier that hands the stage over, no f16 K tile. The default Hopper variant stays the f16 form."""
+    from dsv4_jit import jit
+    from dsv4_jit.kernels.indexer import logits
+    spec = get_spec("indexer_decode_logits")
+    hopper = get_profile("sm_90a")
+    st = ops.decode_static(64, 128, 1, 64, clean=False)
+    assert spec.select(hopper, st, 8).p["operand"] == "float16"
+    monkeypatch.setitem(logits.FP8_WGMMA, "hopper", True)
+    monkeypatch.setitem(logits.SCHEDULES, "hopper", (64, 3, 128))
+    v = spec.select(hopper, st, 8)
+    assert (v.p["operand"], v.p["wgmma"], v.p["stages"]) == ("float8_e4m3", True, 3)
+    meta = jit.compile_to_dir(spec, v, tmp_path)
+    src = (tmp_path / jit.SOURCE_NAME).read_text()
+    assert "kFloat8_e4m3, tl::DataType::kFloat8_e4m3" in src and "wgmma_ss" in src
+    ring = src[src.index("cp_async_wait"):]
+    assert ring.index("fence_proxy_async") < ring.index("__syncthreads")
+    assert meta["smem_bytes"] == spec.smem_bytes(v) == 8_192 + 3 * (8_192 + 256)
+    # SM12x is unchanged: fp8 mma.sync, no WGMMA
+    sm120 = spec.select(get_profile("sm_120a"), st, 8)
+    assert (sm120.p["operand"], sm120.p["wgmma"]) == ("float8_e4m3", False)

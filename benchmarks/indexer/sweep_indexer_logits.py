@@ -4,6 +4,12 @@ large batch) and its cp.async ring depth (--stages), timed at bench_indexer's po
 bench_indexer's torch logits. Each value is a separate variant (kernel parameters), compiled on first use.
 
     python benchmarks/indexer/sweep_indexer_logits.py --ctas-per-sm 2 4 8 --stages 2 3 --out bench_out/sweep_indexer_logits.json
+    python benchmarks/indexer/sweep_indexer_logits.py --forms f16 --stages 2 --ctas-per-sm 4 -j 4 --contexts 8192 65536 262144
+    python benchmarks/indexer/sweep_indexer_logits.py --forms fp8 --stages 2 3 4 --ctas-per-sm 4 -j 6 --contexts 8192 65536 262144
+
+--forms (GPUs with WGMMA): `f16` converts each fp8 K tile to f16 for f16 WGMMA, `fp8` runs fp8 WGMMA on the bytes as
+they arrive (logits.FP8_WGMMA); each row prints its errors (relative to the row's largest logit, and the GPU cases'
+per-token metric) next to its time. -j compiles every variant first, in parallel.
 """
 from __future__ import annotations
 
@@ -28,6 +34,16 @@ def logits_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float(((out - ref).where(valid, 0).abs() / scale).max())
 
 
+def token_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """The GPU cases' metric (dsv4_jit.testing.per_token_rel_err) over the valid columns: the worst token's
+    ||out - ref|| / ||ref||; inf where the -inf columns differ."""
+    from dsv4_jit.testing import per_token_rel_err
+    valid = torch.isfinite(ref)
+    if not torch.equal(valid, torch.isfinite(out)):
+        return float("inf")
+    return per_token_rel_err(out.where(valid, 0), ref.where(valid, 0))[0]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ctas-per-sm", type=int, nargs="+", default=[2, 4, 8, 16])
@@ -38,6 +54,9 @@ def main() -> int:
                     "CTAS_PER_SM-only grid")
     ap.add_argument("--stages", type=int, nargs="+", default=[None], help="the cp.async ring depth of this GPU's "
                     "schedule family (logits.SCHEDULES; default: the module's)")
+    ap.add_argument("--forms", nargs="+", default=[None], choices=[None, "f16", "fp8"],
+                    help="the WGMMA operand form on a GPU with WGMMA (default: the module's)")
+    ap.add_argument("-j", "--jobs", type=int, default=0, help="compile every variant first with this many processes")
     ap.add_argument("--out", default="bench_out/sweep_indexer_logits.json")
     args = ap.parse_args()
 
@@ -55,27 +74,42 @@ def main() -> int:
     rows, refs = [], {}
     print(f"{torch.cuda.get_device_name()}; copy bandwidth {bw:,.0f} GB/s")
     base = lg_mod.SCHEDULES[arch.family]
-    for c, ns in [(c, ns) for ns in args.stages for c in args.ctas_per_sm]:
+    base_fp8 = lg_mod.FP8_WGMMA.get(arch.family, False)
+    configs = [(c, ns, form) for form in args.forms for ns in args.stages for c in args.ctas_per_sm]
+
+    def configure(c, ns, form):
         lg_mod.CTAS_PER_SM = c
         lg_mod.SCHEDULES[arch.family] = (base[0], ns or base[1], base[2])
+        lg_mod.FP8_WGMMA[arch.family] = base_fp8 if form is None else form == "fp8"
         if args.max_tiles:
             lg_mod.DECODE_MAX_TILES_PER_CTA[arch.family] = args.max_tiles
         jit._SELECT_MEMO.clear()   # select reads the constants: drop the memoised variants
-        v = get_spec("indexer_decode_logits").select(arch, ops.decode_static(64, 128, 1, PAGE), 1)
+        return get_spec("indexer_decode_logits").select(arch, ops.decode_static(64, 128, 1, PAGE), 1)
+
+    if args.jobs:
+        from concurrent.futures import ProcessPoolExecutor
+        from benchmarks.harness import compile_job
+        jobs = [(v.kernel, dict(v.p), arch.name, v.schedule) for v in (configure(*cfg) for cfg in configs)]
+        with ProcessPoolExecutor(args.jobs) as ex:
+            for msg in ex.map(compile_job, jobs):
+                print(msg, flush=True)
+    for c, ns, form in configs:
+        v = configure(c, ns, form)
         print(f"variant {v.name}", flush=True)
         for ctx, b, d in points:
             out = torch.empty(b, width, dtype=torch.float32, device="cuda")
             info = torch.empty(b, 3, dtype=torch.int32, device="cuda")
             a = (d["q"], d["q_scale"], d["weights"], d["kv_cache"], d["seq_lens"], d["block_table"])
             us, why = cold_us(lambda: dsv4_jit.indexer_decode_logits(*a, out=out, row_info=info, next_n=1, arch=arch))
-            err = logits_error(out, refs.setdefault((ctx, b), torch_logits(d, torch.empty_like(out))))
+            ref = refs.setdefault((ctx, b), torch_logits(d, torch.empty_like(out)))
+            err, tok_err = logits_error(out, ref), token_error(out, ref)
             kbytes = b * d["comp"] * 132
             pct = 100 * kbytes / (us * 1e-6) / 1e9 / bw if us else None
-            rows.append({"ctas_per_sm": c, "stages": v.p["stages"], "slots": v.p.get("slots"),
-                         "max_tiles": v.p["max_tiles"], "ctx": ctx, "batch": b, "us": us, "why": why,
-                         "pct_copy": pct, "max_rel_err": err})
-            print(f"CTAS_PER_SM={c:>2} stages={v.p['stages']} ctx={ctx:>6} B={b:>2}: {us:7.1f} us  {pct:5.1f}% of copy  err {err:.1e}",
-                  flush=True)
+            rows.append({"ctas_per_sm": c, "stages": v.p["stages"], "operand": v.p["operand"],
+                         "slots": v.p.get("slots"), "max_tiles": v.p["max_tiles"], "ctx": ctx, "batch": b, "us": us,
+                         "why": why, "pct_copy": pct, "max_rel_err": err, "max_token_rel_err": tok_err})
+            print(f"{v.p['operand']:>11} CTAS_PER_SM={c:>2} stages={v.p['stages']} ctx={ctx:>6} B={b:>2}: "
+                  f"{us:7.1f} us  {pct:5.1f}% of copy  err {err:.1e} (per token {tok_err:.1e})", flush=True)
     write_rows(args.out, rows, width=width)
     print(f"wrote {args.out}")
     return 0

@@ -70,7 +70,7 @@ SCHEDULES = {
 }
 # The tensor-core form follows the arch profile's fp8_mma_operand. SM12x: fp8 mma.sync (m16n8k32 e4m3, native).
 # Hopper (its fp8 mma.sync is emulated: 47% of this kernel's instructions at 64K x 8; fp8 WGMMA accumulates with
-# too few bits, per-token errors up to 1.2e-2): q in shared memory as f16 (converted once a CTA), each K tile
+# too few bits, per-token errors up to 1.6e-3, FP8_WGMMA): q in shared memory as f16 (converted once a CTA), each K tile
 # converted to f16 once (the products and their fp32 sums are fp8's, 7e-8 apart), and f16 WGMMA (m64n64k16).
 # Against the emulated fp8 mma.sync, per layer on the H100: 64K x 8 16.7 -> 13.8 us, 256K x 8 45.7 -> 35.9,
 # 256K x 64 310 -> 246, prefill 2,048 tokens x 16K columns 1,214 -> 753 (f16 mma.sync alone: 15.8 / 45.2 / 320 /
@@ -79,6 +79,12 @@ SCHEDULES = {
 # waves of what the SMs hold (`grid_columns`). MIN_BLOCKS: the CTAs per SM the registers are capped for.
 CTAS_PER_SM = 4
 MIN_BLOCKS = 4
+# Schedule families whose WGMMA takes the fp8 operands as they are (e4m3 x e4m3 with the tensor core's own
+# accumulation; 3 stages fit) instead of converting to f16. None does: on an H200 it was 16-22% faster at 64 tokens
+# (64K 66.0 -> 55.5 us, 256K 216.9 -> 169.0; one call, sweep_indexer_logits.py --forms f16 fp8) but its per-token
+# errors reached 1.6e-3 on the GPU cases (f16: 3e-7), above LOGITS_TOL; summing each 32- or 64-wide K chunk's WGMMA
+# chain in fp32 was slower (72.5 / 58.7 us) and no better on those cases (1.1e-3 / 2.7e-3). Kept for the sweep.
+FP8_WGMMA: dict[str, bool] = {}
 # Tiles one CTA walks at most: at large batch the CTAs per row grow past CTAS_PER_SM's share so no CTA walks more
 # than this many (valid or -inf) tiles. Prefill keeps 32. H100, 256K-context width (1,025 tiles), batch 64: 411 us
 # with 9 CTAs per row (114 tiles each), 320 us with 33 (32 each), measured before the grid came in whole waves (9 a
@@ -148,7 +154,7 @@ def logits_smem_bytes(p: Mapping[str, Any]) -> int:
 
 def build_logits(*, paged: bool, heads: int, dim: int, group: int, block_n: int, threads: int, target_ctas: int,
                  slots: int, max_tiles: int, stages: int, page_size: int = 0, ratio: int = 0, operand: str = FP8,
-                 clean: bool = True):
+                 clean: bool = True, wgmma: bool = False):
     import tilelang.language as T
 
     H, D, G, BN, NS = heads, dim, group, block_n, stages
@@ -160,6 +166,9 @@ def build_logits(*, paged: bool, heads: int, dim: int, group: int, block_n: int,
         raise ValueError(f"indexer logits: operand={operand!r} (supported: {FP8!r}, 'float16')")
     OP = operand
     CONVERT = OP != FP8         # f16 operands: q converted once, each K tile once (Hopper: no fp8 mma.sync)
+    # fp8 WGMMA reads the stage the cp.async ring wrote (generic proxy) through the async proxy: each thread fences
+    # its own copies before the barrier that hands the stage to the MMA
+    FENCE = wgmma and not CONVERT
     P = page_size
     acc = "float32"
     neg_inf = -T.infinity(acc)
@@ -307,6 +316,8 @@ def build_logits(*, paged: bool, heads: int, dim: int, group: int, block_n: int,
                         T.ptx_wait_group((NS - 2) * 2 * NPT)
                     else:
                         T.ptx_wait_group(0)
+                    if FENCE:
+                        T.fence_proxy_async()
                     T.sync_threads()
                     if i + NS - 1 < nv:
                         issue_tile(k_rows, k_b, src_b, bg, t_lo + bc + (i + NS - 1) * gx,
@@ -373,8 +384,10 @@ class _LogitsSpec(KernelSpec):
         heads = int_param(self.name, static, "heads", allowed=(8, 16, 32, 64))
         dim = int_param(self.name, static, "dim", allowed=(64, 128))
         block_n, stages, threads = SCHEDULES[arch.family]
+        fp8_wgmma = arch.has_wgmma and FP8_WGMMA.get(arch.family, False)
+        operand = FP8 if fp8_wgmma else arch.fp8_mma_operand
         return {"heads": heads, "dim": dim, "block_n": block_n, "stages": stages, "threads": threads,
-                "operand": arch.fp8_mma_operand, "wgmma": arch.has_wgmma and arch.fp8_mma_operand != FP8,
+                "operand": operand, "wgmma": arch.has_wgmma and (fp8_wgmma or operand != FP8),
                 "target_ctas": CTAS_PER_SM * arch.num_sms_hint,
                 "max_tiles": self.max_tiles_by_family.get(arch.family, MAX_TILES_PER_CTA)}
 
@@ -436,7 +449,8 @@ class IndexerDecodeLogitsSpec(_LogitsSpec):
         return build_logits(paged=True, heads=p["heads"], dim=p["dim"], group=p["group"], block_n=p["block_n"],
                             stages=p["stages"], threads=p["threads"], target_ctas=p["target_ctas"],
                             slots=p["slots"], max_tiles=p["max_tiles"], page_size=p["page_size"], ratio=p["ratio"],
-                            operand=p.get("operand", FP8), clean=p["clean"])
+                            operand=p.get("operand", FP8), clean=p["clean"],
+                            wgmma=p.get("wgmma", False))
 
 
 # Prefill query tokens per CTA: two tokens x 64 heads = 128 B-operand rows (the tilelang example's
@@ -463,4 +477,5 @@ class IndexerPrefillLogitsSpec(_LogitsSpec):
         p = variant.p
         return build_logits(paged=False, heads=p["heads"], dim=p["dim"], group=p["group"], block_n=p["block_n"],
                             stages=p["stages"], threads=p["threads"], target_ctas=p["target_ctas"],
-                            slots=p["slots"], max_tiles=p["max_tiles"], operand=p.get("operand", FP8))
+                            slots=p["slots"], max_tiles=p["max_tiles"], operand=p.get("operand", FP8),
+                            wgmma=p.get("wgmma", False))
