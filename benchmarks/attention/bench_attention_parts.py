@@ -24,6 +24,7 @@ from benchmarks.harness import graph_us_or_reason, profiler_kernel_us, schedule_
 from dsv4_jit.kernels.attention import ops, reference  # noqa: E402
 from dsv4_jit.kernels.attention.combine import combine_params  # noqa: E402
 from dsv4_jit.kernels.attention.sparse_mla import D  # noqa: E402
+from dsv4_jit.testing import per_token_rel_err  # noqa: E402
 
 
 def variants(prof, heads: int, batch: int, splits: int | None):
@@ -49,6 +50,19 @@ def getter(fwd, comb, merge: bool):
             return jit.load(spec, fwd)
         return jit.load(spec, comb) if merge else (lambda *a: None)
     return get
+
+
+def op_call(p: dict, prof, get, ws_numel: int):
+    """(call, out): sparse_mla_decode over one input set with these kernels and a workspace of ws_numel."""
+    (c1, i1, l1, bs1), (c2, i2, l2, bs2) = p["lists"]
+    out = torch.empty_like(p["q"])
+    ws = torch.empty(ws_numel, device="cuda")
+
+    def call():
+        ops.sparse_mla_decode(p["q"], c1, i1, l1, p["sink"], block_size=bs1, extra_kv_cache=c2, extra_indices=i2,
+                              extra_lengths=l2, extra_block_size=bs2, out=out, workspace=ws, check_indices=False,
+                              arch=prof, get_kernel=get)
+    return call, out
 
 
 def main() -> int:
@@ -92,20 +106,11 @@ def main() -> int:
                 ws_n = max(1, ops.partials_numel(fwd.p["n_splits"], batch, heads))
                 for merge in (True, False):
                     get = getter(fwd, comb, merge)
-                    calls = []
-                    for p in pts:
-                        (a1, j1, m1, b1), (a2, j2, m2, b2) = p["lists"]
-                        out = torch.empty_like(p["q"])
-                        ws = torch.empty(ws_n, device="cuda")
-                        calls.append((lambda p=p, a1=a1, j1=j1, m1=m1, b1=b1, a2=a2, j2=j2, m2=m2, b2=b2, out=out,
-                                      ws=ws: ops.sparse_mla_decode(
-                                          p["q"], a1, j1, m1, p["sink"], block_size=b1, extra_kv_cache=a2,
-                                          extra_indices=j2, extra_lengths=m2, extra_block_size=b2, out=out,
-                                          workspace=ws, check_indices=False, arch=prof, get_kernel=get), out))
+                    calls = [op_call(p, prof, get, ws_n) for p in pts]
                     f0, out0 = calls[0]
                     f0()
                     torch.cuda.synchronize()
-                    err = (float(((out0.double() - ref).flatten(1).norm(dim=1) / ref.flatten(1).norm(dim=1)).max())
+                    err = (per_token_rel_err(out0, ref)[0]
                            if merge or fwd.p["n_splits"] == 1 or fwd.p.get("cluster") else None)
 
                     def all_layers(calls=calls):
