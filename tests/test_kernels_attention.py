@@ -308,6 +308,55 @@ def test_two_splits_merge_in_a_cluster_through_shared_memory(tmp_path):
                                     n_splits=4, softmax_scale=SCALE, warp_specialized=True, cluster=True)
 
 
+@pytest.mark.compile
+@pytest.mark.parametrize("schedule, tokens, stamps", [("sm_120a", 8, 8), ("sm_90a", 64, 14)])
+def test_traced_builds_stamp_their_timeline_and_served_builds_carry_none(tmp_path, schedule, tokens, stamps):
+    # trace=True (benchmarks/attention/trace_attention.py) adds a [tokens, head blocks, splits, stamps, 2] int64
+    # buffer and the stamps' call sites (the ring kernel's 8; the warp-specialized kernel's per-tile ones sit in its
+    # loops, so fewer call sites than WS_NSTAMP); select's variant, which serving loads, has neither. The traced
+    # SM120 ring variant still fits and emits no Hopper-only instruction (compile_to_dir checks both).
+    from dsv4_jit import jit
+    from dsv4_jit.kernels.attention.decode import RING_STAMPS
+    from dsv4_jit.kernels.attention.decode_ws import WS_NSTAMP
+    from dsv4_jit.spec import Variant
+    prof = get_profile(schedule)
+    v = FWD.select(prof, {"heads": 64, "softmax_scale": SCALE}, tokens)
+    traced = Variant.make(FWD.name, {**v.p, "trace": True}, prof)
+    meta = jit.compile_to_dir(FWD, traced, tmp_path / "traced")
+    src = (tmp_path / "traced" / jit.SOURCE_NAME).read_text()
+    assert src.count("dsv4_stamp((") == stamps and "%globaltimer" in src
+    sig = meta["signature"]
+    nstamp = WS_NSTAMP if v.p.get("warp_specialized") else len(RING_STAMPS)
+    assert sig[-1]["dtype"] == "int64" and str(sig[-1]["shape"][-2:]) in (f"[{nstamp}, 2]", f"({nstamp}, 2)")
+    assert meta["smem_bytes"] <= FWD.smem_bytes(v)   # the stamps take no shared memory
+    jit.compile_to_dir(FWD, v, tmp_path / "served")
+    assert "dsv4_stamp" not in (tmp_path / "served" / jit.SOURCE_NAME).read_text()
+
+
+def test_trace_summary_measures_each_stamp_from_the_layers_first_release():
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from benchmarks.attention.trace_attention import summarize
+    names = ("entry", "pdl_sync", "lengths", "done")
+    layers = []
+    for layer in range(3):
+        tr = torch.zeros(1, 2, 2, len(names), 2, dtype=torch.int64)   # 4 CTAs
+        for cta in range(4):
+            t0 = 1_000_000 + 20_000 * layer + 100 * cta                # each CTA released 100 ns after the last
+            for k, off in enumerate((-500, 0, 400, 3000 if cta < 3 else None)):
+                if off is not None:                                     # the last CTA never reaches "done"
+                    tr.view(4, len(names), 2)[cta, k] = torch.tensor([t0 + off, 2 * (t0 + off)])
+        layers.append(tr)
+    out = summarize(layers, names)
+    assert out["stamps"]["pdl_sync"] == {"ctas": 4, "median_ns": 200.0, "max_ns": 300.0, "min_ns": 0.0}
+    assert out["stamps"]["lengths"]["min_ns"] == 400.0
+    assert out["stamps"]["done"]["ctas"] == 3 and out["stamps"]["done"]["max_ns"] == 3200.0
+    assert out["layer_span_ns"] == 3200.0            # release of CTA 0 to the last stamp (CTA 2's done)
+    assert out["launch_gap_ns"] == 20_000 - 3200.0   # the layer's last stamp to the next layer's first release
+    assert out["sm_ghz"] == 2.0
+
+
 def test_sm12x_decode_runs_64_head_ctas_over_16_row_tiles_where_they_fit():
     # one CTA dequantizes each candidate once for all 64 heads (two 32-head CTAs did it twice); 16-row tiles make
     # it fit SM12x's 101,376 B. A few tokens still take 32-head CTAs (a 64-head CTA would split a list 16+ ways);

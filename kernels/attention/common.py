@@ -199,8 +199,11 @@ def tile_macros(T, *, heads: int, head_block: int, block_i: int, threads: int, n
 
     @T.macro
     def tile_range(lens1, lens2, t, split, rng):
-        # rng = [tiles of list 1, first tile, end tile] of this split over the concatenated tile list
-        t1, t2 = list_tiles(T, lens1, lens2, t, n1, n2, BI)
+        # rng = [tiles of list 1, first tile, end tile] of this split over the concatenated tile list, then the two
+        # lengths clamped to [0, the list's width] (list_tiles' clamp)
+        rng[3] = T.max(T.min(lens1[t], n1), 0)
+        rng[4] = T.max(T.min(lens2[t], n2), 0)
+        t1, t2 = T.ceildiv(rng[3], BI), T.ceildiv(rng[4], BI)
         per = split_share(T, t1 + t2, S)
         rng[0] = t1
         rng[1] = T.min(split * per, t1 + t2)

@@ -24,6 +24,7 @@ The fp8 NoPE bytes become bf16 8 at a time by bit placement and two bf16x2 multi
 """
 # No `from __future__ import annotations`: TileLang evaluates the T.Tensor annotations.
 from .common import D, GROUP, NOPE, ROPE, SCALE_BYTES, SPAD, TOKEN_BYTES, tile_macros
+from .trace import TRACE_SRC, stamp_macro
 
 # 8 e4m3 bytes -> 8 bf16 times 2^(e - 127) (UE8M0 e; e = 0 gives 0), exactly: each byte's sign and 7 magnitude bits
 # placed in a bf16 give the byte's value x 2^-120 (its subnormal codes included: a bf16 subnormal), which two
@@ -64,13 +65,14 @@ def slot_macros(T, block_i: int, n1, n2):
     BI = block_i
 
     @T.macro
-    def list_slot(idx1, lens1, idx2, lens2, t, g, rng, r, slot_r, k):
-        # slot_r[k] = the slot of row r of tile g of [list 1 tiles | list 2 tiles] (g < rng[2]), -1 past a length
+    def list_slot(idx1, idx2, t, g, rng, r, slot_r, k):
+        # slot_r[k] = the slot of row r of tile g of [list 1 tiles | list 2 tiles] (g < rng[2]), -1 past a length.
+        # The lengths come from rng[3], rng[4] (registers, loaded once): a length read again here made the index
+        # load wait for it, a round trip a tile (the gather's loads keep little of it in L1).
         if g < rng[0]:
-            slot_r[k] = T.if_then_else(g * BI + r < T.min(lens1[t], n1),
-                                       idx1[t, T.max(T.min(g * BI + r, n1 - 1), 0)], -1)
+            slot_r[k] = T.if_then_else(g * BI + r < rng[3], idx1[t, T.max(T.min(g * BI + r, n1 - 1), 0)], -1)
         else:
-            slot_r[k] = T.if_then_else((g - rng[0]) * BI + r < T.min(lens2[t], n2),
+            slot_r[k] = T.if_then_else((g - rng[0]) * BI + r < rng[4],
                                        idx2[t, T.max(T.min((g - rng[0]) * BI + r, n2 - 1), 0)], -1)
 
     @T.macro
@@ -81,8 +83,13 @@ def slot_macros(T, block_i: int, n1, n2):
     return list_slot, cache_row_ok
 
 
+# the ring kernel's stamps (trace=True), in order
+RING_STAMPS = ("entry", "pdl_sync", "lengths", "first slots", "first tile landed", "first tile dequantized",
+               "last tile done", "epilogue done")
+
+
 def build_decode(heads: int, head_block: int, block_i: int, threads: int, n_splits: int, softmax_scale: float,
-                 stages: int = 0, score_chains: int = 0):
+                 stages: int = 0, score_chains: int = 0, trace: bool = False):
     import tilelang.language as T
 
     H, HB, BI, S, NST = heads, head_block, block_i, n_splits, stages
@@ -90,6 +97,9 @@ def build_decode(heads: int, head_block: int, block_i: int, threads: int, n_spli
         raise ValueError(f"sparse_mla: stages must be 0 (registers) or 1..4 (the fp8_ds_mla cp.async ring), got "
                          f"{stages} for fp8_ds_mla")
     NHB = (H + HB - 1) // HB
+    # trace=True (benchmarks only): thread 0's timeline of the ring kernel, RING_STAMPS points a CTA
+    NSTAMP = len(RING_STAMPS)
+    stamp = stamp_macro(T, trace and NST > 0)
     NG = NOPE // GROUP
     num_tokens = T.dynamic("num_tokens")
     n1 = T.dynamic("n_idx1")
@@ -112,12 +122,12 @@ def build_decode(heads: int, head_block: int, block_i: int, threads: int, n_spli
 
 
     @T.macro
-    def fetch_slot(idx1, lens1, idx2, lens2, t, g, rng, tx, slot_r, k):
+    def fetch_slot(idx1, idx2, t, g, rng, tx, slot_r, k):
         # thread j < BI: the slot of row j of tile g of [list 1 tiles | list 2 tiles], -1 past a length.
         # Read one tile ahead of its use, so the index load's latency hides behind a whole tile's math
         # instead of standing between the barrier and the tile's gather.
         if tx < BI and g < rng[2]:
-            list_slot(idx1, lens1, idx2, lens2, t, g, rng, tx, slot_r, k)
+            list_slot(idx1, idx2, t, g, rng, tx, slot_r, k)
 
     @T.macro
     def rows_fp8(slot_r, k, tx, pages, rows, st, pg_s, off_s, bs):
@@ -169,11 +179,11 @@ def build_decode(heads: int, head_block: int, block_i: int, threads: int, n_spli
     ROW16 = TOKEN_BYTES // 16
 
     @T.macro
-    def fetch_slot_or_end(idx1, lens1, idx2, lens2, t, g, rng, tx, slot_r, k):
+    def fetch_slot_or_end(idx1, idx2, t, g, rng, tx, slot_r, k):
         # fetch_slot into slot_r[k], and -1 for a tile past the split's end (rows are computed that far ahead)
         if tx < BI:
             slot_r[k] = -1
-        fetch_slot(idx1, lens1, idx2, lens2, t, g, rng, tx, slot_r, k)
+        fetch_slot(idx1, idx2, t, g, rng, tx, slot_r, k)
 
     @T.macro
     def rows_at(slot_r, k, tx, g, rng, st, pg_s, off_s, bs1, bs2):
@@ -231,29 +241,12 @@ def build_decode(heads: int, head_block: int, block_i: int, threads: int, n_spli
         for j, c in T.Parallel(BI, ROPE):
             kv_s[j, NOPE + c] = rope_s[st, j, c]
 
-    @T.prim_func
-    def sparse_mla_fwd(
-        q: T.Tensor[(num_tokens, H, D), "bfloat16"],
-        kvq1: T.Tensor[(P1, R1, 16), "float8_e4m3fn"],
-        kvs1: T.Tensor[(P1, R1, 16), "uint8"],
-        kvr1: T.Tensor[(P1, R1, 8), "bfloat16"],
-        idx1: T.Tensor[(num_tokens, n1), "int32"],
-        lens1: T.Tensor[(num_tokens,), "int32"],
-        kvq2: T.Tensor[(P2, R2, 16), "float8_e4m3fn"],
-        kvs2: T.Tensor[(P2, R2, 16), "uint8"],
-        kvr2: T.Tensor[(P2, R2, 8), "bfloat16"],
-        idx2: T.Tensor[(num_tokens, n2), "int32"],
-        lens2: T.Tensor[(num_tokens,), "int32"],
-        block_size1: T.int32,
-        block_size2: T.int32,
-        sink: T.Tensor[(H,), "float32"],
-        out: T.Tensor[out_shape, "bfloat16"],
-        o_part: T.Tensor[part_shape, "bfloat16"],
-        lse_part: T.Tensor[lse_shape, "float32"],
-    ):
+    @T.macro
+    def forward(q, kvq1, kvs1, kvr1, idx1, lens1, kvq2, kvs2, kvr2, idx2, lens2, block_size1, block_size2, sink, out,
+                o_part, lse_part, trace_buf):
         if NST:
             with T.Kernel(num_tokens, NHB, S, threads=threads) as (t, hb, split):
-                T.import_source(DEQUANT8_SRC)
+                T.import_source(DEQUANT8_SRC + (TRACE_SRC if trace else ""))
                 q_s = T.alloc_shared([HB, D], "bfloat16")
                 kv_s = T.alloc_shared([BI, D], "bfloat16")
                 p_s = T.alloc_shared([HB, BI], "bfloat16")
@@ -273,17 +266,20 @@ def build_decode(heads: int, head_block: int, block_i: int, threads: int, n_spli
                 acc_d = T.alloc_fragment([HB, BI], "float32")
                 acc_o = T.alloc_fragment([HB, D], "float32")
                 st = T.alloc_local([2], "float32")
-                rng = T.alloc_local([3], "int32")
+                rng = T.alloc_local([5], "int32")
                 slot_r = T.alloc_local([NST + 1], "int32")  # [0]: the next tile's; all NST + 1 in the prologue
                 tx = T.get_thread_binding()
 
+                stamp(trace_buf, t, hb, split, 0, 0, 0)
                 # launched behind its producer (PDL: the top-k, q's kernel): everything read here is its output
                 T.pdl_sync()
+                stamp(trace_buf, t, hb, split, 1, 0, 0)
                 load_q_async(q, q_s, t, hb)
                 T.clear(acc_o)
                 st[0] = neg_inf
                 st[1] = T.float32(0)
                 tile_range(lens1, lens2, t, split, rng)
+                stamp(trace_buf, t, hb, split, 2, 0, rng[2])
                 # Tiles rng[1] .. rng[2]-1 of [list 1 tiles | list 2 tiles] pass through NST cp.async stages. With
                 # NST >= 2, tile it + NST - 1 is issued before tile it is waited for (NST - 1 tiles' bytes in flight
                 # during its wait, dequantize and math); with one stage, tile it + 1 is issued once tile it is
@@ -291,9 +287,10 @@ def build_decode(heads: int, head_block: int, block_i: int, threads: int, n_spli
                 # Rows (page, offset) are computed NST tiles ahead, slots one further.
                 # the first NST + 1 tiles' slots load together (one index latency, not NST + 1 in a row)
                 for s0 in T.unroll(NST + 1):
-                    fetch_slot_or_end(idx1, lens1, idx2, lens2, t, rng[1] + s0, rng, tx, slot_r, s0)
+                    fetch_slot_or_end(idx1, idx2, t, rng[1] + s0, rng, tx, slot_r, s0)
                 for s0 in T.unroll(NST):
                     rows_at(slot_r, s0, tx, rng[1] + s0, rng, s0, pg_s, off_s, block_size1, block_size2)
+                stamp(trace_buf, t, hb, split, 3, 0, slot_r[0])
                 slot_r[0] = slot_r[NST]
                 T.sync_threads()
                 for s0 in T.unroll(max(1, NST - 1)):
@@ -307,19 +304,25 @@ def build_decode(heads: int, head_block: int, block_i: int, threads: int, n_spli
                                  kvr2, block_size1, block_size2, pg_s, off_s, nope_s, rope_s, scr_s)
                     T.ptx_wait_group(NST - 1)
                     T.sync_threads()  # B
+                    if it == 0:
+                        stamp(trace_buf, t, hb, split, 4, 0, 0)
                     dequant_stage(nope_s, rope_s, scr_s, it % NST, kv_s)
                     # the same thread reads row tx's validity and then writes the row NST tiles ahead in its place
                     if tx < BI:
                         valid_s[tx] = pg_s[it % NST, tx]
                     rows_at(slot_r, 0, tx, rng[1] + it + NST, rng, it % NST, pg_s, off_s, block_size1, block_size2)
-                    fetch_slot_or_end(idx1, lens1, idx2, lens2, t, rng[1] + it + NST + 1, rng, tx, slot_r, 0)
+                    fetch_slot_or_end(idx1, idx2, t, rng[1] + it + NST + 1, rng, tx, slot_r, 0)
                     T.sync_threads()  # C
+                    if it == 0:
+                        stamp(trace_buf, t, hb, split, 5, 0, 0)
                     if NST == 1:
                         issue_at(rng[1] + it + 1, rng, 0, tx, kvq1, kvs1, kvr1, kvq2, kvs2, kvr2, block_size1,
                                  block_size2, pg_s, off_s, nope_s, rope_s, scr_s)
                     attend_tile(q_s, kv_s, acc_s, acc_b, acc_c, acc_d, s_s, valid_s, p_s, alpha_s, acc_o, st, tx)
                 T.ptx_wait_group(0)  # no copy outlives the CTA (an empty split issued its prologue too)
+                stamp(trace_buf, t, hb, split, 6, 0, 0)
                 finish(acc_o, st, l_s, m_s, alpha_s, tx, sink, out, o_part, lse_part, t, hb, split, q_s)
+                stamp(trace_buf, t, hb, split, 7, 0, 0)
         else:
             with T.Kernel(num_tokens, NHB, S, threads=threads) as (t, hb, split):
                 q_s = T.alloc_shared([HB, D], "bfloat16")
@@ -342,7 +345,7 @@ def build_decode(heads: int, head_block: int, block_i: int, threads: int, n_spli
                 acc_d = T.alloc_fragment([HB, BI], "float32")
                 acc_o = T.alloc_fragment([HB, D], "float32")
                 st = T.alloc_local([2], "float32")
-                rng = T.alloc_local([3], "int32")
+                rng = T.alloc_local([5], "int32")
                 slot_r = T.alloc_local([1], "int32")
                 tx = T.get_thread_binding()
 
@@ -352,7 +355,7 @@ def build_decode(heads: int, head_block: int, block_i: int, threads: int, n_spli
                 st[0] = neg_inf
                 st[1] = T.float32(0)
                 tile_range(lens1, lens2, t, split, rng)
-                fetch_slot(idx1, lens1, idx2, lens2, t, rng[1], rng, tx, slot_r, 0)
+                fetch_slot(idx1, idx2, t, rng[1], rng, tx, slot_r, 0)
                 # Tiles rng[1] .. rng[2]-1 of [list 1 tiles | list 2 tiles]; tile k+1's bytes load into registers
                 # during tile k's math, and tile k+2's slots with them. Every barrier is placed here (the pass
                 # that adds them sees all shared buffers as one and put seven inside the dequantize loop):
@@ -367,7 +370,7 @@ def build_decode(heads: int, head_block: int, block_i: int, threads: int, n_spli
                         dequant_fp8(nope_r, rope_r, sc_s, kv_s)
                     if rng[1] + it < rng[2]:
                         rows_at(slot_r, 0, tx, rng[1] + it, rng, None, pg_s, off_s, block_size1, block_size2)
-                        fetch_slot(idx1, lens1, idx2, lens2, t, rng[1] + it + 1, rng, tx, slot_r, 0)
+                        fetch_slot(idx1, idx2, t, rng[1] + it + 1, rng, tx, slot_r, 0)
                     T.sync_threads()  # C
                     if rng[1] + it < rng[2]:
                         if rng[1] + it < rng[0]:
@@ -377,5 +380,54 @@ def build_decode(heads: int, head_block: int, block_i: int, threads: int, n_spli
                     if it > 0:
                         attend_tile(q_s, kv_s, acc_s, acc_b, acc_c, acc_d, s_s, valid_s, p_s, alpha_s, acc_o, st, tx)
                 finish(acc_o, st, l_s, m_s, alpha_s, tx, sink, out, o_part, lse_part, t, hb, split, q_s)
+
+    # the kernel's parameters; a traced build (trace=True, benchmarks only) adds the stamps' buffer
+    if trace:
+        @T.prim_func
+        def sparse_mla_fwd(
+            q: T.Tensor[(num_tokens, H, D), "bfloat16"],
+            kvq1: T.Tensor[(P1, R1, 16), "float8_e4m3fn"],
+            kvs1: T.Tensor[(P1, R1, 16), "uint8"],
+            kvr1: T.Tensor[(P1, R1, 8), "bfloat16"],
+            idx1: T.Tensor[(num_tokens, n1), "int32"],
+            lens1: T.Tensor[(num_tokens,), "int32"],
+            kvq2: T.Tensor[(P2, R2, 16), "float8_e4m3fn"],
+            kvs2: T.Tensor[(P2, R2, 16), "uint8"],
+            kvr2: T.Tensor[(P2, R2, 8), "bfloat16"],
+            idx2: T.Tensor[(num_tokens, n2), "int32"],
+            lens2: T.Tensor[(num_tokens,), "int32"],
+            block_size1: T.int32,
+            block_size2: T.int32,
+            sink: T.Tensor[(H,), "float32"],
+            out: T.Tensor[out_shape, "bfloat16"],
+            o_part: T.Tensor[part_shape, "bfloat16"],
+            lse_part: T.Tensor[lse_shape, "float32"],
+            trace_buf: T.Tensor[(num_tokens, NHB, S, NSTAMP, 2), "int64"],
+        ):
+            forward(q, kvq1, kvs1, kvr1, idx1, lens1, kvq2, kvs2, kvr2, idx2, lens2, block_size1, block_size2, sink, out,
+                    o_part, lse_part, trace_buf)
+    else:
+        @T.prim_func
+        def sparse_mla_fwd(
+            q: T.Tensor[(num_tokens, H, D), "bfloat16"],
+            kvq1: T.Tensor[(P1, R1, 16), "float8_e4m3fn"],
+            kvs1: T.Tensor[(P1, R1, 16), "uint8"],
+            kvr1: T.Tensor[(P1, R1, 8), "bfloat16"],
+            idx1: T.Tensor[(num_tokens, n1), "int32"],
+            lens1: T.Tensor[(num_tokens,), "int32"],
+            kvq2: T.Tensor[(P2, R2, 16), "float8_e4m3fn"],
+            kvs2: T.Tensor[(P2, R2, 16), "uint8"],
+            kvr2: T.Tensor[(P2, R2, 8), "bfloat16"],
+            idx2: T.Tensor[(num_tokens, n2), "int32"],
+            lens2: T.Tensor[(num_tokens,), "int32"],
+            block_size1: T.int32,
+            block_size2: T.int32,
+            sink: T.Tensor[(H,), "float32"],
+            out: T.Tensor[out_shape, "bfloat16"],
+            o_part: T.Tensor[part_shape, "bfloat16"],
+            lse_part: T.Tensor[lse_shape, "float32"],
+        ):
+            forward(q, kvq1, kvs1, kvr1, idx1, lens1, kvq2, kvs2, kvr2, idx2, lens2, block_size1, block_size2, sink, out,
+                    o_part, lse_part, None)
 
     return sparse_mla_fwd

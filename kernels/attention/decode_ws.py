@@ -46,8 +46,9 @@ call: 64 heads x 64 tokens 64K 32.5 -> 30.5 us, 256K 78.5 -> 75.4, 8K 21.2 -> 19
 128 heads x 24 tokens 29.6 -> 28.0 (and the per-token error 2.5e-3 -> 2.1e-3: each half's own O stays fp32).
 """
 # No `from __future__ import annotations`: TileLang evaluates the T.Tensor annotations.
-from .common import D, LOG2E, NOPE, ROPE, SCALE_BYTES, TOKEN_BYTES, list_tiles, split_share
+from .common import D, LOG2E, NOPE, ROPE, SCALE_BYTES, TOKEN_BYTES, split_share
 from .decode import DEQUANT8_SRC, slot_macros
+from .trace import TRACE_SRC, stamp_macro
 
 WS_HEAD_BLOCK = 64
 WS_BLOCK_I = 64
@@ -85,6 +86,19 @@ __device__ __forceinline__ unsigned dsv4_ld_u32(const void* p, int k) { return r
 """
 
 
+# trace=True (benchmarks only): stamps of the scores warp group's thread 0 (tiles 0 .. WS_TRACE_TILES - 1), the
+# gather's thread 256 and WG1's thread 128, in this order
+WS_TRACE_TILES = 6
+WS_STAMP_NAMES = (("entry", "pdl_sync", "lengths", "q in shared memory")
+                  + tuple(f"tile {i} {w}" for i in range(WS_TRACE_TILES) for w in ("kv ready", "p published", "pv done"))
+                  + ("scores loop done", "scores epilogue done", "gather first slots")
+                  + tuple(f"gather tile {i} buffer free" for i in range(WS_TRACE_TILES))
+                  + tuple(f"gather tile {i} stored" for i in range(WS_TRACE_TILES))
+                  + ("gather done", "right pv done"))
+WS_STAMPS = {name: i for i, name in enumerate(WS_STAMP_NAMES)}
+WS_NSTAMP = len(WS_STAMP_NAMES)
+
+
 def ws_smem_bytes(hb: int = WS_HEAD_BLOCK, bi: int = WS_BLOCK_I, cluster: bool = False) -> int:
     """Q, two KV buffers, two P buffers (bf16); two rescale vectors, two validity vectors, row sum and max (and in a
     cluster the peer's); the eight mbarriers (8 B each)."""
@@ -92,7 +106,7 @@ def ws_smem_bytes(hb: int = WS_HEAD_BLOCK, bi: int = WS_BLOCK_I, cluster: bool =
             + (4 if cluster else 2) * 4 * hb + 8 * 8)
 
 
-def build_decode_ws(heads: int, n_splits: int, softmax_scale: float, cluster: bool = False):
+def build_decode_ws(heads: int, n_splits: int, softmax_scale: float, cluster: bool = False, trace: bool = False):
     import tilelang.language as T
 
     H, HB, BI, S = heads, WS_HEAD_BLOCK, WS_BLOCK_I, n_splits
@@ -120,14 +134,16 @@ def build_decode_ws(heads: int, n_splits: int, softmax_scale: float, cluster: bo
     P1, RW1, P2, RW2 = T.dynamic("pages1"), T.dynamic("rows1"), T.dynamic("pages2"), T.dynamic("rows2")
     num_out, num_part = T.dynamic("num_out"), T.dynamic("num_part")
     list_slot, cache_row_ok = slot_macros(T, BI, n1, n2)
+    NSTAMP, TT = WS_NSTAMP, WS_TRACE_TILES
+    stamp = stamp_macro(T, trace)
 
     @T.macro
-    def slot_of(idx1, lens1, idx2, lens2, t, g, rng, r, slot_r, k):
+    def slot_of(idx1, idx2, t, g, rng, r, slot_r, k):
         # row r of tile g of [list 1 tiles | list 2 tiles]: its slot into slot_r[k], -1 past a length or the
         # split's end
         slot_r[k] = -1
         if g < rng[2]:
-            list_slot(idx1, lens1, idx2, lens2, t, g, rng, r, slot_r, k)
+            list_slot(idx1, idx2, t, g, rng, r, slot_r, k)
 
     @T.macro
     def place(slot_r, pages, rows, bs, loc, k):
@@ -192,11 +208,14 @@ def build_decode_ws(heads: int, n_splits: int, softmax_scale: float, cluster: bo
 
     @T.macro
     def gather_tile(kvq1, kvs1, kvr1, kvq2, kvs2, kvr2, bs1, bs2, g, rng, r0, q4, slot_r, loc, nope_r, rope_r,
-                    e_r, kv_l, kv_r, valid, kv_free, kv_ready, b, parity, idx1, lens1, idx2, lens2, t):
+                    e_r, kv_l, kv_r, valid, kv_free, kv_ready, b, parity, idx1, idx2, t, trace_buf, hb,
+                    split, it):
         # tile g's bytes are in flight (issued a tile earlier) and slot_r holds tile g + 1's slots. Each pass is
         # dequantized as its bytes land, and its registers then take tile g + 1's pass at once: that pass's loads
         # fly while the other pass is dequantized and the next tile waits for its buffer.
         T.barrier_wait(kv_free[b], parity)
+        if it < TT:
+            stamp(trace_buf, t, hb, split, WS_STAMPS["gather tile 0 buffer free"] + it, 256, 0)
         for k in range(PASSES):
             if b == 0:
                 store_pass(r0, q4, nope_r, rope_r, e_r, kv_l[0], kv_r[0], valid, loc, b, k)
@@ -206,14 +225,18 @@ def build_decode_ws(heads: int, n_splits: int, softmax_scale: float, cluster: bo
                        e_r, k)
         T.fence_proxy_async()   # the generic-proxy stores, before the WGMMAs that read them
         T.barrier_arrive(kv_ready[b])
+        if it < TT:
+            stamp(trace_buf, t, hb, split, WS_STAMPS["gather tile 0 stored"] + it, 256, 0)
         # tile g + 2's slots, so their index loads fly during the next tile's wait and stores
         for k in range(PASSES):
-            slot_of(idx1, lens1, idx2, lens2, t, g + 2, rng, r0 + k * ROWS_PER_PASS, slot_r, k)
+            slot_of(idx1, idx2, t, g + 2, rng, r0 + k * ROWS_PER_PASS, slot_r, k)
 
     @T.macro
     def scores_tile(q_l, q_r, kv_l, kv_r, valid, p_s, alpha_s, acc_s, acc_o, m_f, m_prev, ref_f, alpha_f, rsum,
-                    sum_f, kv_ready, kv_free, p_ready, p_free, b, parity):
+                    sum_f, kv_ready, kv_free, p_ready, p_free, b, parity, trace_buf, t, hb, split, it):
         T.barrier_wait(kv_ready[b], parity)
+        if it < TT:
+            stamp(trace_buf, t, hb, split, WS_STAMPS["tile 0 kv ready"] + 3 * it, 0, 0)
         if b == 0:
             T.wgmma_gemm(q_l, kv_l[0], acc_s, transpose_B=True, clear_accum=True)
             T.wgmma_gemm(q_r, kv_r[0], acc_s, transpose_B=True)
@@ -245,11 +268,15 @@ def build_decode_ws(heads: int, n_splits: int, softmax_scale: float, cluster: bo
         T.fence_proxy_async()
         T.sync_threads(2, 128)                  # all of P written, before this warp group's WGMMA reads it
         T.barrier_arrive(p_ready[b])
+        if it < TT:
+            stamp(trace_buf, t, hb, split, WS_STAMPS["tile 0 p published"] + 3 * it, 0, 0)
         if b == 0:
             T.gemm(p_s[0], kv_l[0], acc_o)
         else:
             T.gemm(p_s[1], kv_l[1], acc_o)
         T.barrier_arrive(kv_free[b])
+        if it < TT:
+            stamp(trace_buf, t, hb, split, WS_STAMPS["tile 0 pv done"] + 3 * it, 0, 0)
 
     @T.macro
     def right_tile(kv_r, p_s, alpha_s, a_f, acc_o, p_ready, kv_free, p_free, b, parity):
@@ -322,28 +349,11 @@ def build_decode_ws(heads: int, n_splits: int, softmax_scale: float, cluster: bo
             return T.ClusterKernel(*grid, cluster_dims=(1, 1, 2), threads=WS_THREADS)
         return T.Kernel(*grid, threads=WS_THREADS)
 
-    @T.prim_func
-    def sparse_mla_fwd(
-        q: T.Tensor[(num_tokens, H, D), "bfloat16"],
-        kvq1: T.Tensor[(P1, RW1, 16), "float8_e4m3fn"],
-        kvs1: T.Tensor[(P1, RW1, 16), "uint8"],
-        kvr1: T.Tensor[(P1, RW1, 8), "bfloat16"],
-        idx1: T.Tensor[(num_tokens, n1), "int32"],
-        lens1: T.Tensor[(num_tokens,), "int32"],
-        kvq2: T.Tensor[(P2, RW2, 16), "float8_e4m3fn"],
-        kvs2: T.Tensor[(P2, RW2, 16), "uint8"],
-        kvr2: T.Tensor[(P2, RW2, 8), "bfloat16"],
-        idx2: T.Tensor[(num_tokens, n2), "int32"],
-        lens2: T.Tensor[(num_tokens,), "int32"],
-        block_size1: T.int32,
-        block_size2: T.int32,
-        sink: T.Tensor[(H,), "float32"],
-        out: T.Tensor[(num_out, H, D), "bfloat16"],
-        o_part: T.Tensor[(SP, num_part, H, D), "bfloat16"],
-        lse_part: T.Tensor[(SP, num_part, H), "float32"],
-    ):
+    @T.macro
+    def forward(q, kvq1, kvs1, kvr1, idx1, lens1, kvq2, kvs2, kvr2, idx2, lens2, block_size1, block_size2, sink,
+                out, o_part, lse_part, trace_buf):
         with launch(num_tokens, NHB, S) as (t, hb, split):
-            T.import_source(DEQUANT8_SRC + LD_U32_SRC + (CLUSTER_SRC if cluster else ""))
+            T.import_source(DEQUANT8_SRC + LD_U32_SRC + (CLUSTER_SRC if cluster else "") + (TRACE_SRC if trace else ""))
             q_l = T.alloc_shared([HB, HALF], "bfloat16")
             q_r = T.alloc_shared([HB, HALF], "bfloat16")
             # two of each, tile it in buffer it % 2; the GEMM operands are separate allocations named statically
@@ -366,16 +376,21 @@ def build_decode_ws(heads: int, n_splits: int, softmax_scale: float, cluster: bo
             kv_free = T.alloc_barrier([256, 256])
             p_ready = T.alloc_barrier([128, 128])
             p_free = T.alloc_barrier([128, 128])
-            rng = T.alloc_local([3], "int32")
+            rng = T.alloc_local([5], "int32")
             tx = T.get_thread_binding()
 
+            stamp(trace_buf, t, hb, split, WS_STAMPS["entry"], 0, 0)
             # launched behind its producer (PDL: the top-k, q's kernel): everything read here is its output
             T.pdl_sync()
-            t1, t2 = list_tiles(T, lens1, lens2, t, n1, n2, BI)
+            stamp(trace_buf, t, hb, split, WS_STAMPS["pdl_sync"], 0, 0)
+            rng[3] = T.max(T.min(lens1[t], n1), 0)
+            rng[4] = T.max(T.min(lens2[t], n2), 0)
+            t1, t2 = T.ceildiv(rng[3], BI), T.ceildiv(rng[4], BI)
             per = split_share(T, t1 + t2, S)
             rng[0] = t1
             rng[1] = T.min(split * per, t1 + t2)
             rng[2] = T.min(split * per + per, t1 + t2)
+            stamp(trace_buf, t, hb, split, WS_STAMPS["lengths"], 0, rng[2])
 
             if tx < 128:
                 T.set_max_nreg(R0, 1)
@@ -394,9 +409,12 @@ def build_decode_ws(heads: int, n_splits: int, softmax_scale: float, cluster: bo
                 T.fill(m_f, neg_inf)
                 T.fence_proxy_async()
                 T.sync_threads(1, 256)   # Q in shared memory (both halves)
+                stamp(trace_buf, t, hb, split, WS_STAMPS["q in shared memory"], 0, 0)
                 for it in T.serial(rng[2] - rng[1]):
                     scores_tile(q_l, q_r, kv_l, kv_r, valid, p_s, alpha_s, acc_s, acc_o, m_f, m_prev, ref_f, alpha_f,
-                                rsum, sum_f, kv_ready, kv_free, p_ready, p_free, it % 2, (it // 2) % 2)
+                                rsum, sum_f, kv_ready, kv_free, p_ready, p_free, it % 2, (it // 2) % 2, trace_buf, t,
+                                hb, split, it)
+                stamp(trace_buf, t, hb, split, WS_STAMPS["scores loop done"], 0, 0)
                 # the kernel behind this one may launch now (its CTAs wait in pdl_sync for this grid's writes)
                 T.pdl_trigger()
                 T.copy(sum_f, l_s)
@@ -421,6 +439,7 @@ def build_decode_ws(heads: int, n_splits: int, softmax_scale: float, cluster: bo
                         for h in T.Parallel(HB):
                             lse_part[split, t, hb * HB + h] = T.if_then_else(
                                 l_s[h] > 0, m_s[h] + T.log2(l_s[h]), neg_inf)
+                stamp(trace_buf, t, hb, split, WS_STAMPS["scores epilogue done"], 0, 0)
             elif tx < 256:
                 T.set_max_nreg(R1_, 0)
                 acc_o = T.alloc_fragment([HB, HALF], "float32")
@@ -450,6 +469,7 @@ def build_decode_ws(heads: int, n_splits: int, softmax_scale: float, cluster: bo
                         merge_pair(acc_o, q_r, l_s, m_s, pl_s, pm_s, sink, out, t, hb, HALF, 4, mx, fs, wp)
                 else:
                     write_half(acc_o, fac, q_r, l_s, m_s, sink, out, o_part, t, hb, split, HALF, 4)
+                stamp(trace_buf, t, hb, split, WS_STAMPS["right pv done"], 128, 0)
             else:
                 T.set_max_nreg(R2_, 0)
                 slot_r = T.alloc_local([PASSES], "int32")
@@ -461,19 +481,70 @@ def build_decode_ws(heads: int, n_splits: int, softmax_scale: float, cluster: bo
                 q4 = (tx - 256) % TPR_G
                 # the first tile's bytes in flight, then the second tile's slots
                 for k in range(PASSES):
-                    slot_of(idx1, lens1, idx2, lens2, t, rng[1], rng, r0 + k * ROWS_PER_PASS, slot_r, k)
+                    slot_of(idx1, idx2, t, rng[1], rng, r0 + k * ROWS_PER_PASS, slot_r, k)
+                stamp(trace_buf, t, hb, split, WS_STAMPS["gather first slots"], 256, slot_r[0])
                 for k in range(PASSES):
                     issue_pass(kvq1, kvs1, kvr1, kvq2, kvs2, kvr2, block_size1, block_size2, rng[1], rng, slot_r, loc,
                                q4, nope_r, rope_r, e_r, k)
                 for k in range(PASSES):
-                    slot_of(idx1, lens1, idx2, lens2, t, rng[1] + 1, rng, r0 + k * ROWS_PER_PASS, slot_r, k)
+                    slot_of(idx1, idx2, t, rng[1] + 1, rng, r0 + k * ROWS_PER_PASS, slot_r, k)
                 for it in T.serial(rng[2] - rng[1]):
                     gather_tile(kvq1, kvs1, kvr1, kvq2, kvs2, kvr2, block_size1, block_size2, rng[1] + it, rng, r0, q4,
                                 slot_r, loc, nope_r, rope_r, e_r, kv_l, kv_r, valid, kv_free, kv_ready, it % 2,
-                                (it // 2) % 2 ^ 1, idx1, lens1, idx2, lens2, t)
+                                (it // 2) % 2 ^ 1, idx1, idx2, t, trace_buf, hb, split, it)
                 T.pdl_trigger()
+                stamp(trace_buf, t, hb, split, WS_STAMPS["gather done"], 256, 0)
                 if cluster:   # every thread of the cluster takes part in its barriers
                     T.call_extern("handle", "dsv4_cluster_sync")
                     T.call_extern("handle", "dsv4_cluster_sync")
+
+    # the kernel's parameters; a traced build (trace=True, benchmarks only) adds the stamps' buffer
+    if trace:
+        @T.prim_func
+        def sparse_mla_fwd(
+            q: T.Tensor[(num_tokens, H, D), "bfloat16"],
+            kvq1: T.Tensor[(P1, RW1, 16), "float8_e4m3fn"],
+            kvs1: T.Tensor[(P1, RW1, 16), "uint8"],
+            kvr1: T.Tensor[(P1, RW1, 8), "bfloat16"],
+            idx1: T.Tensor[(num_tokens, n1), "int32"],
+            lens1: T.Tensor[(num_tokens,), "int32"],
+            kvq2: T.Tensor[(P2, RW2, 16), "float8_e4m3fn"],
+            kvs2: T.Tensor[(P2, RW2, 16), "uint8"],
+            kvr2: T.Tensor[(P2, RW2, 8), "bfloat16"],
+            idx2: T.Tensor[(num_tokens, n2), "int32"],
+            lens2: T.Tensor[(num_tokens,), "int32"],
+            block_size1: T.int32,
+            block_size2: T.int32,
+            sink: T.Tensor[(H,), "float32"],
+            out: T.Tensor[(num_out, H, D), "bfloat16"],
+            o_part: T.Tensor[(SP, num_part, H, D), "bfloat16"],
+            lse_part: T.Tensor[(SP, num_part, H), "float32"],
+            trace_buf: T.Tensor[(num_tokens, NHB, S, NSTAMP, 2), "int64"],
+        ):
+            forward(q, kvq1, kvs1, kvr1, idx1, lens1, kvq2, kvs2, kvr2, idx2, lens2, block_size1, block_size2, sink,
+                    out, o_part, lse_part, trace_buf)
+    else:
+        @T.prim_func
+        def sparse_mla_fwd(
+            q: T.Tensor[(num_tokens, H, D), "bfloat16"],
+            kvq1: T.Tensor[(P1, RW1, 16), "float8_e4m3fn"],
+            kvs1: T.Tensor[(P1, RW1, 16), "uint8"],
+            kvr1: T.Tensor[(P1, RW1, 8), "bfloat16"],
+            idx1: T.Tensor[(num_tokens, n1), "int32"],
+            lens1: T.Tensor[(num_tokens,), "int32"],
+            kvq2: T.Tensor[(P2, RW2, 16), "float8_e4m3fn"],
+            kvs2: T.Tensor[(P2, RW2, 16), "uint8"],
+            kvr2: T.Tensor[(P2, RW2, 8), "bfloat16"],
+            idx2: T.Tensor[(num_tokens, n2), "int32"],
+            lens2: T.Tensor[(num_tokens,), "int32"],
+            block_size1: T.int32,
+            block_size2: T.int32,
+            sink: T.Tensor[(H,), "float32"],
+            out: T.Tensor[(num_out, H, D), "bfloat16"],
+            o_part: T.Tensor[(SP, num_part, H, D), "bfloat16"],
+            lse_part: T.Tensor[(SP, num_part, H), "float32"],
+        ):
+            forward(q, kvq1, kvs1, kvr1, idx1, lens1, kvq2, kvs2, kvr2, idx2, lens2, block_size1, block_size2, sink,
+                    out, o_part, lse_part, None)
 
     return sparse_mla_fwd

@@ -73,7 +73,7 @@ def build_prefill(heads: int, head_block: int, block_i: int, threads: int, n_spl
             acc_d = T.alloc_fragment([HB, BI], "float32")
             acc_o = T.alloc_fragment([HB, D], "float32")
             st = T.alloc_local([2], "float32")
-            rng = T.alloc_local([3], "int32")
+            rng = T.alloc_local([5], "int32")
             tx = T.get_thread_binding()
 
             T.pdl_sync()  # launched behind its producer (PDL), as decode.py's kernels

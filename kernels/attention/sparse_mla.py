@@ -149,9 +149,10 @@ def ws_params(heads: int, n_splits: int, scale: float, cluster: bool = False) ->
 
 def build_sparse_mla(heads: int, head_block: int, block_i: int, threads: int, kv_format: str, n_splits: int,
                      softmax_scale: float, stages: int = 0, score_chains: int = 0, warp_specialized: bool = False,
-                     cluster: bool = False):
+                     cluster: bool = False, trace: bool = False):
     """The forward kernel of a variant: decode.py's over the fp8_ds_mla cache (decode_ws.py's where
-    warp_specialized), prefill.py's over bf16 rows."""
+    warp_specialized), prefill.py's over bf16 rows. trace=True (never selected; benchmarks/attention/
+    trace_attention.py) adds a timeline buffer to the fp8 decode kernels (trace.py)."""
     if kv_format not in KV_FORMATS:
         raise ValueError(f"sparse_mla: kv_format must be one of {KV_FORMATS}, got {kv_format!r}")
     if cluster and not warp_specialized:
@@ -161,9 +162,10 @@ def build_sparse_mla(heads: int, head_block: int, block_i: int, threads: int, kv
             raise ValueError(f"sparse_mla: the warp-specialized decode is fp8_ds_mla, {WS_HEAD_BLOCK} heads x "
                              f"{WS_BLOCK_I} candidates, {WS_THREADS} threads; got {kv_format}, {head_block} x "
                              f"{block_i}, {threads}")
-        return build_decode_ws(heads, n_splits, softmax_scale, cluster)
+        return build_decode_ws(heads, n_splits, softmax_scale, cluster, trace)
     if kv_format == "fp8_ds_mla":
-        return build_decode(heads, head_block, block_i, threads, n_splits, softmax_scale, stages, score_chains)
+        return build_decode(heads, head_block, block_i, threads, n_splits, softmax_scale, stages, score_chains,
+                            trace)
     if stages:
         raise ValueError(f"sparse_mla: stages must be 0 (registers) or 1..4 (the fp8_ds_mla cp.async ring), got "
                          f"{stages} for {kv_format}")

@@ -1,0 +1,29 @@
+"""Timeline stamps for the sparse MLA decode kernels, built only into the variants a benchmark asks for
+(`trace=True`, benchmarks/attention/trace_attention.py); the kernels serving builds have none.
+
+A stamp is one thread's (%globaltimer ns, %clock64 cycles) at a point of its CTA's code, written to
+trace[token, head block, split, stamp]. `dep` is a value the stamp waits for (a loaded length or slot), so a stamp
+placed after a load marks when the load's data arrived, not when it was issued.
+"""
+
+TRACE_SRC = r"""
+__device__ __forceinline__ void dsv4_stamp(void* p, int dep) {
+  long long g, c;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g) : "r"(dep) : "memory");
+  asm volatile("mov.u64 %0, %%clock64;" : "=l"(c) :: "memory");
+  reinterpret_cast<long long*>(p)[0] = g;
+  reinterpret_cast<long long*>(p)[1] = c;
+}
+"""
+
+
+def stamp_macro(T, enabled: bool):
+    """stamp(trace, t, hb, split, k, who, dep): thread `who` stamps point k (nothing where tracing is off)."""
+
+    @T.macro
+    def stamp(trace, t, hb, split, k, who, dep):
+        if enabled:
+            if T.get_thread_binding() == who:
+                T.call_extern("handle", "dsv4_stamp", T.address_of(trace[t, hb, split, k, 0]), T.Cast("int32", dep))
+
+    return stamp
