@@ -99,7 +99,8 @@ def summarize(traces: list[torch.Tensor], names) -> dict:
         ok = dg > 2000
         if ok.any():
             clocks.append(float((dc[ok] / dg[ok]).median()))
-    out = {"stamps": {}, "layer_span_ns": statistics.median(spans), "launch_gap_ns": statistics.median(gaps) if gaps else None,
+    out = {"stamps": {}, "layer_span_ns": statistics.median(spans),
+           "launch_gap_ns": statistics.median(gaps) if gaps else None,
            "sm_ghz": statistics.median(clocks) if clocks else None}
     for n, v in per_stamp.items():
         if v:
