@@ -166,3 +166,13 @@ def compile_job(job: tuple) -> str:
         return f"compiled {v.name}"
     except Exception as e:  # reported again (as skipped) by the timed loop
         return f"{v.name}: {type(e).__name__}"
+
+
+def compile_variants(variants, arch: str, jobs: int) -> None:
+    """Compile each distinct Variant into the default store with `jobs` processes (compile_job on a GPU of `arch`),
+    printing one line each, before a benchmark times them."""
+    from concurrent.futures import ProcessPoolExecutor
+    distinct = {(v.kernel, v.params, v.schedule): v for v in variants}
+    with ProcessPoolExecutor(jobs) as ex:
+        for msg in ex.map(compile_job, [(v.kernel, dict(v.p), arch, v.schedule) for v in distinct.values()]):
+            print(msg, flush=True)

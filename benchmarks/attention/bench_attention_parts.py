@@ -19,7 +19,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: benchmarks.* imports
 from benchmarks.attention.bench_attention import make_point  # noqa: E402
-from benchmarks.harness import graph_us_or_reason, profiler_kernel_us, schedule_profile, write_rows  # noqa: E402
+from benchmarks.harness import (compile_variants, graph_us_or_reason, profiler_kernel_us,  # noqa: E402
+                                schedule_profile, write_rows)
 
 from dsv4_jit.kernels.attention import ops, reference  # noqa: E402
 from dsv4_jit.kernels.attention.combine import combine_params  # noqa: E402
@@ -82,12 +83,7 @@ def main() -> int:
     scale = D ** -0.5
     configs = [(h, b, s) for h in args.heads for b in args.batch for s in [None, *args.splits]]
     if args.jobs:
-        from concurrent.futures import ProcessPoolExecutor
-        from benchmarks.harness import compile_job
-        jobs = {(v.kernel, v.params, v.schedule): v for cfg in configs for v in variants(prof, *cfg)}
-        with ProcessPoolExecutor(args.jobs) as ex:
-            for msg in ex.map(compile_job, [(v.kernel, dict(v.p), "sm_90a", v.schedule) for v in jobs.values()]):
-                print(msg, flush=True)
+        compile_variants([v for cfg in configs for v in variants(prof, *cfg)], "sm_90a", args.jobs)
     g = torch.Generator(device="cuda").manual_seed(0)
     rows = []
     print(f"{torch.cuda.get_device_name()}; {args.schedule} schedule; H x B at ratio {args.ratio}, "

@@ -20,7 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: benchmarks.* imports
 from benchmarks.attention.bench_attention import make_point  # noqa: E402
-from benchmarks.harness import graph_us_or_reason, schedule_profile, write_rows  # noqa: E402
+from benchmarks.harness import compile_variants, graph_us_or_reason, schedule_profile, write_rows  # noqa: E402
 
 from dsv4_jit.kernels.attention import ops, reference  # noqa: E402
 from dsv4_jit.kernels.attention.sparse_mla import D  # noqa: E402
@@ -131,17 +131,13 @@ def main() -> int:
     scale = D ** -0.5
     points = [(h, b, parse_set(x)) for h in args.heads for b in args.batch for x in args.sets]
     if args.jobs:
-        from concurrent.futures import ProcessPoolExecutor
-        from benchmarks.harness import compile_job
         jobs = []
         for h, b, x in points:
             plain = select_variant(prof, h, b, x)
             jobs += [plain, ops._COMBINE.select(prof, ops._static(h, scale, "fp8_ds_mla"), b)]
             if not args.no_trace:
                 jobs.append(traced_variant(plain)[0])
-        with ProcessPoolExecutor(args.jobs) as ex:
-            for msg in ex.map(compile_job, [(v.kernel, dict(v.p), "sm_90a", v.schedule) for v in jobs]):
-                print(msg, flush=True)
+        compile_variants(jobs, "sm_90a", args.jobs)
     g = torch.Generator(device="cuda").manual_seed(0)
     rows = []
     print(f"{torch.cuda.get_device_name()}; {args.schedule} schedule; ratio {args.ratio}, {args.ctx // 1024}K; "

@@ -87,12 +87,8 @@ def main() -> int:
         return get_spec("indexer_decode_logits").select(arch, ops.decode_static(64, 128, 1, PAGE), 1)
 
     if args.jobs:
-        from concurrent.futures import ProcessPoolExecutor
-        from benchmarks.harness import compile_job
-        jobs = [(v.kernel, dict(v.p), arch.name, v.schedule) for v in (configure(*cfg) for cfg in configs)]
-        with ProcessPoolExecutor(args.jobs) as ex:
-            for msg in ex.map(compile_job, jobs):
-                print(msg, flush=True)
+        from benchmarks.harness import compile_variants
+        compile_variants([configure(*cfg) for cfg in configs], arch.name, args.jobs)
     for c, ns, form in configs:
         v = configure(c, ns, form)
         print(f"variant {v.name}", flush=True)
