@@ -309,11 +309,12 @@ def test_two_splits_merge_in_a_cluster_through_shared_memory(tmp_path):
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("schedule, tokens, stamps", [("sm_120a", 8, 8), ("sm_90a", 64, 14)])
+@pytest.mark.parametrize("schedule, tokens, stamps", [("sm_120a", 8, 13), ("sm_90a", 64, 14)])
 def test_traced_builds_stamp_their_timeline_and_served_builds_carry_none(tmp_path, schedule, tokens, stamps):
     # trace=True (benchmarks/attention/trace_attention.py) adds a [tokens, head blocks, splits, stamps, 2] int64
-    # buffer and the stamps' call sites (the ring kernel's 8; the warp-specialized kernel's per-tile ones sit in its
-    # loops, so fewer call sites than WS_NSTAMP); select's variant, which serving loads, has neither. The traced
+    # buffer and the stamps' call sites (the ring kernel's 13, five of them in its tile loop and two in its epilogue;
+    # the warp-specialized kernel's per-tile ones sit in its loops, so fewer call sites than WS_NSTAMP); select's
+    # variant, which serving loads, has neither. The traced
     # SM120 ring variant still fits and emits no Hopper-only instruction (compile_to_dir checks both).
     from dsv4_jit import jit
     from dsv4_jit.kernels.attention.decode import RING_STAMPS
@@ -349,7 +350,9 @@ def test_trace_summary_measures_each_stamp_from_the_layers_first_release():
                     tr.view(4, len(names), 2)[cta, k] = torch.tensor([t0 + off, 2 * (t0 + off)])
         layers.append(tr)
     out = summarize(layers, names)
-    assert out["stamps"]["pdl_sync"] == {"ctas": 4, "median_ns": 200.0, "max_ns": 300.0, "min_ns": 0.0}
+    assert out["stamps"]["pdl_sync"] == {"ctas": 4, "median_ns": 200.0, "max_ns": 300.0, "min_ns": 0.0,
+                                         "clock_median_ns": 0.0}
+    assert out["stamps"]["lengths"]["clock_median_ns"] == 400.0   # each CTA's own release to its stamp
     assert out["stamps"]["lengths"]["min_ns"] == 400.0
     assert out["stamps"]["done"]["ctas"] == 3 and out["stamps"]["done"]["max_ns"] == 3200.0
     assert out["layer_span_ns"] == 3200.0            # release of CTA 0 to the last stamp (CTA 2's done)

@@ -43,6 +43,15 @@ def select_variant(prof, heads: int, batch: int, extra: dict | None = None):
     return Variant.make(ops._FWD.name, {**ops._FWD.select(prof, st, batch).p, **(extra or {})}, prof)
 
 
+def combine_variant(prof, plain, batch: int):
+    """The combine that merges `plain`'s splits (select's pairing, or the one a --set split count needs)."""
+    from dsv4_jit.kernels.attention.combine import combine_params
+    from dsv4_jit.spec import Variant
+    p = plain.p
+    return Variant.make(ops._COMBINE.name, combine_params(p["heads"], max(2, p["n_splits"]), batch, p["block_i"]),
+                        prof)
+
+
 def traced_variant(plain):
     """(plain with trace=True, its stamp names)."""
     from dsv4_jit.spec import Variant
@@ -73,9 +82,11 @@ def flush_l2() -> None:
 
 
 def summarize(traces: list[torch.Tensor], names) -> dict:
-    """Per stamp: median / max over the CTAs that reached it of (stamp - the layer's first pdl_sync release), ns;
-    per layer the span from that release to its last stamp, and the SM clock the stamps imply."""
+    """Per stamp: median / max over the CTAs that reached it of (stamp - the layer's first pdl_sync release), ns
+    (%globaltimer: 256 ns steps on Hopper), and the median over them of (its %clock64 - the CTA's own pdl_sync's) at
+    the SM clock the stamps imply, ns (exact within a CTA); per layer the span from that release to its last stamp."""
     per_stamp: dict[str, list[float]] = {n: [] for n in names}
+    per_clock: dict[str, list[float]] = {n: [] for n in names}
     spans, gaps, clocks = [], [], []
     prev_end = None
     rel = names.index("pdl_sync")
@@ -99,14 +110,18 @@ def summarize(traces: list[torch.Tensor], names) -> dict:
         ok = dg > 2000
         if ok.any():
             clocks.append(float((dc[ok] / dg[ok]).median()))
+            for k, n in enumerate(names):
+                mine = reached[:, k] & reached[:, rel]
+                per_clock[n].extend(((c[mine, k] - c[mine, rel]) / clocks[-1]).tolist())
     out = {"stamps": {}, "layer_span_ns": statistics.median(spans),
            "launch_gap_ns": statistics.median(gaps) if gaps else None,
            "sm_ghz": statistics.median(clocks) if clocks else None}
     for n, v in per_stamp.items():
         if v:
             v.sort()
+            cv = sorted(per_clock[n])
             out["stamps"][n] = {"ctas": len(v) // len(traces), "median_ns": v[len(v) // 2], "max_ns": v[-1],
-                                "min_ns": v[0]}
+                                "min_ns": v[0], "clock_median_ns": cv[len(cv) // 2] if cv else None}
     return out
 
 
@@ -134,7 +149,7 @@ def main() -> int:
         jobs = []
         for h, b, x in points:
             plain = select_variant(prof, h, b, x)
-            jobs += [plain, ops._COMBINE.select(prof, ops._static(h, scale, "fp8_ds_mla"), b)]
+            jobs += [plain, combine_variant(prof, plain, b)]
             if not args.no_trace:
                 jobs.append(traced_variant(plain)[0])
         compile_variants(jobs, "sm_90a", args.jobs)
@@ -154,14 +169,16 @@ def main() -> int:
         def getter(buf=None):
             def get(spec, static, n):
                 if spec.name != ops._FWD.name:
-                    return jit.load(spec, spec.select(prof, static, n))
+                    return jit.load(spec, combine_variant(prof, plain, n))
                 return jit.load(spec, plain) if buf is None else WithTrace(k_traced, buf)
             return get
 
         def op_call(p, get):
             (c1, i1, l1, bs1), (c2, i2, l2, bs2) = p["lists"]
             out = torch.empty_like(p["q"])
-            ws = torch.empty(max(1, ops.sparse_mla_workspace_numel(prof, heads, batch)), device="cuda")
+            s = plain.p["n_splits"]   # the variant's own (a --set split count may exceed select's)
+            merged = s == 1 or plain.p.get("cluster")
+            ws = torch.empty(max(1, 0 if merged else ops.partials_numel(s, batch, heads)), device="cuda")
 
             def call():
                 ops.sparse_mla_decode(p["q"], c1, i1, l1, p["sink"], block_size=bs1, extra_kv_cache=c2,
@@ -210,10 +227,12 @@ def main() -> int:
               f"{fmt(row['traced_us_a_layer'])}; err {err:.1e}; forward span {summ['layer_span_ns'] / 1e3:.2f} us, "
               f"previous layer's last stamp -> this layer's first release "
               f"{(summ['launch_gap_ns'] or 0) / 1e3:.2f} us; SM clock {summ['sm_ghz'] or 0:.2f} GHz", flush=True)
-        print(f"  {'stamp':<28} {'CTAs':>5} {'min':>8} {'median':>8} {'max':>8}  (us)")
+        print(f"  {'stamp':<28} {'CTAs':>5} {'min':>8} {'median':>8} {'max':>8} {'clock':>8}  (us; clock: the CTA's "
+              f"own %clock64 from its release, median)")
         for n, v in summ["stamps"].items():
+            ck = v["clock_median_ns"]
             print(f"  {n:<28} {v['ctas']:>5} {v['min_ns'] / 1e3:8.2f} {v['median_ns'] / 1e3:8.2f} "
-                  f"{v['max_ns'] / 1e3:8.2f}")
+                  f"{v['max_ns'] / 1e3:8.2f} {'-' if ck is None else f'{ck / 1e3:8.2f}':>8}")
     write_rows(args.out, rows)
     return 0
 

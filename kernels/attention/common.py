@@ -91,8 +91,12 @@ def split_share(T, tiles, n_splits: int):
 
 
 def tile_macros(T, *, heads: int, head_block: int, block_i: int, threads: int, n_splits: int, softmax_scale: float,
-                score_chains: int, n1, n2) -> SimpleNamespace:
-    """The per-tile macros both kernels run, for one variant; n1 / n2 are the index lists' width symbols."""
+                score_chains: int, n1, n2, stamp=None) -> SimpleNamespace:
+    """The per-tile macros both kernels run, for one variant; n1 / n2 are the index lists' width symbols. stamp: a
+    traced build's stamp macro (trace.py), which attend_tile calls at its scores, softmax and end."""
+    if stamp is None:
+        from .trace import stamp_macro
+        stamp = stamp_macro(T, False)
     H, HB, BI, S = heads, head_block, block_i, n_splits
     if threads % HB or not 1 <= threads // HB <= 32 or BI % (threads // HB) or threads & (threads - 1):
         raise ValueError(f"sparse_mla: {threads} threads cannot share {HB} head rows of {BI} scores evenly "
@@ -181,15 +185,20 @@ def tile_macros(T, *, heads: int, head_block: int, block_i: int, threads: int, n
             p_s[r, c0 + c] = T.Cast("bfloat16", vals[c])
 
     @T.macro
-    def attend_tile(q_s, kv_s, acc_s, acc_b, acc_c, acc_d, s_s, valid_s, p_s, alpha_s, acc_o, st, tx):
-        # the tile in kv_s (and its validity) is in place: scores, softmax, O = alpha O + P V
+    def attend_tile(q_s, kv_s, acc_s, acc_b, acc_c, acc_d, s_s, valid_s, p_s, alpha_s, acc_o, st, tx,
+                    trace=None, t=0, hb=0, split=0, k0=-1):
+        # the tile in kv_s (and its validity) is in place: scores, softmax, O = alpha O + P V. A traced build
+        # stamps points k0 (scores), k0 + 1 (softmax) and k0 + 2 (P.V issued) where k0 >= 0.
         scores(q_s, kv_s, acc_s, acc_b, acc_c, acc_d, s_s)
         T.sync_threads()  # D: the scores in s_s
+        stamp(trace, t, hb, split, k0, 0, 0)
         row_softmax(s_s, valid_s, p_s, alpha_s, st, tx)
         T.sync_threads()  # E: p_s and alpha_s
+        stamp(trace, t, hb, split, T.if_then_else(k0 >= 0, k0 + 1, -1), 0, 0)
         for h, d in T.Parallel(HB, D):
             acc_o[h, d] = acc_o[h, d] * alpha_s[h]
         T.gemm(p_s, kv_s, acc_o)
+        stamp(trace, t, hb, split, T.if_then_else(k0 >= 0, k0 + 2, -1), 0, 0)   # thread 0's P.V issued
 
     @T.macro
     def mark_valid(pg_s, valid_s):
@@ -210,9 +219,11 @@ def tile_macros(T, *, heads: int, head_block: int, block_i: int, threads: int, n
         rng[2] = T.min(split * per + per, t1 + t2)
 
     @T.macro
-    def finish(acc_o, st, l_s, m_s, alpha_s, tx, sink, out, o_part, lse_part, t, hb, split, q_s):
+    def finish(acc_o, st, l_s, m_s, alpha_s, tx, sink, out, o_part, lse_part, t, hb, split, q_s, trace=None,
+               k0=-1):
         # the row's partial sums -> its sum; (sum, running max) to shared for the per-element threads below.
-        # acc_o is relative to the max (0 if -inf).
+        # acc_o is relative to the max (0 if -inf). A traced build stamps k0 (row statistics in shared memory) and
+        # k0 + 1 (O staged in q_s) where k0 >= 0.
         # the kernel behind this one may launch now (PDL; the combine, or with one split the next layer's): its CTAs
         # wait in pdl_sync for this grid's writes, and its launch overlaps this epilogue instead of following it
         T.pdl_trigger()
@@ -224,6 +235,7 @@ def tile_macros(T, *, heads: int, head_block: int, block_i: int, threads: int, n
             m_s[tx // TPR] = st[0]
             alpha_s[tx // TPR] = T.float32(1) / T.max(st[1], T.float32(1e-30))
         T.sync_threads()
+        stamp(trace, t, hb, split, k0, 0, 0)
         # O leaves through q_s (no tile reads Q any more), in bf16: the fragment's scattered 4-byte stores to
         # global memory took longer than the tile's math at one tile a CTA; rows of 16-byte stores do not.
         if S == 1:
@@ -234,6 +246,7 @@ def tile_macros(T, *, heads: int, head_block: int, block_i: int, threads: int, n
                 q_s[h, d] = T.Cast("bfloat16", T.if_then_else(
                     l_s[h] > 0, acc_o[h, d] / (l_s[h] + T.exp2(sink[hh] * LOG2E - ref)), T.float32(0)))
             T.sync_threads()
+            stamp(trace, t, hb, split, T.if_then_else(k0 >= 0, k0 + 1, -1), 0, 0)
             for h, d in T.Parallel(HB, D):
                 if hb * HB + h < H:
                     out[t, T.min(hb * HB + h, H - 1), d] = q_s[h, d]
@@ -243,6 +256,7 @@ def tile_macros(T, *, heads: int, head_block: int, block_i: int, threads: int, n
             for h, d in T.Parallel(HB, D):
                 q_s[h, d] = T.Cast("bfloat16", acc_o[h, d] * alpha_s[h])
             T.sync_threads()
+            stamp(trace, t, hb, split, T.if_then_else(k0 >= 0, k0 + 1, -1), 0, 0)
             for h, d in T.Parallel(HB, D):
                 if hb * HB + h < H and l_s[h] > 0:
                     o_part[split, t, T.min(hb * HB + h, H - 1), d] = q_s[h, d]

@@ -83,9 +83,12 @@ def slot_macros(T, block_i: int, n1, n2):
     return list_slot, cache_row_ok
 
 
-# the ring kernel's stamps (trace=True), in order
-RING_STAMPS = ("entry", "pdl_sync", "lengths", "first slots", "first tile landed", "first tile dequantized",
-               "last tile done", "epilogue done")
+# the ring kernel's stamps (trace=True), in order; the first TRACED_TILES tiles of a CTA get five each
+TRACED_TILES = 2
+TILE_STAMPS = ("landed", "dequantized", "scores", "softmax", "P.V issued")
+RING_STAMPS = (("entry", "pdl_sync", "lengths", "first slots")
+               + tuple(f"tile {i} {n}" for i in range(TRACED_TILES) for n in TILE_STAMPS)
+               + ("last tile done", "epilogue row sums", "epilogue O staged", "epilogue done"))
 
 
 def build_decode(heads: int, head_block: int, block_i: int, threads: int, n_splits: int, softmax_scale: float,
@@ -100,13 +103,14 @@ def build_decode(heads: int, head_block: int, block_i: int, threads: int, n_spli
     # trace=True (benchmarks only): thread 0's timeline of the ring kernel, RING_STAMPS points a CTA
     NSTAMP = len(RING_STAMPS)
     stamp = stamp_macro(T, trace and NST > 0)
+    NTS = len(TILE_STAMPS)
     NG = NOPE // GROUP
     num_tokens = T.dynamic("num_tokens")
     n1 = T.dynamic("n_idx1")
     n2 = T.dynamic("n_idx2")
     P1, R1, P2, R2 = T.dynamic("pages1"), T.dynamic("rows1"), T.dynamic("pages2"), T.dynamic("rows2")
     tm = tile_macros(T, heads=H, head_block=HB, block_i=BI, threads=threads, n_splits=S, softmax_scale=softmax_scale,
-                    score_chains=score_chains, n1=n1, n2=n2)
+                    score_chains=score_chains, n1=n1, n2=n2, stamp=stamp)
     load_q, attend_tile, mark_valid, tile_range, finish = tm.load_q, tm.attend_tile, tm.mark_valid, tm.tile_range, tm.finish
     list_slot, cache_row_ok = slot_macros(T, BI, n1, n2)
     neg_inf, pad_heads, out_shape, part_shape, lse_shape = tm.neg_inf, tm.pad_heads, tm.out_shape, tm.part_shape, tm.lse_shape
@@ -304,8 +308,9 @@ def build_decode(heads: int, head_block: int, block_i: int, threads: int, n_spli
                                  kvr2, block_size1, block_size2, pg_s, off_s, nope_s, rope_s, scr_s)
                     T.ptx_wait_group(NST - 1)
                     T.sync_threads()  # B
-                    if it == 0:
-                        stamp(trace_buf, t, hb, split, 4, 0, 0)
+                    # tile it's stamps, the first TRACED_TILES tiles only (-1: none)
+                    k0 = T.if_then_else(it < TRACED_TILES, 4 + NTS * it, -1)
+                    stamp(trace_buf, t, hb, split, k0, 0, 0)
                     dequant_stage(nope_s, rope_s, scr_s, it % NST, kv_s)
                     # the same thread reads row tx's validity and then writes the row NST tiles ahead in its place
                     if tx < BI:
@@ -313,16 +318,17 @@ def build_decode(heads: int, head_block: int, block_i: int, threads: int, n_spli
                     rows_at(slot_r, 0, tx, rng[1] + it + NST, rng, it % NST, pg_s, off_s, block_size1, block_size2)
                     fetch_slot_or_end(idx1, idx2, t, rng[1] + it + NST + 1, rng, tx, slot_r, 0)
                     T.sync_threads()  # C
-                    if it == 0:
-                        stamp(trace_buf, t, hb, split, 5, 0, 0)
+                    stamp(trace_buf, t, hb, split, T.if_then_else(k0 >= 0, k0 + 1, -1), 0, 0)
                     if NST == 1:
                         issue_at(rng[1] + it + 1, rng, 0, tx, kvq1, kvs1, kvr1, kvq2, kvs2, kvr2, block_size1,
                                  block_size2, pg_s, off_s, nope_s, rope_s, scr_s)
-                    attend_tile(q_s, kv_s, acc_s, acc_b, acc_c, acc_d, s_s, valid_s, p_s, alpha_s, acc_o, st, tx)
+                    attend_tile(q_s, kv_s, acc_s, acc_b, acc_c, acc_d, s_s, valid_s, p_s, alpha_s, acc_o, st, tx,
+                                trace_buf, t, hb, split, T.if_then_else(k0 >= 0, k0 + 2, -1))
                 T.ptx_wait_group(0)  # no copy outlives the CTA (an empty split issued its prologue too)
-                stamp(trace_buf, t, hb, split, 6, 0, 0)
-                finish(acc_o, st, l_s, m_s, alpha_s, tx, sink, out, o_part, lse_part, t, hb, split, q_s)
-                stamp(trace_buf, t, hb, split, 7, 0, 0)
+                stamp(trace_buf, t, hb, split, NSTAMP - 4, 0, 0)
+                finish(acc_o, st, l_s, m_s, alpha_s, tx, sink, out, o_part, lse_part, t, hb, split, q_s, trace_buf,
+                       NSTAMP - 3)
+                stamp(trace_buf, t, hb, split, NSTAMP - 1, 0, 0)
         else:
             with T.Kernel(num_tokens, NHB, S, threads=threads) as (t, hb, split):
                 q_s = T.alloc_shared([HB, D], "bfloat16")

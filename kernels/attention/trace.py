@@ -18,12 +18,13 @@ __device__ __forceinline__ void dsv4_stamp(void* p, int dep) {
 
 
 def stamp_macro(T, enabled: bool):
-    """stamp(trace, t, hb, split, k, who, dep): thread `who` stamps point k (nothing where tracing is off)."""
+    """stamp(trace, t, hb, split, k, who, dep): thread `who` stamps point k (nothing where tracing is off, or where
+    k < 0: a point the kernel passes in a loop, stamped only at some of its iterations)."""
 
     @T.macro
     def stamp(trace, t, hb, split, k, who, dep):
         if enabled:
-            if T.get_thread_binding() == who:
+            if T.get_thread_binding() == who and k >= 0:
                 T.call_extern("handle", "dsv4_stamp", T.address_of(trace[t, hb, split, k, 0]), T.Cast("int32", dep))
 
     return stamp
