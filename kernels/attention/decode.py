@@ -231,17 +231,30 @@ def build_decode(heads: int, head_block: int, block_i: int, threads: int, n_spli
         T.ptx_commit_group()  # always: wait_group counts groups, empty ones included
 
     NQ8 = NOPE // 8   # 8-byte groups of a row's NoPE bytes
+    TPRW = threads // BI if threads % BI == 0 else 0   # dequantizing threads a row (0: the flat walk)
 
     @T.macro
     def dequant_stage(nope_s, rope_s, scr_s, st, kv_s):
         # 8 e4m3 bytes -> 8 bf16 a thread by bit placement and two bf16x2 multiplies (DEQUANT8_SRC); kv_s's
-        # swizzle moves 16-byte chunks, so the 8 values of kv_s[j, c0 .. c0 + 7] are one aligned 16-byte store
-        for i in T.unroll((BI * NQ8 + threads - 1) // threads):
-            k = i * threads + T.get_thread_binding()
-            if k < BI * NQ8:
-                T.call_extern("handle", "dsv4_dequant8", T.address_of(kv_s[k // NQ8, (k % NQ8) * 8]),
-                              T.address_of(nope_s[st, k // NQ8, (k % NQ8) * 8]),
-                              T.Cast("uint32", scr_s[st, k // NQ8, (k % NQ8) * 8 // GROUP]))
+        # swizzle moves 16-byte chunks, so the 8 values of kv_s[j, c0 .. c0 + 7] are one aligned 16-byte store.
+        # TPRW threads a row, thread c of it taking the row's groups c, c + TPRW, ...: the row is fixed a thread and
+        # each step moves its column by a constant, so the swizzled addresses are a per-thread base plus constants
+        # (a flat walk over the tile's groups divided by 56 a group; that address math was most of this step).
+        if TPRW:
+            r = T.get_thread_binding() // TPRW
+            c = T.get_thread_binding() % TPRW
+            for i in T.unroll((NQ8 + TPRW - 1) // TPRW):
+                if NQ8 % TPRW == 0 or c + i * TPRW < NQ8:
+                    T.call_extern("handle", "dsv4_dequant8", T.address_of(kv_s[r, (c + i * TPRW) * 8]),
+                                  T.address_of(nope_s[st, r, (c + i * TPRW) * 8]),
+                                  T.Cast("uint32", scr_s[st, r, (c + i * TPRW) * 8 // GROUP]))
+        else:
+            for i in T.unroll((BI * NQ8 + threads - 1) // threads):
+                k = i * threads + T.get_thread_binding()
+                if k < BI * NQ8:
+                    T.call_extern("handle", "dsv4_dequant8", T.address_of(kv_s[k // NQ8, (k % NQ8) * 8]),
+                                  T.address_of(nope_s[st, k // NQ8, (k % NQ8) * 8]),
+                                  T.Cast("uint32", scr_s[st, k // NQ8, (k % NQ8) * 8 // GROUP]))
         for j, c in T.Parallel(BI, ROPE):
             kv_s[j, NOPE + c] = rope_s[st, j, c]
 
