@@ -142,8 +142,9 @@ def test_fp8_gather_is_the_cp_async_ring_and_small_steps_take_32_head_ctas():
     assert sparse_mla.kv_stages(64, 32, hopper, 64) == 0      # what 64-head CTAs would run at one token
     one = FWD.select(hopper, {"heads": 64, "softmax_scale": SCALE}, 1).p
     assert (one["head_block"], one["n_splits"], one["threads"]) == (32, 64, 256) and "score_chains" not in one
-    # 32-head CTAs wherever 64-head ones would split a list 16+ ways: up to 8 tokens at 64 heads, 4 at 128
-    for heads, tokens, hb in ((64, 8, 32), (64, 9, 64), (64, 16, 64), (128, 4, 32), (128, 5, 64)):
+    # 32-head CTAs wherever 64-head ones would split a list 16+ ways, past what the warp-specialized kernel takes (16
+    # splits): on Hopper up to 4 tokens at 64 heads, 2 at 128 (SM12x: up to 8 and 4, test_sm12x_decode_...)
+    for heads, tokens, hb in ((64, 4, 32), (64, 5, 64), (64, 8, 64), (64, 16, 64), (128, 2, 32), (128, 3, 64)):
         assert FWD.select(hopper, {"heads": heads, "softmax_scale": SCALE}, tokens).p["head_block"] == hb, (heads, tokens)
     assert FWD.select(hopper, {"heads": 64, "softmax_scale": SCALE, "kv_format": "bf16"}, 1).p["head_block"] == 64
     assert sparse_mla.smem_bytes_for(32, 32, 1) == 91_648
@@ -225,7 +226,7 @@ def test_wide_tiles_only_on_wgmma_64_head_ctas_with_long_shares():
                         assert (sparse_mla.ctas_per_sm(prof, FWD.smem_bytes(v), thr)
                                 == sparse_mla.ctas_per_sm(prof, narrow, thr))
     hopper = get_profile("sm_90a")
-    assert FWD.select(hopper, {"heads": 64, "softmax_scale": SCALE}, 8).p["block_i"] == 32
+    assert FWD.select(hopper, {"heads": 64, "softmax_scale": SCALE}, 4).p["block_i"] == 32
     assert FWD.select(hopper, {"heads": 64, "softmax_scale": SCALE, "kv_format": "bf16"}, 2049).p["block_i"] == 64
     assert FWD.select(hopper, {"heads": 64, "softmax_scale": SCALE}, 1).p["block_i"] == 32   # 32-head CTAs
     sm120 = get_profile("sm_120a")
@@ -235,12 +236,13 @@ def test_wide_tiles_only_on_wgmma_64_head_ctas_with_long_shares():
 
 
 def test_hopper_64_head_decode_over_a_long_share_is_warp_specialized():
-    # decode_ws.py where a Hopper CTA of 64 heads walks a token's list split at most 4 ways (several tiles for its
-    # three warp groups to overlap); the 8-warp kernels everywhere else, and never on SM12x / sm_100a or in prefill
+    # decode_ws.py where a Hopper CTA of 64 heads walks a token's list split at most 16 ways (from 5 tokens at 64
+    # heads, 3 at 128); the 8-warp kernels everywhere else, and never on SM12x / sm_100a or in prefill
     hopper = get_profile("sm_90a")
-    for heads, tokens, want in ((64, 64, True), (64, 32, True), (64, 24, True), (64, 4096, True), (64, 16, False),
-                                (64, 8, False), (64, 1, False), (128, 16, True), (128, 64, True), (128, 8, False),
-                                (32, 64, False), (16, 4096, False), (8, 64, False)):
+    for heads, tokens, want in ((64, 64, True), (64, 32, True), (64, 24, True), (64, 4096, True), (64, 16, True),
+                                (64, 8, True), (64, 5, True), (64, 4, False), (64, 1, False), (128, 16, True),
+                                (128, 64, True), (128, 8, True), (128, 3, True), (128, 2, False), (32, 64, False),
+                                (16, 4096, False), (8, 64, False)):
         v = FWD.select(hopper, {"heads": heads, "softmax_scale": SCALE}, tokens)
         assert bool(v.p.get("warp_specialized")) == want, (heads, tokens, v.p)
         if want:

@@ -100,9 +100,9 @@ def num_splits(num_tokens: int, head_blocks: int, num_sms: int, per_sm: int = 1)
     return s
 
 
-# Heads a CTA of the fp8 decode where 64-head CTAs would split a token's list SMALL_STEP_SPLITS or more ways (a few
-# tokens: up to 8 at 64 heads on 132 SMs, 4 at 128), registers gathering for them included (sweep of both on the H100:
-# 10-24% faster up to there, slower at 8 splits)
+# Heads a CTA of the fp8 decode where 64-head CTAs would split a token's list SMALL_STEP_SPLITS or more ways and the
+# warp-specialized kernel does not take them (a few tokens: up to 4 at 64 heads on a 132-SM Hopper, up to 8 on SM12x),
+# registers gathering for them included (sweep of both on the H100: 10-24% faster up to there, slower at 8 splits)
 SMALL_STEP_HEAD_BLOCK = 32
 SMALL_STEP_SPLITS = 16
 
@@ -125,16 +125,23 @@ def _schedule(arch: ArchProfile, heads: int, hb: int, fmt: str, num_tokens: int)
     return threads, wgmma_cta, n_splits, stages, kv_tile(wgmma_cta, n_splits, stages > 0) if bi == 32 else bi
 
 
-WS_MAX_SPLITS = 4  # the warp-specialized decode where a token's list is split at most this many ways
+WS_MAX_SPLITS = 16  # the warp-specialized decode where a token's list is split at most this many ways
 
 
 def ws_fits(arch: ArchProfile, heads: int, hb: int, n_splits: int) -> bool:
     """Where the fp8 decode runs decode_ws.py's warp-specialized kernel: a Hopper CTA of 64 heads (heads a multiple
-    of 64) over a token's list split at most WS_MAX_SPLITS ways, so a CTA walks several 64-candidate tiles for its
-    three warp groups to overlap. At 2 splits the pair is one thread block cluster merging in the launch (select:
-    `cluster`; no combine kernel). H100, per layer, against the 8-warp ring kernel (benchmarks/RESULTS.md):
-    V4-Pro TP 1 (128 heads) x 64 tokens at 64K 76.9 -> 55.2 us; 64 heads x 64 tokens 256K (ratio 128) 97.0 -> 92.2,
-    8K 26.6 -> 25.0, 64K (ratio 4) level (40.7 / 40.9); x 32 tokens (4 splits) 30.5 -> 29.0; at 8 splits level."""
+    of 64) over a token's list split at most WS_MAX_SPLITS ways (from 5 tokens at 64 heads, 3 at 128). At 2 splits
+    the pair is one thread block cluster merging in the launch (select: `cluster`; no combine kernel). H100, per
+    layer, against the 8-warp ring kernel (benchmarks/RESULTS.md): V4-Pro TP 1 (128 heads) x 64 tokens at 64K
+    76.9 -> 55.2 us; 64 heads x 64 tokens 256K (ratio 128) 97.0 -> 92.2, 8K 26.6 -> 25.0, 64K (ratio 4) level
+    (40.7 / 40.9); x 32 tokens (4 splits) 30.5 -> 29.0. H200, per layer, against the 32-head ring CTAs select ran
+    at 5-8 tokens and the 64-head ones at 9-16 (trace_attention.py --set): 64 heads x 8 tokens over 16 splits 34.3
+    -> 22.6 us at 256K (ratio 128), 16.4 -> 15.6 at 64K, but 10.6 -> 14.3 at 8K, whose 192 candidates are 3
+    64-row tiles (3 live CTAs a token); x 16 tokens over 8 splits 37.0 -> 28.7 at 256K, 18.8 -> 18.0 at 64K,
+    13.0 -> 14.2 at 8K; 128 heads x 8 tokens 36.7 -> 27.6 at 256K, 18.5 -> 17.4 at 64K. select cannot see the list
+    lengths (the split count follows the token count only); the long lists, where decode is slowest, decide it.
+    At 4 tokens (32 splits) the ring kernel stays: ws over 32 splits 23.3 -> 18.6 at 256K but 13.3 -> 14.9 at 64K
+    and 10.1 -> 14.1 at 8K."""
     return (arch.has_wgmma and hb == WS_HEAD_BLOCK and heads % WS_HEAD_BLOCK == 0 and n_splits <= WS_MAX_SPLITS
             and ws_smem_bytes() <= arch.max_smem_per_block)
 
@@ -209,14 +216,15 @@ class SparseMlaSpec(KernelSpec):
         heads, scale, fmt = _static_heads_scale(self.name, static)
         hb = head_block(heads, arch, fmt)
         threads, wgmma_cta, n_splits, stages, bi = _schedule(arch, heads, hb, fmt, num_tokens)
+        if fmt == "fp8_ds_mla" and ws_fits(arch, heads, hb, n_splits):
+            # Hopper, 64-head CTAs: the warp-specialized kernel, split as the 64-head ring CTAs would be
+            return Variant.make(self.name, ws_params(heads, n_splits, scale, cluster=n_splits == 2), arch,
+                                schedule_name(arch))
         if fmt == "fp8_ds_mla" and hb > SMALL_STEP_HEAD_BLOCK and n_splits >= SMALL_STEP_SPLITS:
             # a few tokens at 64+ heads: 32-head CTAs (twice the CTAs a token, each moving half of Q and of the
             # partial O, all through the cp.async ring) beat 64-head CTAs that split each list 16+ ways
             hb = SMALL_STEP_HEAD_BLOCK
             threads, wgmma_cta, n_splits, stages, bi = _schedule(arch, heads, hb, fmt, num_tokens)
-        if fmt == "fp8_ds_mla" and ws_fits(arch, heads, hb, n_splits):
-            return Variant.make(self.name, ws_params(heads, n_splits, scale, cluster=n_splits == 2), arch,
-                                schedule_name(arch))
         params = {"heads": heads, "head_block": hb, "block_i": bi, "threads": threads, "kv_format": fmt,
                   "n_splits": n_splits, "softmax_scale": scale}
         if stages:
