@@ -355,7 +355,10 @@ def pass_lines(sb: dict) -> list[str]:
     out = []
     for p in sb.get("passes") or [sb]:
         launch = p["pdl_one_cta_kernel_us"]
-        fams = f" ({', '.join(p['families'])})" if len(sb.get("passes") or []) > 1 else ""
+        if not (p["device"] or p["copy_bandwidth_gbs"] or launch or p["mma_peak_tflops"]):
+            continue   # a folder with no floors of its own (the gather floor's run): nothing to say of its GPU
+        several = len(sb.get("passes") or []) > 1 and p.get("families")
+        fams = f" ({', '.join(p['families'])})" if several else ""
         out.append(f"{p['device'] or '?'}{fams}: copy {p['copy_bandwidth_gbs'] or 0:,.0f} GB/s; a PDL-chained one-CTA "
                    f"kernel {'%.2f us a layer' % launch if launch else 'not measured'}; MMA peaks "
                    + (", ".join(f"{k} {v:,.0f}" for k, v in p["mma_peak_tflops"].items()) or "not measured")

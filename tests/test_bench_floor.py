@@ -286,3 +286,17 @@ def test_results_md_shows_a_later_folders_gather_floor_as_a_table_of_its_own(poi
     assert "python3 benchmarks/attention/bench_gather_floor.py --out x.json" in md
     sb = gt.scoreboard([tmp_path, later])
     assert not [r for r in sb["rows"] if r["family"] == gt.GATHER_FLOOR]
+
+
+def test_pass_lines_name_each_measuring_pass_and_skip_a_folder_without_floors():
+    # the gather floor's folder has no floors, launch floor or peaks of its own: no "? (): copy 0 GB/s" line for it
+    gt = _load("goal_table")
+    full = {"device": "GPU A", "copy_bandwidth_gbs": 3000.0, "pdl_one_cta_kernel_us": 1.5,
+            "mma_peak_tflops": {"fp8": 1400.0}, "families": []}
+    part = {**full, "families": ["moe"], "copy_bandwidth_gbs": 2900.0}
+    empty = {"device": None, "copy_bandwidth_gbs": None, "pdl_one_cta_kernel_us": None, "mma_peak_tflops": {},
+             "families": []}
+    lines = gt.pass_lines({"passes": [full, empty, part]})
+    assert lines == ["GPU A: copy 3,000 GB/s; a PDL-chained one-CTA kernel 1.50 us a layer; MMA peaks fp8 1,400 TFLOP/s",
+                     "GPU A (moe): copy 2,900 GB/s; a PDL-chained one-CTA kernel 1.50 us a layer; MMA peaks fp8 1,400 "
+                     "TFLOP/s"]
