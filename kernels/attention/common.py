@@ -91,7 +91,7 @@ def split_share(T, tiles, n_splits: int):
 
 
 def tile_macros(T, *, heads: int, head_block: int, block_i: int, threads: int, n_splits: int, softmax_scale: float,
-                score_chains: int, n1, n2, stamp=None) -> SimpleNamespace:
+                score_chains: int, n1, n2, stamp=None, score_halves: bool = False) -> SimpleNamespace:
     """The per-tile macros both kernels run, for one variant; n1 / n2 are the index lists' width symbols. stamp: a
     traced build's stamp macro (trace.py), which attend_tile calls at its scores, softmax and end."""
     if stamp is None:
@@ -123,6 +123,43 @@ def tile_macros(T, *, heads: int, head_block: int, block_i: int, threads: int, n
                 q_s[h, d] = T.if_then_else(hb * HB + h < H, q[t, T.min(hb * HB + h, H - 1), d], T.bfloat16(0))
         else:
             T.copy(q[t, hb * HB:(hb + 1) * HB, :], q_s)
+
+    HT = threads // 2   # the threads of a half (score_halves)
+
+    @T.macro
+    def scores_halves(q_s, kv_s, acc_s, acc_b, acc_c, acc_d, s_s):
+        # S = Q K^T with the two halves of the threads each over half of the 512 dims (two chains each): a warp reads
+        # Q's and the tile's rows only over its half, so shared memory serves 2/3 of the ldmatrix bytes (a 32 x 32
+        # tile over 8 warps: 128 KB, not 192; all 8 warps over all 512 dims read Q 4 times and the tile twice). The
+        # second half adds its sum to the first's in s_s after a barrier. H200, per layer, against all warps over all
+        # dims (trace_attention.py --set, one call): the SM120 schedule at 64 heads x 64 tokens 62.2 -> 57.5 us
+        # (64K) and 187.6 -> 167.3 (256K), x 8 tokens 16.8 -> 16.2 and 34.3 -> 32.5; one token 9.65 -> 9.5 on both
+        # schedules; 16 heads x 64 tokens 25.8 -> 25.2 (sm_90a), 34.8 -> 34.4 (SM120); 16 heads x 8 level.
+        tx = T.get_thread_binding()
+        if tx < HT:
+            T.clear(acc_s)
+            T.clear(acc_b)
+            for c in T.unroll(D // (4 * QK_SLICE)):
+                k0 = c * 2 * QK_SLICE
+                T.gemm(q_s[:, k0:k0 + QK_SLICE], kv_s[:, k0:k0 + QK_SLICE], acc_s, transpose_B=True,
+                       policy=T.GemmWarpPolicy.FullRow)
+                T.gemm(q_s[:, k0 + QK_SLICE:k0 + 2 * QK_SLICE], kv_s[:, k0 + QK_SLICE:k0 + 2 * QK_SLICE], acc_b,
+                       transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
+            for h, j in T.Parallel(HB, BI):
+                s_s[h, j] = acc_s[h, j] + acc_b[h, j]
+        else:
+            T.clear(acc_c)
+            T.clear(acc_d)
+            for c in T.unroll(D // (4 * QK_SLICE)):
+                k0 = D // 2 + c * 2 * QK_SLICE
+                T.gemm(q_s[:, k0:k0 + QK_SLICE], kv_s[:, k0:k0 + QK_SLICE], acc_c, transpose_B=True,
+                       policy=T.GemmWarpPolicy.FullRow)
+                T.gemm(q_s[:, k0 + QK_SLICE:k0 + 2 * QK_SLICE], kv_s[:, k0 + QK_SLICE:k0 + 2 * QK_SLICE], acc_d,
+                       transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
+        T.sync_threads()
+        if tx >= HT:
+            for h, j in T.Parallel(HB, BI):
+                s_s[h, j] = s_s[h, j] + (acc_c[h, j] + acc_d[h, j])
 
     @T.macro
     def scores(q_s, kv_s, acc_s, acc_b, acc_c, acc_d, s_s):
@@ -189,7 +226,10 @@ def tile_macros(T, *, heads: int, head_block: int, block_i: int, threads: int, n
                     trace=None, t=0, hb=0, split=0, k0=-1):
         # the tile in kv_s (and its validity) is in place: scores, softmax, O = alpha O + P V. A traced build
         # stamps points k0 (scores), k0 + 1 (softmax) and k0 + 2 (P.V issued) where k0 >= 0.
-        scores(q_s, kv_s, acc_s, acc_b, acc_c, acc_d, s_s)
+        if score_halves:
+            scores_halves(q_s, kv_s, acc_s, acc_b, acc_c, acc_d, s_s)
+        else:
+            scores(q_s, kv_s, acc_s, acc_b, acc_c, acc_d, s_s)
         T.sync_threads()  # D: the scores in s_s
         stamp(trace, t, hb, split, k0, 0, 0)
         row_softmax(s_s, valid_s, p_s, alpha_s, st, tx)

@@ -92,8 +92,13 @@ RING_STAMPS = (("entry", "pdl_sync", "lengths", "first slots")
 
 
 def build_decode(heads: int, head_block: int, block_i: int, threads: int, n_splits: int, softmax_scale: float,
-                 stages: int = 0, score_chains: int = 0, trace: bool = False):
+                 stages: int = 0, score_chains: int = 0, trace: bool = False, score_halves: bool | None = None):
     import tilelang.language as T
+
+    # the ring kernel's mma.sync scores run in two halves of the threads, each over half of the dims (common.py's
+    # scores_halves); None: so wherever the scores are mma.sync chains (score_chains != 1) through the ring
+    if score_halves is None:
+        score_halves = stages > 0 and score_chains != 1 and threads % 64 == 0
 
     H, HB, BI, S, NST = heads, head_block, block_i, n_splits, stages
     if stages not in (0, 1, 2, 3, 4):
@@ -110,7 +115,7 @@ def build_decode(heads: int, head_block: int, block_i: int, threads: int, n_spli
     n2 = T.dynamic("n_idx2")
     P1, R1, P2, R2 = T.dynamic("pages1"), T.dynamic("rows1"), T.dynamic("pages2"), T.dynamic("rows2")
     tm = tile_macros(T, heads=H, head_block=HB, block_i=BI, threads=threads, n_splits=S, softmax_scale=softmax_scale,
-                    score_chains=score_chains, n1=n1, n2=n2, stamp=stamp)
+                    score_chains=score_chains, n1=n1, n2=n2, stamp=stamp, score_halves=score_halves)
     load_q, attend_tile, mark_valid, tile_range, finish = tm.load_q, tm.attend_tile, tm.mark_valid, tm.tile_range, tm.finish
     list_slot, cache_row_ok = slot_macros(T, BI, n1, n2)
     neg_inf, pad_heads, out_shape, part_shape, lse_shape = tm.neg_inf, tm.pad_heads, tm.out_shape, tm.part_shape, tm.lse_shape

@@ -156,7 +156,7 @@ def ws_params(heads: int, n_splits: int, scale: float, cluster: bool = False) ->
 
 def build_sparse_mla(heads: int, head_block: int, block_i: int, threads: int, kv_format: str, n_splits: int,
                      softmax_scale: float, stages: int = 0, score_chains: int = 0, warp_specialized: bool = False,
-                     cluster: bool = False, trace: bool = False):
+                     cluster: bool = False, trace: bool = False, score_halves: bool | None = None):
     """The forward kernel of a variant: decode.py's over the fp8_ds_mla cache (decode_ws.py's where
     warp_specialized), prefill.py's over bf16 rows. trace=True (never selected; benchmarks/attention/
     trace_attention.py) adds a timeline buffer to the fp8 decode kernels (trace.py)."""
@@ -172,7 +172,7 @@ def build_sparse_mla(heads: int, head_block: int, block_i: int, threads: int, kv
         return build_decode_ws(heads, n_splits, softmax_scale, cluster, trace)
     if kv_format == "fp8_ds_mla":
         return build_decode(heads, head_block, block_i, threads, n_splits, softmax_scale, stages, score_chains,
-                            trace)
+                            trace, score_halves)
     if stages:
         raise ValueError(f"sparse_mla: stages must be 0 (registers) or 1..4 (the fp8_ds_mla cp.async ring), got "
                          f"{stages} for {kv_format}")
