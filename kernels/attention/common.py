@@ -24,8 +24,9 @@ Shared memory, per CTA:  2*512*(HB + BI)  Q and KV tiles (bf16)
                        + 4*HB*3           per-row rescale, sum and max
   plus the gather's buffers (smem_bytes_for; decode.py and prefill.py say what they hold).
 
-Every barrier is explicit, four per tile (TileLang's automatic ones put a block-wide barrier in each step of the
-dequantize loop and one per reduction).
+Every barrier is explicit, four per tile, five where the scores run in two halves of the threads (decode.py's ring
+kernel; TileLang's automatic ones put a block-wide barrier in each step of the dequantize loop and one per
+reduction).
 """
 # No `from __future__ import annotations`: TileLang evaluates the T.Tensor annotations.
 from types import SimpleNamespace
