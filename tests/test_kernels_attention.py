@@ -305,6 +305,10 @@ def test_two_splits_merge_in_a_cluster_through_shared_memory(tmp_path):
     assert "st.shared::cluster.v4.u32" in src and "mapa.shared::cluster" in src
     assert "o_part[" not in src and "lse_part[" not in src
     assert meta["smem_bytes"] == sparse_mla.ws_smem_bytes(64, 64, True) == FWD.smem_bytes(v)
+    for bad in ({"warp_specialized": True, "head_block": 64, "block_i": 64, "threads": 384, "kv_format": "fp8_ds_mla"},
+                {"head_block": 32, "block_i": 32, "threads": 256, "kv_format": "bf16"}):
+        with pytest.raises(ValueError, match="score_halves is the fp8 ring decode's"):
+            sparse_mla.build_sparse_mla(heads=64, n_splits=4, softmax_scale=SCALE, score_halves=True, **bad)
     with pytest.raises(ValueError, match="cluster merge joins a token's 2 splits"):
         sparse_mla.build_sparse_mla(heads=64, head_block=64, block_i=64, threads=384, kv_format="fp8_ds_mla",
                                     n_splits=4, softmax_scale=SCALE, warp_specialized=True, cluster=True)

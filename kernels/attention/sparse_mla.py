@@ -164,6 +164,9 @@ def build_sparse_mla(heads: int, head_block: int, block_i: int, threads: int, kv
         raise ValueError(f"sparse_mla: kv_format must be one of {KV_FORMATS}, got {kv_format!r}")
     if cluster and not warp_specialized:
         raise ValueError("sparse_mla: the cluster merge is the warp-specialized decode's (warp_specialized=True)")
+    if score_halves and (warp_specialized or kv_format != "fp8_ds_mla"):
+        raise ValueError("sparse_mla: score_halves is the fp8 ring decode's (decode.py); the warp-specialized decode "
+                         "and the bf16 prefill have their own scores")
     if warp_specialized:
         if (kv_format, head_block, block_i, threads) != ("fp8_ds_mla", WS_HEAD_BLOCK, WS_BLOCK_I, WS_THREADS):
             raise ValueError(f"sparse_mla: the warp-specialized decode is fp8_ds_mla, {WS_HEAD_BLOCK} heads x "
