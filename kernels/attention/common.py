@@ -95,8 +95,8 @@ def tile_macros(T, *, heads: int, head_block: int, block_i: int, threads: int, n
                 score_chains: int, n1, n2, stamp=None, score_halves: bool = False) -> SimpleNamespace:
     """The per-tile macros both kernels run, for one variant; n1 / n2 are the index lists' width symbols. stamp: a
     traced build's stamp macro (trace.py), which attend_tile calls at its scores, softmax and end."""
+    from .trace import stamp_after, stamp_macro
     if stamp is None:
-        from .trace import stamp_macro
         stamp = stamp_macro(T, False)
     H, HB, BI, S = heads, head_block, block_i, n_splits
     if threads % HB or not 1 <= threads // HB <= 32 or BI % (threads // HB) or threads & (threads - 1):
@@ -128,6 +128,18 @@ def tile_macros(T, *, heads: int, head_block: int, block_i: int, threads: int, n
     HT = threads // 2   # the threads of a half (score_halves)
 
     @T.macro
+    def half_chains(q_s, kv_s, acc_a, acc_b, lo):
+        # Q K^T over dims lo .. lo + 255 into two chains taking alternate 64-dim slices
+        T.clear(acc_a)
+        T.clear(acc_b)
+        for c in T.unroll(D // (4 * QK_SLICE)):
+            k0 = lo + c * 2 * QK_SLICE
+            T.gemm(q_s[:, k0:k0 + QK_SLICE], kv_s[:, k0:k0 + QK_SLICE], acc_a, transpose_B=True,
+                   policy=T.GemmWarpPolicy.FullRow)
+            T.gemm(q_s[:, k0 + QK_SLICE:k0 + 2 * QK_SLICE], kv_s[:, k0 + QK_SLICE:k0 + 2 * QK_SLICE], acc_b,
+                   transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
+
+    @T.macro
     def scores_halves(q_s, kv_s, acc_s, acc_b, acc_c, acc_d, s_s):
         # S = Q K^T with the two halves of the threads each over half of the 512 dims (two chains each): a warp reads
         # Q's and the tile's rows only over its half, so shared memory serves 2/3 of the ldmatrix bytes (a 32 x 32
@@ -138,25 +150,11 @@ def tile_macros(T, *, heads: int, head_block: int, block_i: int, threads: int, n
         # schedules; 16 heads x 64 tokens 25.8 -> 25.2 (sm_90a), 34.8 -> 34.4 (SM120); 16 heads x 8 level.
         tx = T.get_thread_binding()
         if tx < HT:
-            T.clear(acc_s)
-            T.clear(acc_b)
-            for c in T.unroll(D // (4 * QK_SLICE)):
-                k0 = c * 2 * QK_SLICE
-                T.gemm(q_s[:, k0:k0 + QK_SLICE], kv_s[:, k0:k0 + QK_SLICE], acc_s, transpose_B=True,
-                       policy=T.GemmWarpPolicy.FullRow)
-                T.gemm(q_s[:, k0 + QK_SLICE:k0 + 2 * QK_SLICE], kv_s[:, k0 + QK_SLICE:k0 + 2 * QK_SLICE], acc_b,
-                       transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
+            half_chains(q_s, kv_s, acc_s, acc_b, 0)
             for h, j in T.Parallel(HB, BI):
                 s_s[h, j] = acc_s[h, j] + acc_b[h, j]
         else:
-            T.clear(acc_c)
-            T.clear(acc_d)
-            for c in T.unroll(D // (4 * QK_SLICE)):
-                k0 = D // 2 + c * 2 * QK_SLICE
-                T.gemm(q_s[:, k0:k0 + QK_SLICE], kv_s[:, k0:k0 + QK_SLICE], acc_c, transpose_B=True,
-                       policy=T.GemmWarpPolicy.FullRow)
-                T.gemm(q_s[:, k0 + QK_SLICE:k0 + 2 * QK_SLICE], kv_s[:, k0 + QK_SLICE:k0 + 2 * QK_SLICE], acc_d,
-                       transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
+            half_chains(q_s, kv_s, acc_c, acc_d, D // 2)
         T.sync_threads()
         if tx >= HT:
             for h, j in T.Parallel(HB, BI):
@@ -235,11 +233,11 @@ def tile_macros(T, *, heads: int, head_block: int, block_i: int, threads: int, n
         stamp(trace, t, hb, split, k0, 0, 0)
         row_softmax(s_s, valid_s, p_s, alpha_s, st, tx)
         T.sync_threads()  # E: p_s and alpha_s
-        stamp(trace, t, hb, split, T.if_then_else(k0 >= 0, k0 + 1, -1), 0, 0)
+        stamp(trace, t, hb, split, stamp_after(T, k0, 1), 0, 0)
         for h, d in T.Parallel(HB, D):
             acc_o[h, d] = acc_o[h, d] * alpha_s[h]
         T.gemm(p_s, kv_s, acc_o)
-        stamp(trace, t, hb, split, T.if_then_else(k0 >= 0, k0 + 2, -1), 0, 0)   # thread 0's P.V issued
+        stamp(trace, t, hb, split, stamp_after(T, k0, 2), 0, 0)   # thread 0's P.V issued
 
     @T.macro
     def mark_valid(pg_s, valid_s):
@@ -287,7 +285,7 @@ def tile_macros(T, *, heads: int, head_block: int, block_i: int, threads: int, n
                 q_s[h, d] = T.Cast("bfloat16", T.if_then_else(
                     l_s[h] > 0, acc_o[h, d] / (l_s[h] + T.exp2(sink[hh] * LOG2E - ref)), T.float32(0)))
             T.sync_threads()
-            stamp(trace, t, hb, split, T.if_then_else(k0 >= 0, k0 + 1, -1), 0, 0)
+            stamp(trace, t, hb, split, stamp_after(T, k0, 1), 0, 0)
             for h, d in T.Parallel(HB, D):
                 if hb * HB + h < H:
                     out[t, T.min(hb * HB + h, H - 1), d] = q_s[h, d]
@@ -297,7 +295,7 @@ def tile_macros(T, *, heads: int, head_block: int, block_i: int, threads: int, n
             for h, d in T.Parallel(HB, D):
                 q_s[h, d] = T.Cast("bfloat16", acc_o[h, d] * alpha_s[h])
             T.sync_threads()
-            stamp(trace, t, hb, split, T.if_then_else(k0 >= 0, k0 + 1, -1), 0, 0)
+            stamp(trace, t, hb, split, stamp_after(T, k0, 1), 0, 0)
             for h, d in T.Parallel(HB, D):
                 if hb * HB + h < H and l_s[h] > 0:
                     o_part[split, t, T.min(hb * HB + h, H - 1), d] = q_s[h, d]

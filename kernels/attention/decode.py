@@ -24,7 +24,7 @@ The fp8 NoPE bytes become bf16 8 at a time by bit placement and two bf16x2 multi
 """
 # No `from __future__ import annotations`: TileLang evaluates the T.Tensor annotations.
 from .common import D, GROUP, NOPE, ROPE, SCALE_BYTES, SPAD, TOKEN_BYTES, tile_macros
-from .trace import TRACE_SRC, stamp_macro
+from .trace import TRACE_SRC, stamp_after, stamp_macro
 
 # 8 e4m3 bytes -> 8 bf16 times 2^(e - 127) (UE8M0 e; e = 0 gives 0), exactly: each byte's sign and 7 magnitude bits
 # placed in a bf16 give the byte's value x 2^-120 (its subnormal codes included: a bf16 subnormal), which two
@@ -336,12 +336,12 @@ def build_decode(heads: int, head_block: int, block_i: int, threads: int, n_spli
                     rows_at(slot_r, 0, tx, rng[1] + it + NST, rng, it % NST, pg_s, off_s, block_size1, block_size2)
                     fetch_slot_or_end(idx1, idx2, t, rng[1] + it + NST + 1, rng, tx, slot_r, 0)
                     T.sync_threads()  # C
-                    stamp(trace_buf, t, hb, split, T.if_then_else(k0 >= 0, k0 + 1, -1), 0, 0)
+                    stamp(trace_buf, t, hb, split, stamp_after(T, k0, 1), 0, 0)
                     if NST == 1:
                         issue_at(rng[1] + it + 1, rng, 0, tx, kvq1, kvs1, kvr1, kvq2, kvs2, kvr2, block_size1,
                                  block_size2, pg_s, off_s, nope_s, rope_s, scr_s)
                     attend_tile(q_s, kv_s, acc_s, acc_b, acc_c, acc_d, s_s, valid_s, p_s, alpha_s, acc_o, st, tx,
-                                trace_buf, t, hb, split, T.if_then_else(k0 >= 0, k0 + 2, -1))
+                                trace_buf, t, hb, split, stamp_after(T, k0, 2))
                 T.ptx_wait_group(0)  # no copy outlives the CTA (an empty split issued its prologue too)
                 stamp(trace_buf, t, hb, split, NSTAMP - 4, 0, 0)
                 finish(acc_o, st, l_s, m_s, alpha_s, tx, sink, out, o_part, lse_part, t, hb, split, q_s, trace_buf,

@@ -28,3 +28,8 @@ def stamp_macro(T, enabled: bool):
                 T.call_extern("handle", "dsv4_stamp", T.address_of(trace[t, hb, split, k, 0]), T.Cast("int32", dep))
 
     return stamp
+
+
+def stamp_after(T, k0, n: int):
+    """Point k0 + n of a stamp series based at k0, or -1 (no stamp) where the series is off (k0 < 0)."""
+    return T.if_then_else(k0 >= 0, k0 + n, -1)
