@@ -23,7 +23,7 @@ from benchmarks.attention.bench_attention import make_point  # noqa: E402
 from benchmarks.harness import compile_variants, graph_us_or_reason, schedule_profile, write_rows  # noqa: E402
 
 from dsv4_jit.kernels.attention import ops, reference  # noqa: E402
-from dsv4_jit.kernels.attention.sparse_mla import D  # noqa: E402
+from dsv4_jit.kernels.attention.sparse_mla import D, combine_for  # noqa: E402
 from dsv4_jit.testing import per_token_rel_err  # noqa: E402
 
 
@@ -41,15 +41,6 @@ def select_variant(prof, heads: int, batch: int, extra: dict | None = None):
     from dsv4_jit.spec import Variant
     st = ops._static(heads, D ** -0.5, "fp8_ds_mla")
     return Variant.make(ops._FWD.name, {**ops._FWD.select(prof, st, batch).p, **(extra or {})}, prof)
-
-
-def combine_variant(prof, plain, batch: int):
-    """The combine that merges `plain`'s splits (select's pairing, or the one a --set split count needs)."""
-    from dsv4_jit.kernels.attention.combine import combine_params
-    from dsv4_jit.spec import Variant
-    p = plain.p
-    return Variant.make(ops._COMBINE.name, combine_params(p["heads"], max(2, p["n_splits"]), batch, p["block_i"]),
-                        prof)
 
 
 def traced_variant(plain):
@@ -149,7 +140,7 @@ def main() -> int:
         jobs = []
         for h, b, x in points:
             plain = select_variant(prof, h, b, x)
-            jobs += [plain, combine_variant(prof, plain, b)]
+            jobs += [plain, combine_for(prof, plain, b)]
             if not args.no_trace:
                 jobs.append(traced_variant(plain)[0])
         compile_variants(jobs, "sm_90a", args.jobs)
@@ -169,16 +160,15 @@ def main() -> int:
         def getter(buf=None):
             def get(spec, static, n):
                 if spec.name != ops._FWD.name:
-                    return jit.load(spec, combine_variant(prof, plain, n))
+                    return jit.load(spec, combine_for(prof, plain, n))
                 return jit.load(spec, plain) if buf is None else WithTrace(k_traced, buf)
             return get
 
         def op_call(p, get):
             (c1, i1, l1, bs1), (c2, i2, l2, bs2) = p["lists"]
             out = torch.empty_like(p["q"])
-            s = plain.p["n_splits"]   # the variant's own (a --set split count may exceed select's)
-            merged = s == 1 or plain.p.get("cluster")
-            ws = torch.empty(max(1, 0 if merged else ops.partials_numel(s, batch, heads)), device="cuda")
+            # the variant's own (a --set split count may exceed select's)
+            ws = torch.empty(max(1, ops.variant_workspace_numel(plain, batch)), device="cuda")
 
             def call():
                 ops.sparse_mla_decode(p["q"], c1, i1, l1, p["sink"], block_size=bs1, extra_kv_cache=c2,

@@ -27,9 +27,14 @@ _COMBINE = get_spec(SparseMlaCombineSpec.name)
 def sparse_mla_workspace_numel(arch: ArchProfile, heads: int, num_tokens: int, kv_format: str = "fp8_ds_mla") -> int:
     """fp32 elements of the split workspace (partial O in bf16, two to an element, then partial log-sum-exp)
     at this token count; 0 where the kernel does not split."""
-    v = _FWD.select(arch, _static(heads, D ** -0.5, kv_format), num_tokens)
-    s = v.p["n_splits"]
-    return 0 if s == 1 or v.p.get("cluster") else partials_numel(s, num_tokens, heads)
+    return variant_workspace_numel(_FWD.select(arch, _static(heads, D ** -0.5, kv_format), num_tokens), num_tokens)
+
+
+def variant_workspace_numel(fwd, num_tokens: int) -> int:
+    """fp32 elements of forward variant `fwd`'s split workspace at this token count; 0 where it does not split or
+    merges its two splits in a cluster."""
+    s = fwd.p["n_splits"]
+    return 0 if s == 1 or fwd.p.get("cluster") else partials_numel(s, num_tokens, fwd.p["heads"])
 
 
 def partials_numel(splits: int, num_tokens: int, heads: int) -> int:

@@ -31,7 +31,7 @@ SPLITS = (1, 2, 4, 8, 16, 32, 64)
 __all__ = ["D", "GROUP", "KV_FORMATS", "LOG2E", "NOPE", "ROPE", "SCALE_BYTES", "SPAD", "TOKEN_BYTES", "DEQUANT8_SRC",
            "SPLITS", "build_combine", "build_sparse_mla", "combine_params", "ctas_per_sm", "e4m3_bf16_bits",
            "head_block", "kv_stages", "kv_tile", "narrow_tile", "num_splits", "pass_configs_for", "smem_bytes_for",
-           "SparseMlaCombineSpec", "SparseMlaSpec", "attention_statics"]
+           "SparseMlaCombineSpec", "SparseMlaSpec", "attention_statics", "combine_for"]
 
 
 def head_block(heads: int, arch: ArchProfile, kv_format: str = "fp8_ds_mla") -> int:
@@ -259,13 +259,7 @@ class SparseMlaCombineSpec(KernelSpec):
 
     def select(self, arch: ArchProfile, static: Mapping[str, Any], num_tokens: int) -> Variant:
         """The combine matching SparseMlaSpec.select at the same token count (n_splits > 1 only)."""
-        fwd = SparseMlaSpec().select(arch, static, num_tokens)
-        # Where the forward kernel does not split, or merges its two splits in a cluster, no combine runs; select
-        # still names the 2-split combine (compiled anyway for the token counts that split) so the planner's
-        # enumeration stays total.
-        s = max(2, fwd.p["n_splits"])
-        params = combine_params(fwd.p["heads"], s, num_tokens, fwd.p["block_i"])
-        return Variant.make(self.name, params, arch, schedule_name(arch))
+        return combine_for(arch, SparseMlaSpec().select(arch, static, num_tokens), num_tokens)
 
     def build(self, variant: Variant):
         return build_combine(**variant.p)
@@ -275,3 +269,13 @@ class SparseMlaCombineSpec(KernelSpec):
 
     def pass_configs(self, variant: Variant) -> dict[str, Any]:
         return pass_configs_for(variant)
+
+
+def combine_for(arch: ArchProfile, fwd: Variant, num_tokens: int) -> Variant:
+    """The combine that merges forward variant `fwd`'s splits at `num_tokens` (select's pairing; also for a variant
+    select does not pick, as the schedule benchmarks build). Where the forward kernel does not split, or merges its two
+    splits in a cluster, no combine runs; this still names the 2-split combine (compiled anyway for the token counts
+    that split) so the planner's enumeration stays total."""
+    p = fwd.p
+    params = combine_params(p["heads"], max(2, p["n_splits"]), num_tokens, p["block_i"])
+    return Variant.make(SparseMlaCombineSpec.name, params, arch, schedule_name(arch))
