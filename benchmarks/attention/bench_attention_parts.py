@@ -23,8 +23,7 @@ from benchmarks.harness import (compile_variants, graph_us_or_reason, profiler_k
                                 schedule_profile, write_rows)
 
 from dsv4_jit.kernels.attention import ops, reference  # noqa: E402
-from dsv4_jit.kernels.attention.combine import combine_params  # noqa: E402
-from dsv4_jit.kernels.attention.sparse_mla import D  # noqa: E402
+from dsv4_jit.kernels.attention.sparse_mla import D, combine_for  # noqa: E402
 from dsv4_jit.testing import per_token_rel_err  # noqa: E402
 
 
@@ -38,8 +37,7 @@ def variants(prof, heads: int, batch: int, splits: int | None):
     if splits is not None and not p.get("warp_specialized"):
         p["n_splits"] = splits
     fwd = Variant.make(ops._FWD.name, p, prof)
-    comb = Variant.make(ops._COMBINE.name, combine_params(heads, max(2, p["n_splits"]), batch, p["block_i"]), prof)
-    return fwd, comb
+    return fwd, combine_for(prof, fwd, batch)
 
 
 def getter(fwd, comb, merge: bool):
@@ -99,7 +97,7 @@ def main() -> int:
                 fwd, comb = variants(prof, heads, batch, splits)
                 if splits is not None and fwd.p["n_splits"] != splits:
                     continue
-                ws_n = max(1, ops.partials_numel(fwd.p["n_splits"], batch, heads))
+                ws_n = max(1, ops.variant_workspace_numel(fwd, batch))
                 for merge in (True, False):
                     get = getter(fwd, comb, merge)
                     calls = [op_call(p, prof, get, ws_n) for p in pts]
