@@ -65,10 +65,17 @@ def test_hoppers_word_conversion_gives_exact_f16_halves():
 
 
 def test_moe_operand_per_family():
-    """SM12x keeps fp8 mma.sync (native there); Hopper converts to f16 (its fp8 mma.sync is emulated)."""
+    """SM12x keeps fp8 mma.sync (native there) at every block size; Hopper (whose fp8 mma.sync ptxas emulates) runs
+    the e4m3 form on 8-row blocks (one n8 half: each weight fragment unpacked once) and converts to f16 itself from
+    16-row blocks on."""
     spec = get_spec("fp4_moe_gemm")
-    assert "operand" not in spec.select(get_profile("sm_120a"), {"n": 4096, "k": 4096}, 8).p
-    assert spec.select(get_profile("sm_90a"), {"n": 4096, "k": 4096}, 8).p["operand"] == "float16"
+    for t in (1, 8, 256, 257, 4096):
+        assert "operand" not in spec.select(get_profile("sm_120a"), {"n": 4096, "k": 4096}, t).p
+        p = spec.select(get_profile("sm_90a"), {"n": 4096, "k": 4096}, t).p
+        assert p.get("operand") == (None if p["block_m"] == 8 else "float16") and (p["block_m"] == 8) == (t <= 256)
+    for t in (1, 8, 64, 200, 600):   # two stages a warp at every token count (the budget may cap it lower)
+        for arch in ("sm_90a", "sm_120a"):
+            assert spec.select(get_profile(arch), {"n": 4096, "k": 4096}, t).p["stages"] == 2
     # the SM120 schedule proven on an H100 keeps the SM12x instruction stream
     emulated = get_profile("sm_120a").emulated(get_profile("sm_90a"))
     assert emulated.fp8_mma_operand == "float8_e4m3"
@@ -370,22 +377,19 @@ def test_combine_validates_before_selecting(kw, match, cpu_tensors_ok):
         ops.moe_combine(**args, arch=SM120, get_kernel=select_only_getter(SM120))
 
 
-def test_deep_rings_and_wide_tiles_follow_the_token_count():
+def test_rings_and_wide_tiles_follow_the_token_count():
     spec = get_spec("fp4_moe_gemm")
     hopper = get_profile("sm_90a")
 
     def pick(arch, n, k, t):
         p = spec.select(arch, {"n": n, "k": k}, t).p
         return p["block_n"], p["threads"] // 32, p["stages"]
-    # Hopper: 4 stages a warp for 4-warp CTAs from 4 to 128 tokens (two such CTAs fit its 228 KB), 2 elsewhere;
-    # V4-Pro's w1+w3 at up to 8 tokens keeps its 8 warps and 2 stages
+    # 2 stages a warp at every token count on both families; V4-Pro's w1+w3 at up to 8 tokens runs 8 warps on Hopper
     flash = {t: pick(hopper, 4096, 4096, t) for t in (1, 3, 4, 8, 64, 128, 129, 256)}
-    assert flash == {1: (64, 4, 2), 3: (64, 4, 2), 4: (64, 4, 4), 8: (64, 4, 4), 64: (64, 4, 4), 128: (64, 4, 4),
-                     129: (64, 4, 2), 256: (64, 4, 2)}
-    assert [pick(hopper, 6144, 7168, t) for t in (1, 8, 9, 128)] == [(64, 8, 2), (64, 8, 2), (64, 4, 4), (64, 4, 4)]
-    deep = spec.select(hopper, {"n": 768, "k": 7168}, 64).p
-    assert kmod.moe_smem_bytes(deep) == 99_104 and ctas_by_smem(hopper, 99_104) == 2
-    # SM12x: one 4-stage CTA an SM at most, so always 2 stages
+    assert set(flash.values()) == {(64, 4, 2)}
+    assert [pick(hopper, 6144, 7168, t) for t in (1, 8, 9, 128)] == [(64, 8, 2), (64, 8, 2), (64, 4, 2), (64, 4, 2)]
+    p64 = spec.select(hopper, {"n": 768, "k": 7168}, 64).p
+    assert kmod.moe_smem_bytes(p64) == 58_144 and ctas_by_smem(hopper, 58_144) == 3
     for arch in ("sm_120a", "sm_121a"):
         assert {pick(get_profile(arch), 4096, 4096, t)[2] for t in (1, 4, 64, 128, 256)} == {2}
     # 128 weight rows a CTA where a warp walks one K block (w2 at TP 8, K = 384 / 256) from 32 to 256 tokens, 32 at
@@ -396,14 +400,13 @@ def test_deep_rings_and_wide_tiles_follow_the_token_count():
         assert pick(arch, 4096, 256, 64) == (128, 2, 1)
         assert pick(arch, 4096, 2048, 64)[0] == 64          # 16 K blocks: not a short walk
         assert spec.smem_bytes(spec.select(arch, {"n": 7168, "k": 384}, 64)) <= 101_376
-    # Hopper, a long K walk over a narrow N (V4-Pro w1+w3 at TP 4 / 8): 32 columns x 4 warps from 2 to 16 tokens
-    # (deep rings from 4), 8 warps x 64 columns at one token, 64 columns again from 17; wider N (TP 1 / 2) and SM12x
-    # keep 64 columns
+    # Hopper, a long K walk over a narrow N (V4-Pro w1+w3 at TP 4 / 8): 32 columns x 4 warps from 2 to 16 tokens,
+    # 8 warps x 64 columns at one token, 64 columns again from 17; wider N (TP 1 / 2) and SM12x keep 64 columns
     for n in (768, 1536):
         assert [pick(hopper, n, 7168, t) for t in (1, 2, 3, 4, 8, 16, 17, 64)] == [
-            (64, 8, 2), (32, 4, 2), (32, 4, 2), (32, 4, 4), (32, 4, 4), (32, 4, 4), (64, 4, 4), (64, 4, 4)]
+            (64, 8, 2), (32, 4, 2), (32, 4, 2), (32, 4, 2), (32, 4, 2), (32, 4, 2), (64, 4, 2), (64, 4, 2)]
     assert [pick(hopper, 3072, 7168, t)[0] for t in (2, 8, 16)] == [64, 64, 64]
     assert {pick(SM120, 768, 7168, t)[:2] for t in (1, 2, 8, 16)} == {(64, 4)}
-    assert pick(hopper, 768, 4096, 8) == (64, 4, 4)                  # K = 4,096: 32 K blocks, not a long walk
+    assert pick(hopper, 768, 4096, 8) == (64, 4, 2)                  # K = 4,096: 32 K blocks, not a long walk
     narrow = spec.select(hopper, {"n": 768, "k": 7168}, 8)
     assert ctas_by_smem(hopper, spec.smem_bytes(narrow)) >= 2

@@ -49,6 +49,9 @@ def main() -> None:
                          "(e.g. 8x64 16x64 8x64x8)")
     ap.add_argument("--no-pdl", action="store_true",
                     help="A/B: the kernel without programmatic dependent launch (a variant of its own: pdl=False)")
+    ap.add_argument("--operand", default=None, choices=["float8_e4m3", "float16"],
+                    help="A/B: the mma operand type of every variant (Hopper's schedule takes float16, SM12x's "
+                    "float8_e4m3; e4m3 mma.sync runs emulated on Hopper)")
     ap.add_argument("--layers", type=int, default=1,
                     help="also time each GEMM per layer: one graph over this many distinct expert sets (own weights, "
                          "routing and activations), as a decode step's successive MoE layers, graph time / layers")
@@ -82,6 +85,10 @@ def main() -> None:
     if args.no_pdl:   # a param of the variant (its own cache key), not a patched constant
         params = kmod.moe_params
         kmod.moe_params = lambda *a, **kw: {**params(*a, **kw), "pdl": False}
+    if args.operand:   # a param of the variant as well (float8_e4m3 is the kernel's default: no key)
+        params_op = kmod.moe_params
+        kmod.moe_params = lambda *a, **kw: {kk: v for kk, v in {**params_op(*a, **kw), "operand": args.operand}.items()
+                                            if not (kk == "operand" and v == kmod.FP8)}
     warps0 = dict(kmod.WARPS_BY_ROWS)   # a tile without W gets the module's warps for its rows
     long0 = kmod.LONG_K_WARPS
     for tile in tiles:
@@ -140,6 +147,11 @@ def per_layer_us(layers: int, experts: int, topk: int, n: int, k: int, t: int, b
     return None if us is None else us / layers
 
 
+def kmod_fp8() -> str:
+    from dsv4_jit.kernels.moe.fp4_moe_gemm import FP8
+    return FP8
+
+
 def run_shapes(args, m, arch, experts: int, topk: int, g, bw: float) -> list:
     import dsv4_jit
     from dsv4_jit.kernels.moe import ops, reference
@@ -184,7 +196,7 @@ def run_shapes(args, m, arch, experts: int, topk: int, g, bw: float) -> list:
             row = {"gemm": name, "n": n, "k": k, "tokens": t, "experts_touched": len(touched), "block_m": bm,
                    "layers": args.layers, "ours_per_layer_us": per_layer, "ours_per_layer_pct_copy": pct_l,
                    "block_n": p["block_n"], "stages": p["stages"], "warps": p["threads"] // 32,
-                   "pdl": p.get("pdl", True),
+                   "pdl": p.get("pdl", True), "operand": p.get("operand", kmod_fp8()),
                    "rows": a.shape[0], "bytes": nbytes, "ours_us": ours, "ours_gbs": gbs,
                    "ours_pct_copy": 100 * gbs / bw if gbs else None, "ours_tflops": tflops, "torch_us": t_torch,
                    "max_row_rel_err": err, "notes": [why] if why else []}

@@ -38,8 +38,12 @@ real rows. How:
 Hand-written mma.sync (tl::mma_sync) and cp.async; TileLang's automatic barriers are off (every barrier is
 written here).
 
-Hopper's form (`operand` "float16"): sm_90a has fp8 only in WGMMA, and ptxas emulates mma.sync e4m3 (both operands
-unpacked to f16 before two HMMA m16n8k16 and fp32 adds, every mma). Every e2m1 and e4m3 value is exact in f16, so
+Hopper's form for blocks of 16+ rows (`operand` "float16"): sm_90a has fp8 only in WGMMA, and ptxas emulates mma.sync
+e4m3 (both operands unpacked to f16 before two HMMA m16n8k16 and fp32 adds, every mma), so with 2+ n8 halves it would
+unpack each weight fragment once per half. 8-row blocks (up to 256 tokens: one half, each fragment unpacked once)
+run the e4m3 form on Hopper too: per layer on an H200, 8 layers a graph, against the f16 form (both 2 stages a warp)
+V4-Flash w1+w3 121.4 -> 118.6 us at 8 tokens, 555.4 -> 538.5 at 64; w2 64.4 -> 62.4, 280.3 -> 269.3; V4-Pro TP 8
+w1+w3 232.6 -> 215.5 at 64 (with the 4-stage rings the f16 form had there), level at one token. Every e2m1 and e4m3 value is exact in f16, so
 that form converts once, to f16, and runs two f16 m16n8k16 mma.sync a slice. A weight nibble (s, e1 e0, m) becomes
 an f16 by bit placement alone: s at bit 15 and e1 e0 m at bits 11-9 is the nibble's value times 2^-14, normal and
 subnormal codes alike, so a shift and a mask of the word place two nibbles (i, i + 4) into one f16x2 register and
@@ -69,7 +73,7 @@ Kernel-defining code only (no host code: the artifact key hashes this module).
 # No `from __future__ import annotations`: TileLang evaluates the T.Tensor annotations.
 from typing import Any, Mapping
 
-from dsv4_jit.arch import ArchProfile, check_arch, ctas_by_smem, schedule_name
+from dsv4_jit.arch import ArchProfile, check_arch, schedule_name
 from dsv4_jit.spec import Variant, register
 from dsv4_jit.validate import int_param
 
@@ -108,7 +112,9 @@ __device__ __forceinline__ unsigned dsv4_e4m3x2_f16x2(unsigned v) {
 # Token-count thresholds of the row-block sizes (see the module doc).
 BLOCK_M_BY_TOKENS = ((256, 8), (512, 16), (2048, 32))
 BLOCK_M_LARGE = 64
-# cp.async stages a warp: 2 is best or close to it at every decode size
+# cp.async stages a warp: 2 is best or close to it at every decode size. 4 (Hopper, where two 4-warp CTAs still fit
+# an SM) was 2-4% slower per layer on an H200 at 8 and 64 tokens (V4-Flash w1+w3 at 64: 538.5 -> 561.9 us, e4m3
+# operands; 555.4 -> 582.0 with f16 ones)
 STAGES = 2
 
 
@@ -125,7 +131,8 @@ def moe_block_m(num_tokens: int) -> int:
 # FEW_TOKENS), Hopper runs eight where it does not take the narrow tiles below: on an H100, per layer, 8 layers a
 # graph, V4-Pro TP 8 w1+w3 15.5 -> 13.5 us at one token and 63.9 -> 58.9 at 8. V4-Flash lost with eight at one
 # token (w1+w3, K = 4,096: 25.8 -> 28.2; w2: 16.0 -> 17.1: 384 CTAs in two waves of 92 KB ones instead of one of
-# 51 KB ones) and gained 2-4% at 8, so it keeps four, as does SM12x (unmeasured there).
+# 51 KB ones) and gained 2-4% at 8, so it keeps four, as does SM12x (unmeasured there). Sixteen (V4-Pro TP 8 w1+w3 at
+# one token, 181 KB CTAs) were slower again on an H200: 13.4 -> 13.9 us.
 WARPS_BY_ROWS = {8: 4, 16: 4, 32: 4, 64: 4}
 FEW_TOKENS = 8
 LONG_K_BLOCKS = 32
@@ -139,12 +146,6 @@ def cta_warps(k: int, rows: int, long_walk: bool = False) -> int:
     return max(1, min(LONG_K_WARPS if long_walk else WARPS_BY_ROWS[rows], k // ACT_BLOCK))
 
 
-# Deeper rings: DEEP_STAGES stages a warp for 4-warp CTAs at DEEP_TOKENS (inclusive), where two such CTAs still fit
-# an SM (Hopper; SM12x holds one). Per layer on an H100, 8 layers a graph: V4-Flash w1+w3 2-6% faster from 4 to 128
-# tokens (T = 64: 668 -> 628 us), w2 1-3%; at 1-2 and 256 tokens 2-15% slower (at one token the deeper CTAs no longer
-# fit one wave).
-DEEP_STAGES = 4
-DEEP_TOKENS = (4, 128)
 # Wide tiles: WIDE_COLS weight rows a CTA (8-row blocks: 8 x 128 accumulators a CTA) from WIDE_FROM_TOKENS where a
 # warp's K walk is one K block (at most SHORT_K_BLOCKS blocks, one warp each: w2 at TP 4 / 8, K = 512 / 256 / 384):
 # half the CTAs, each with the same fixed costs (its block's expert, exponents and activation rows). V4-Pro TP 8 w2
@@ -227,16 +228,12 @@ def moe_params(arch: ArchProfile, n: int, k: int, num_tokens: int) -> dict:
     if narrow:
         bn = NARROW_COLS
     warps = cta_warps(k, bm, long_k and num_tokens <= FEW_TOKENS and not narrow)
-    most = STAGES
-    if (warps == 4 and DEEP_TOKENS[0] <= num_tokens <= DEEP_TOKENS[1]
-            and ctas_by_smem(arch, moe_smem_bytes_for(k, DEEP_STAGES, bm, bn, warps)) >= 2):
-        most = DEEP_STAGES
     # never more stages than K blocks a warp walks, nor than fit the budget (64 rows at K = 7168 on SM12x: one)
-    stages = max(1, min(most, -(-kb // warps)))
+    stages = max(1, min(STAGES, -(-kb // warps)))
     while stages > 1 and moe_smem_bytes_for(k, stages, bm, bn, warps) > arch.max_smem_per_block:
         stages -= 1
     p = {"n": n, "k": k, "block_m": bm, "block_n": bn, "threads": 32 * warps, "stages": stages}
-    if arch.fp8_mma_operand != FP8:     # Hopper: f16 (its fp8 mma.sync is emulated; module doc)
+    if arch.fp8_mma_operand != FP8 and bm > ROWS[0]:   # Hopper from 16-row blocks: f16 (module doc)
         p["operand"] = arch.fp8_mma_operand
     return p
 
