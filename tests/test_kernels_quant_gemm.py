@@ -217,10 +217,18 @@ def test_gemm_select_ladder_and_split():
                     # rows, and past 256 rows the 64 x 64 tile while 128 x 128 tiles fill at most half the SMs, then
                     # up to three N tiles a CTA)
                     # (+ two 32-row tiles at 33..64 rows where the 64-row pick splits K enough ways)
-                    assert 3 <= len(seen) <= (10 if arch.has_wgmma else 6), [v.name for v in seen]
+                    # (+ the rows form up to 8 tokens, in its domain)
+                    assert 3 <= len(seen) <= (11 if arch.has_wgmma else 7), [v.name for v in seen]
                     kb = s["k"] // 128
-                    for t in (1, 16, 17, 32, 33, 64):
+                    rows_dom = 1024 <= s["k"] <= 4096 and 1536 <= s["groups"] * s["n"] <= 8192
+                    for t in (1, 8, 9, 16, 17, 32, 33, 64):
                         p = spec.select(arch, st, t).p
+                        if t <= 8 and rows_dom:   # the rows form: no split, the whole K a CTA, warps splitting it
+                            assert p["rows"] and (p["split"], p["block_m"]) == (1, 8) and "ring" not in p
+                            assert p["block_n"] == (16 if s["groups"] * s["n"] <= 2048 else 32)
+                            assert kb % (p["threads"] // 32) == 0 and spec.smem_bytes(spec.select(arch, st, t)) <= 100_000
+                            continue
+                        assert "rows" not in p
                         assert kb % p["split"] == 0 and s["n"] % p["block_n"] == 0
                         p64 = gemm_kernel._gemm_params(arch, s["n"], s["k"], t, s["groups"])
                         mid = t > 32 and not arch.has_wgmma and p64["split"] >= gemm_kernel.MID_TILES_MIN_SPLIT
@@ -298,6 +306,10 @@ def test_sm120_shared_memory_figures():
     assert spec.smem_bytes(spec.select(get_profile("sm_90a"), st, 2049)) == 4 * ((128 + 128) * 128 + 16) + 2 * 128 * 128 == 163_904
     emulated = get_profile("sm_120a").emulated(get_profile("sm_90a"))
     assert spec.select(emulated, st, 2049).p == spec.select(SM120, st, 2049).p   # the SM120 schedule as it is
+    # the rows form up to 8 tokens: 8 warps x 4 slots of (16 weight rows + 8 tokens) x 128 B + 48 B of scales
+    # (V4-Flash wq_a+wkv); 4 warps x 4 slots of (32 + 8) rows (shared expert w1+w3)
+    assert spec.smem_bytes(spec.select(SM120, gops.gemm_static(1536, 4096), 1)) == 8 * 4 * (24 * 128 + 48) == 99_840
+    assert spec.smem_bytes(spec.select(SM120, gops.gemm_static(4096, 4096), 8)) == 4 * 4 * (40 * 128 + 48) == 82_688
     q = get_spec("act_quant_fp8")
     assert q.smem_bytes(q.select(SM120, {"n": 4096}, 7)) == 32 * 128 * 2 + 32 * 4 + 128 * 4
 
@@ -325,11 +337,13 @@ def test_decode_ring_fills_where_the_share_fits_one_wave_or_one_slot():
     spec = get_spec("fp8_gemm")
     hopper = get_profile("sm_90a")
     idx, w2 = gops.gemm_static(8192, 1024), gops.gemm_static(7168, 384)   # V4-Flash indexer wq_b, V4-Pro TP 8 w2
-    for t in (1, 8, 32):
-        p = spec.select(hopper, idx, t).p
-        assert p["fill"] and p["split"] == 1 and (p["n"] // p["block_n"]) <= hopper.num_sms_hint
+    for t in (1, 8, 16, 32):
         assert spec.select(SM120, w2, t).p["stages"] == 1 and spec.select(SM120, w2, t).p["fill"]
         assert spec.select(hopper, w2, t).p["fill"]
+        if t <= 8:   # the indexer's wq_b runs the rows form up to 8 tokens
+            continue
+        p = spec.select(hopper, idx, t).p
+        assert p["fill"] and p["split"] == 1 and (p["n"] // p["block_n"]) <= hopper.num_sms_hint
         # 2 splits on SM12x: 256 CTAs, more than the SMs
         assert "fill" not in spec.select(SM120, idx, t).p
     assert "fill" not in spec.select(hopper, idx, 64).p and "fill" not in spec.select(hopper, idx, 300).p
@@ -402,6 +416,9 @@ def test_decode_selects_the_ring_within_budget():
                         if arch.has_wgmma and t > 32 and "wgmma" in p:   # Hopper's WGMMA form (fp8 mma.sync is emulated there)
                             assert p["wgmma"] and "ring" not in p
                             continue
+                        if p.get("rows"):   # the rows form up to 8 tokens (its own test)
+                            assert t <= 8 and "ring" not in p
+                            continue
                         kps = s["k"] // 128 // p["split"]
                         assert p["ring"] and kps % p["k_stage"] == 0 and 1 <= p["stages"] <= kps // p["k_stage"]
                     assert "ring" not in spec.select(arch, st, 65).p
@@ -462,8 +479,8 @@ def test_fp8_gemm_validation_names_the_argument(cpu_tensors_ok, bad, name):
 
 
 def test_fp8_gemm_validation_groups_workspace_arch(cpu_tensors_ok):
-    args = _gemm_args(m=1, n=1536, k=4096)
-    with pytest.raises(ValueError, match="^workspace"):    # decode M=1 splits K: needs the partials
+    args = _gemm_args(m=16, n=1536, k=4096)
+    with pytest.raises(ValueError, match="^workspace"):    # decode M=16 splits K: needs the partials
         gops.fp8_gemm(*args.values(), arch=SM120, get_kernel=select_only_getter(SM120), workspace=torch.empty(10))
     with pytest.raises(ValueError, match="^workspace"):
         gops.fp8_gemm(*args.values(), arch=SM120, get_kernel=_no_kernel, workspace=torch.empty(10, dtype=torch.float64))
@@ -474,16 +491,18 @@ def test_fp8_gemm_validation_groups_workspace_arch(cpu_tensors_ok):
     ga = _gemm_args(m=3, n=1024, k=4096, groups=8)
     with pytest.raises(ValueError, match="^b_scales"):
         gops.fp8_gemm(ga["a"], ga["a_scales"], ga["b"], torch.ones(8, 32), arch=SM120, get_kernel=_no_kernel, groups=8)
-    # the arrival counters first (a fixed region), then the partials
-    assert gops.fp8_gemm_workspace_numel(1536, 4096, 1, arch=SM120) == gops.FIXUP_COUNTERS + \
-        get_spec("fp8_gemm").select(SM120, gops.gemm_static(1536, 4096), 1).p["split"] * 1536
+    # the arrival counters first (a fixed region), then the partials; the rows form (up to 8 tokens) splits nothing
+    assert gops.fp8_gemm_workspace_numel(1536, 4096, 16, arch=SM120) == gops.FIXUP_COUNTERS + \
+        get_spec("fp8_gemm").select(SM120, gops.gemm_static(1536, 4096), 16).p["split"] * 16 * 1536
     assert gops.fp8_gemm_workspace_numel(1536, 4096, 300, arch=SM120) == 0
+    assert gops.fp8_gemm_workspace_numel(1536, 4096, 8, arch=SM120) == 0
     # the graph-capture size: the largest over every token count up to the bound (none split past 256)
     import dsv4_jit
     most = max(gops.fp8_gemm_workspace_numel(1536, 4096, t, arch=SM120) for t in range(1, 257))
     assert dsv4_jit.fp8_gemm_workspace_max_numel(1536, 4096, 4096, arch="sm_120a") == most > gops.FIXUP_COUNTERS
-    assert dsv4_jit.fp8_gemm_workspace_max_numel(1536, 4096, 1, arch="sm_120a") == \
-        gops.fp8_gemm_workspace_numel(1536, 4096, 1, arch=SM120)
+    assert dsv4_jit.fp8_gemm_workspace_max_numel(1536, 4096, 8, arch="sm_120a") == 0
+    assert dsv4_jit.fp8_gemm_workspace_max_numel(1536, 4096, 9, arch="sm_120a") == \
+        gops.fp8_gemm_workspace_numel(1536, 4096, 9, arch=SM120)
 
 
 def test_quant_validation_names_the_argument(cpu_tensors_ok):
@@ -549,3 +568,64 @@ def test_hopper_small_tile_where_wide_tiles_fill_half_the_sms():
     # SM12x keeps its mma.sync large-M tile
     assert gemm_kernel.gemm_params(get_profile("sm_120a"), 768, 7168, 1024)["block_m"] == 64
     assert "wgmma" not in gemm_kernel.gemm_params(get_profile("sm_120a"), 768, 7168, 1024)
+
+
+# ------------------------------------------------------------------------------------ the rows form (up to 8 tokens)
+def test_rows_form_waits_never_exceed_the_replayed_pending_count():
+    """The rows form's one wait_group (its stages requested ahead) against a replay of its commit order: weights of
+    the first stages before the grid sync, their activations after it, then one group an iteration (empty or not)."""
+    from dsv4_jit.kernels.gemm.fp8_gemm_rows import rows_pending, rows_wait
+    for stages in range(1, 9):
+        for n_iters in range(1, 17):
+            pending = rows_pending(stages, n_iters)
+            assert all(rows_wait(stages, n_iters) <= p for p in pending), (stages, n_iters)
+            ahead = n_iters if stages >= n_iters else stages - 1
+            assert pending == [ahead] * n_iters   # exact: nothing waited for before its turn
+
+
+def test_rows_form_domain_and_schedule():
+    from dsv4_jit.kernels.gemm import fp8_gemm_rows as rows
+    spec = get_spec("fp8_gemm")
+    for arch in PROFILES.values():
+        budget = min(100_000, arch.max_smem_per_block)
+        for model in EMBEDDED:
+            for tp in (1, 2, 4, 8):
+                for s in gemm_shapes(load_model_config(model), tp):
+                    st = gops.gemm_static(s["n"], s["k"], s["groups"])
+                    inside = 1024 <= s["k"] <= 4096 and 1536 <= s["groups"] * s["n"] <= 8192
+                    for t in (1, 5, 8, 9):
+                        p = spec.select(arch, st, t).p
+                        assert p.get("rows", False) == (inside and t <= 8), (model, tp, s, t)
+                        if not p.get("rows"):
+                            continue
+                        warps, kb = p["threads"] // 32, s["k"] // 128
+                        assert kb % warps == 0 and warps == (8 if p["block_n"] == 16 or kb <= 8 else 4)
+                        assert rows.rows_smem_bytes(p) <= budget and p["stages"] >= 1
+                        # the warp's whole share where the budget holds it, else the deepest ring that fits
+                        full = {**p, "stages": kb // warps}
+                        assert rows.rows_fill(p) == (rows.rows_smem_bytes(full) <= budget)
+                        assert rows.rows_fill(p) or rows.rows_smem_bytes({**p, "stages": p["stages"] + 1}) > budget
+    with pytest.raises(ValueError, match="rows form"):
+        rows.build_fp8_gemm_rows(n=1536, k=4096, groups=1, cols=48, warps=8, stages=4)
+    with pytest.raises(ValueError, match="rows form"):
+        rows.build_fp8_gemm_rows(n=1536, k=4096, groups=1, cols=16, warps=3, stages=4)   # 3 does not divide 32
+
+
+@pytest.mark.compile
+def test_rows_form_requests_its_weight_before_the_grid_sync(tmp_path):
+    """The rows form's weight copies (and the weight scales) come before cudaGridDependencySynchronize, the
+    activations' after it, zero-filled past M; SM12x code holds no WGMMA / setmaxnreg (cross-compiled, no GPU)."""
+    from dsv4_jit import jit
+    spec = get_spec("fp8_gemm")
+    for arch in ("sm_90a", "sm_120a"):
+        v = spec.select(get_profile(arch), gops.gemm_static(1536, 4096), 1)
+        assert v.p["rows"] and (v.p["block_n"], v.p["threads"], v.p["stages"]) == (16, 256, 4)
+        out = tmp_path / arch
+        jit.compile_to_dir(spec, v, out)
+        body = (out / jit.SOURCE_NAME).read_text()
+        body = body[body.index("__launch_bounds__"):]
+        sync = body.index("cudaGridDependencySynchronize()")
+        pre, post = body[:sync], body[sync:]
+        assert "b[" in pre and "sb[" in pre and "a[" not in pre and "sa[" not in pre
+        assert "cp_async_gs_conditional<16>" in post and "a[" in post
+        assert "wgmma" not in body and "setmaxnreg" not in body and body.count("tl::mma_sync<") == 1

@@ -44,11 +44,13 @@ def test_fp8_gemm_selects_each_kernel_once(selects, cpu_tensors_ok):
     from dsv4_jit.kernels.gemm import fp8_gemm, ops
     n, k = 1536, 4096
     b, sb = torch.zeros(n, k, dtype=torch.float8_e4m3fn), torch.ones(n // 128, k // 128)
-    # M = 1: split-K summed in the GEMM's launch; M = 128 (64-row tiles): the reduce kernel runs behind it
-    for m, kernels in ((1, {"fp8_gemm": 3}), (128, {"fp8_gemm": 3, "fp8_gemm_reduce": 3})):
+    # M = 1: the rows form (no split); M = 16: split-K summed in the GEMM's launch; M = 128 (64-row tiles): the reduce
+    # kernel runs behind it
+    for m, kernels in ((1, {"fp8_gemm": 3}), (16, {"fp8_gemm": 3}), (128, {"fp8_gemm": 3, "fp8_gemm_reduce": 3})):
         a, sa = torch.zeros(m, k, dtype=torch.float8_e4m3fn), torch.ones(m, k // 128)
         p = get_spec("fp8_gemm").select(SM120, ops.gemm_static(n, k), m).p
-        assert p["split"] > 1 and fp8_gemm.sums_in_kernel(p) == (m == 1)
+        assert p.get("rows", False) == (m == 1)
+        assert (p["split"] > 1 and fp8_gemm.sums_in_kernel(p) == (m == 16)) or m == 1
         selects.clear()
         for _ in range(3):
             ops.fp8_gemm(a, sa, b, sb, arch=SM120, get_kernel=_get_kernel)
@@ -106,7 +108,7 @@ def test_quant_op_selects_once(selects, cpu_tensors_ok):
 
 def test_fp8_gemm_zeroes_a_workspace_s_counters_on_its_first_use_only(cpu_tensors_ok):
     from dsv4_jit.kernels.gemm import ops
-    m, n, k = 1, 1536, 4096   # split-K, summed in the GEMM's launch
+    m, n, k = 16, 1536, 4096   # split-K, summed in the GEMM's launch
     a, sa = torch.zeros(m, k, dtype=torch.float8_e4m3fn), torch.ones(m, k // 128)
     b, sb = torch.zeros(n, k, dtype=torch.float8_e4m3fn), torch.ones(n // 128, k // 128)
     ws = torch.full((ops.fp8_gemm_workspace_numel(n, k, m, arch=SM120),), float("nan"))

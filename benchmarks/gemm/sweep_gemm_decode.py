@@ -14,6 +14,8 @@ timer around a graph of one 1-element kernel: what any single-launch op costs he
                                         (Hopper's WGMMA tiles without PDL and with each L2 prefetch depth)
     python benchmarks/gemm/sweep_gemm_decode.py --schedule sm_90a --model deepseek-v4-pro --tp 8 --n 2048 768 \
         --m 64 --wgmma-splits -j 15     (the pick against the PDL WGMMA tile at every split)
+    python benchmarks/gemm/sweep_gemm_decode.py --schedule sm_90a --picked-only --rows --m 1 4 8 -j 15
+                                        (the pick against the rows form at each column tile and warp count)
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ from benchmarks.harness import compile_job, copy_bandwidth_gbs, graph_us_or_reas
 from dsv4_jit import jit  # noqa: E402
 from dsv4_jit.arch import get_profile  # noqa: E402
 from dsv4_jit.kernels.gemm import fp8_gemm as gk  # noqa: E402
+from dsv4_jit.kernels.gemm import fp8_gemm_rows as rows  # noqa: E402
 from dsv4_jit.kernels.gemm.ops import split_tiles  # noqa: E402
 from dsv4_jit.spec import Variant, get_spec  # noqa: E402
 
@@ -107,6 +110,20 @@ def candidates(prof, n: int, k: int, groups: int, m: int, args) -> list[dict]:
         p["stages"] = gk.fitting_stages(p, budget, most)
         if gk.gemm_smem_bytes(p) <= min(budget, prof.max_smem_per_block):
             out.append(p)
+    if args.rows and m <= rows.TOKENS:
+        # the rows form (fp8_gemm_rows): cols weight rows a CTA over the whole K, warps splitting K; each warp's
+        # whole share in its ring where it fits the stage budget, else the deepest ring that fits
+        warp_counts = [d for d in range(rows.MAX_WARPS, 0, -1) if kb % d == 0][:2]
+        for cols in rows.COLS:
+            for warps in warp_counts:
+                if n % cols or groups * n // cols < prof.num_sms_hint // 2:
+                    continue
+                q = {"n": n, "k": k, "groups": groups, "block_m": rows.TOKENS, "block_n": cols, "split": 1,
+                     "threads": 32 * warps, "stages": rows.warp_k_blocks(k, warps), "rows": True}
+                while q["stages"] > 1 and gk.gemm_smem_bytes(q) > min(budget, prof.max_smem_per_block):
+                    q["stages"] -= 1
+                if q["stages"] >= 2 or rows.rows_fill(q):
+                    out.append(q)
     if args.fill:   # each ring candidate whose share fits its ring, with and without `fill` (see fp8_gemm.ring_fill)
         for p in list(out):
             if gk.ring_holds_share(p):
@@ -140,6 +157,8 @@ def main() -> int:
                     "PDL at every split from half to twice the SMs' CTAs (M <= 64)")
     ap.add_argument("--fill", action="store_true", help="each ring candidate whose K share fits its ring both with "
                     "its whole share requested before the grid sync (fill) and with the first stages - 1")
+    ap.add_argument("--rows", action="store_true", help="also the rows form at up to 8 tokens (fp8_gemm_rows: a "
+                    "CTA's weight rows over the whole K, its warps splitting K) at each column tile and warp count")
     ap.add_argument("--ring", type=int, nargs="+", default=[0, 1],
                     help="0: the T.Pipelined main loop; 1: the PDL cp.async ring with the scale prefetch")
     ap.add_argument("--k-stage", type=int, nargs="+", default=[1, 2, 4], help="K blocks per stage (ring only)")
@@ -230,6 +249,7 @@ def main() -> int:
             print(f"{s['label'][:28]:<28} {groups * k:>6}->{groups * n:<6} M={m:<3} bm={p['block_m']:<3} bn={p['block_n']:<3} "
                   f"split={p['split']:<3} st={p['stages']} ring={int(p.get('ring', False))} "
                   f"ks={p.get('k_stage', 1)} thr={p['threads']}{' wgmma' if p.get('wgmma') else ''}"
+                  f"{' rows' if p.get('rows') else ''}"
                   f"{' fill' if p.get('fill') else ''}{' pdl ' + str(p['pdl_prefetch']) if 'pdl_prefetch' in p else ''}: "
                   f"{us if us is None else round(us, 1)} us {pct if pct is None else round(pct, 1)}% | per layer "
                   f"{lus if lus is None else round(lus, 1)} us {lpct if lpct is None else round(lpct, 1)}% "

@@ -26,7 +26,7 @@ from . import fp8_gemm  # noqa: F401  (registers the specs)
 
 # bf16 output (2^-9 relative per element) of an fp32 sum of exact fp8 products: ~2e-3 per token expected.
 TOLERANCE = 1e-2
-GPU_TOKENS = (1, 7, 31, 33, 64, 200, 300, 2049)   # both sides of the 16 / 32 / 64 / 256 schedule boundaries
+GPU_TOKENS = (1, 7, 8, 9, 31, 33, 64, 200, 300, 2049)   # both sides of the 8 / 16 / 32 / 64 / 256 schedule boundaries
 
 
 def _div(what: str, a: int, b: int) -> int:

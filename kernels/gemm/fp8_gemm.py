@@ -13,7 +13,12 @@ Grouped form (`groups` G > 1, the grouped output projection wo_a): C [M, G*N], A
 stacked), sa [M, G*K/128], sb [G*ceil(N/128), K/128]; C[:, g*N:(g+1)*N] = A[:, g*K:(g+1)*K] . B_g^T, one launch
 (grid z = groups x splits).
 
-Schedules (`select` picks one of four by the token count; the same on every arch family but M > 32 on Hopper):
+Schedules (`select` picks one of five by the token count; the same on every arch family but M > 32 on Hopper):
+  * decode, M <= 8, where K is 1,024..4,096 and G x N 1,536..8,192 (most V4 decode shapes): the rows form
+    (fp8_gemm_rows.py): a CTA owns 16 or 32 weight rows over the whole K, its warps split K (a cp.async ring each)
+    and sum through shared memory; no split-K across CTAs, so no partials, counters or reduce kernel. Its weight
+    (its whole share where it fits) is requested before the grid dependency sync. Outside that domain, and from 9
+    rows, the forms below.
   * decode, M <= 16 / 32 / 64: one M tile (16 / 32 / 64 rows), N tiles of 128 columns, or 64 when 128-column tiles
     alone would leave SMs idle, and split-K over a divisor of the K blocks until (N tiles x splits) reaches
     the SM count, so small-M GEMMs stream the weight with the whole GPU (in shares of at least
@@ -51,6 +56,8 @@ from dsv4_jit.arch import (DISABLE_TMA_LOWER, DISABLE_WARP_SPECIALIZED, DISABLE_
                            get_profile, schedule_name)
 from dsv4_jit.spec import KernelSpec, Variant, register
 from dsv4_jit.validate import int_param
+
+from .fp8_gemm_rows import build_fp8_gemm_rows, rows_params, rows_smem_bytes, uses_rows
 
 FP8 = "float8_e4m3"
 QBLOCK = 128          # quantization block (activations 1x128, weights 128x128)
@@ -126,6 +133,8 @@ def gemm_smem_bytes(p: Mapping[str, Any]) -> int:
     """Pre-nvcc shared memory: `stages` copies of a stage (see stage_bytes; a ring stage holds k_stage K blocks,
     and the ring holds its block_m x K-blocks-per-split fp32 scale products once), and (sums_in_kernel) the 4-byte
     last-to-arrive flag; the accumulators live in registers and C is stored from them."""
+    if p.get("rows"):
+        return rows_smem_bytes(p)
     flag = 4 if sums_in_kernel(p) else 0   # the CTA's "last to arrive" word
     if p.get("wgmma"):
         # the stages' A and B tiles and their two mbarriers (8 B each), and (no split) C's bf16 tile for the TMA
@@ -168,6 +177,8 @@ def decode_split(n_tiles: int, k_blocks: int, num_sms: int, most: int | None = N
 
 def gemm_params(arch: ArchProfile, n: int, k: int, num_tokens: int, groups: int = 1) -> dict:
     """The schedule: pure in (arch, n, k, groups, num_tokens)."""
+    if uses_rows(n, k, groups, num_tokens):   # up to 8 tokens, in the rows form's domain (fp8_gemm_rows)
+        return rows_params(n, k, groups, min(_STAGE_BUDGET[0], arch.max_smem_per_block))
     p = _gemm_params(arch, n, k, num_tokens, groups)
     if DECODE_MID_M < num_tokens <= DECODE_MAX_M and not arch.has_wgmma and p["split"] >= MID_TILES_MIN_SPLIT:
         return _gemm_params(arch, n, k, num_tokens, groups, DECODE_MID_M)
@@ -682,6 +693,9 @@ class Fp8GemmSpec(_GemmSpecBase):
 
     def build(self, variant: Variant):
         p = variant.p
+        if p.get("rows"):
+            return build_fp8_gemm_rows(n=p["n"], k=p["k"], groups=p["groups"], cols=p["block_n"],
+                                       warps=p["threads"] // 32, stages=p["stages"])
         return build_fp8_gemm(n=p["n"], k=p["k"], block_m=p["block_m"], block_n=p["block_n"], split=p["split"],
                               stages=p["stages"], threads=p["threads"], groups=p["groups"],
                               ring=p.get("ring", False), k_stage=p.get("k_stage", 1), wgmma=p.get("wgmma", False),
