@@ -366,7 +366,7 @@ def test_ring_fill_requests_every_weight_stage_before_the_grid_sync(tmp_path):
     everything; the same shape without fill keeps stages - 1 before it (cross-compiled, no GPU)."""
     from dsv4_jit import jit
     spec = get_spec("fp8_gemm")
-    v = spec.select(get_profile("sm_90a"), gops.gemm_static(8192, 1024), 1)
+    v = spec.select(get_profile("sm_90a"), gops.gemm_static(8192, 1024), 16)   # (up to 8 tokens: the rows form)
     assert v.p["fill"] and (v.p["stages"], v.p["k_stage"]) == (4, 2)
     sync = "cudaGridDependencySynchronize()"
     for fill, before in ((True, 4), (False, 3)):
