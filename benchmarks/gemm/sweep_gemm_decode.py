@@ -118,10 +118,7 @@ def candidates(prof, n: int, k: int, groups: int, m: int, args) -> list[dict]:
             for warps in warp_counts:
                 if n % cols or groups * n // cols < prof.num_sms_hint // 2:
                     continue
-                q = {"n": n, "k": k, "groups": groups, "block_m": rows.TOKENS, "block_n": cols, "split": 1,
-                     "threads": 32 * warps, "stages": rows.warp_k_blocks(k, warps), "rows": True}
-                while q["stages"] > 1 and gk.gemm_smem_bytes(q) > min(budget, prof.max_smem_per_block):
-                    q["stages"] -= 1
+                q = rows.rows_params(n, k, groups, min(budget, prof.max_smem_per_block), cols, warps)
                 if q["stages"] >= 2 or rows.rows_fill(q):
                     out.append(q)
     if args.fill:   # each ring candidate whose share fits its ring, with and without `fill` (see fp8_gemm.ring_fill)

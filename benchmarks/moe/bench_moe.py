@@ -147,14 +147,10 @@ def per_layer_us(layers: int, experts: int, topk: int, n: int, k: int, t: int, b
     return None if us is None else us / layers
 
 
-def kmod_fp8() -> str:
-    from dsv4_jit.kernels.moe.fp4_moe_gemm import FP8
-    return FP8
-
-
 def run_shapes(args, m, arch, experts: int, topk: int, g, bw: float) -> list:
     import dsv4_jit
     from dsv4_jit.kernels.moe import ops, reference
+    from dsv4_jit.kernels.moe.fp4_moe_gemm import FP8
     from dsv4_jit.kernels.moe.family import moe_shapes
     from dsv4_jit.spec import get_spec
     rows = []
@@ -196,7 +192,7 @@ def run_shapes(args, m, arch, experts: int, topk: int, g, bw: float) -> list:
             row = {"gemm": name, "n": n, "k": k, "tokens": t, "experts_touched": len(touched), "block_m": bm,
                    "layers": args.layers, "ours_per_layer_us": per_layer, "ours_per_layer_pct_copy": pct_l,
                    "block_n": p["block_n"], "stages": p["stages"], "warps": p["threads"] // 32,
-                   "pdl": p.get("pdl", True), "operand": p.get("operand", kmod_fp8()),
+                   "pdl": p.get("pdl", True), "operand": p.get("operand", FP8),
                    "rows": a.shape[0], "bytes": nbytes, "ours_us": ours, "ours_gbs": gbs,
                    "ours_pct_copy": 100 * gbs / bw if gbs else None, "ours_tflops": tflops, "torch_us": t_torch,
                    "max_row_rel_err": err, "notes": [why] if why else []}

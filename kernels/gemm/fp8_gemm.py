@@ -107,13 +107,8 @@ def sums_in_kernel(p: Mapping[str, Any]) -> bool:
     TP 1 and V4-Pro TP 8 at M = 1 / 8 / 32, 1-27% faster (V4-Pro wo_a at M = 32 10.7 -> 7.8 us, V4-Flash shared
     expert w2 9.0 -> 7.1; one point 0.3 us slower). A 64-row tile's last CTA reads split x 16 KB of partials on one
     SM, where the reduce kernel spreads them over the GPU: 0.5-2.4 us slower at M = 64 (V4-Pro shared expert w1+w3
-    10.0 -> 12.4), so those keep the reduce kernel.
-
-    A tile's splits as one thread block cluster, the ranks storing their sums into rank 0's shared memory behind a
-    cluster barrier (no partials, no counter), were slower on an H200 wherever they split more than twice: per layer
-    at M = 1, V4-Flash wq_a+wkv (8 splits) 5.7 -> 10.8 us, wo_b (4) 11.9 -> 17.6, shared expert w1+w3 (4) 8.1 ->
-    11.8; level at 2 splits (wo_a 11.8 -> 11.7). Reading the weight's block scales before the grid dependency sync
-    (they are weight, not activation) gained nothing either: level at M = 1 / 8, 2-7% slower at 32."""
+    10.0 -> 12.4), so those keep the reduce kernel. (Summing a tile's splits in a thread block cluster instead, and
+    reading the weight scales before the grid dependency sync, were measured slower: docs/kernels.md.)"""
     return p["split"] > 1 and p["block_m"] <= DECODE_MID_M
 
 

@@ -60,7 +60,7 @@ def rows_pending(stages: int, n_iters: int) -> list[int]:
     A_0..A_{P-1}, then one group an iteration (stage i + P's weight and activations, or empty), P = the stages
     requested ahead (all of them where `stages` covers the warp's K blocks). The kernel waits for rows_wait at every
     iteration: never more than this (tests replay it)."""
-    p = n_iters if stages >= n_iters else stages - 1
+    p = rows_wait(stages, n_iters)
     order = [("W", i) for i in range(p)] + [("A", i) for i in range(p)]
     pending = []
     for i in range(n_iters):
@@ -71,7 +71,8 @@ def rows_pending(stages: int, n_iters: int) -> list[int]:
 
 
 def rows_wait(stages: int, n_iters: int) -> int:
-    """The one wait_group of the kernel's K loop: the stages requested ahead."""
+    """The stages requested ahead (the prologue's: all of them where `stages` covers the warp's K blocks), which is
+    also the one wait_group of the kernel's K loop."""
     return n_iters if stages >= n_iters else stages - 1
 
 
@@ -107,13 +108,15 @@ def uses_rows(n: int, k: int, groups: int, num_tokens: int) -> bool:
     return num_tokens <= TOKENS and ROWS_K[0] <= k <= ROWS_K[1] and ROWS_MIN_N <= groups * n <= ROWS_MAX_N
 
 
-def rows_params(n: int, k: int, groups: int, budget: int) -> dict:
-    """The rows form's schedule for a shape in its domain (uses_rows), within `budget` bytes of shared memory."""
+def rows_params(n: int, k: int, groups: int, budget: int, cols: int | None = None, warps: int | None = None) -> dict:
+    """The rows form's schedule for a shape in its domain (uses_rows), within `budget` bytes of shared memory; `cols`
+    and `warps` (a divisor of the K blocks) replace the rule's (sweeps)."""
     kb = k // QBLOCK
-    cols = 16 if groups * n <= ROWS_NARROW_N else 32
-    warps = 8 if cols == 16 or kb <= 8 else 4
-    while kb % warps:
-        warps -= 1
+    cols = cols or (16 if groups * n <= ROWS_NARROW_N else 32)
+    if warps is None:
+        warps = 8 if cols == 16 or kb <= 8 else 4
+        while kb % warps:
+            warps -= 1
     p = {"n": n, "k": k, "groups": groups, "block_m": TOKENS, "block_n": cols, "split": 1, "threads": 32 * warps,
          "stages": warp_k_blocks(k, warps), "rows": True}
     while p["stages"] > 1 and rows_smem_bytes(p) > budget:
@@ -138,9 +141,7 @@ def build_fp8_gemm_rows(*, n: int, k: int, groups: int, cols: int, warps: int, s
     NQ = (n + QBLOCK - 1) // QBLOCK
     NKW = warp_k_blocks(k, warps)                 # K blocks a warp walks
     SL = ring_slots(k, warps, stages)             # its ring's slots
-    S = NKW + 1 if stages >= NKW else stages      # the ring's depth: fill = every stage in the prologue
-    PRE = S - 1                                   # stages requested ahead (weights before the grid sync)
-    WAIT = rows_wait(stages, NKW)
+    PRE = rows_wait(stages, NKW)                  # stages requested ahead (weights before the grid sync)
     SLOT = slot_words(cols)
     ACT0 = cols * ROW_WORDS                       # a slot's token rows, then its scales
     SC0 = ACT0 + TOKENS * ROW_WORDS
@@ -220,11 +221,11 @@ def build_fp8_gemm_rows(*, n: int, k: int, groups: int, cols: int, warps: int, s
                 acc[v] = 0.0
             for i in T.serial(NKW):
                 T.sync_warp()   # every lane is done with slot (i - 1) % SL, which this issue refills
-                if i + S - 1 < NKW:
-                    issue_w(ring, b, sb, g, bx, warp, lane, i + S - 1)
-                    issue_a(ring, a, sa, g, by, warp, lane, i + S - 1)
+                if i + PRE < NKW:
+                    issue_w(ring, b, sb, g, bx, warp, lane, i + PRE)
+                    issue_a(ring, a, sa, g, by, warp, lane, i + PRE)
                 T.call_extern("handle", "tl::cp_async_commit")   # one group an iteration, empty or not
-                T.call_extern("handle", f"tl::cp_async_wait<{WAIT}>")
+                T.call_extern("handle", f"tl::cp_async_wait<{PRE}>")
                 T.sync_warp()   # the other lanes' copies of slot i % SL are visible
                 base = base_w + (i % SL) * SLOT
                 for v in T.unroll(4 * TL):
