@@ -629,3 +629,62 @@ def test_rows_form_requests_its_weight_before_the_grid_sync(tmp_path):
         assert "b[" in pre and "sb[" in pre and "a[" not in pre and "sa[" not in pre
         assert "cp_async_gs_conditional<16>" in post and "a[" in post
         assert "wgmma" not in body and "setmaxnreg" not in body and body.count("tl::mma_sync<") == 1
+
+
+def test_rows_form_tokens_a_cta():
+    """block_m (a sweep's parameter: select keeps 8 tokens a CTA) widens a slot by its tokens' rows and scales and
+    the warps' sums by its token rows; anything else is refused by name."""
+    from dsv4_jit.kernels.gemm import fp8_gemm_rows as rows
+    assert rows.slot_words(16) == (16 + 8) * 32 + 12   # 8 tokens: the form select runs
+    for bm in rows.BLOCK_MS:
+        assert rows.slot_words(32, bm) == (32 + bm) * 32 + bm + 4 and (bm + 4) % 4 == 0   # 16-byte aligned slots
+        p = rows.rows_params(4096, 4096, 1, 100_000, 32, 4, bm)
+        assert p["block_m"] == bm and rows.rows_smem_bytes(p) <= 100_000
+        ring = 4 * 4 * rows.ring_slots(4096, 4, p["stages"]) * rows.slot_words(32, bm)
+        assert rows.rows_smem_bytes(p) == max(ring, 4 * 4 * bm * 36)
+    with pytest.raises(ValueError, match="block_m 24"):
+        rows.build_fp8_gemm_rows(n=1536, k=4096, groups=1, cols=16, warps=8, stages=2, block_m=24)
+
+
+@pytest.mark.compile
+def test_rows_form_with_64_tokens_a_cta_compiles_for_sm120(tmp_path):
+    """The 8-half rows form (a sweep candidate) cross-compiles for sm_120a with no GPU: one e4m3 mma.sync form, no
+    WGMMA or setmaxnreg, within SM12x's shared memory."""
+    from dsv4_jit import jit
+    from dsv4_jit.kernels.gemm import fp8_gemm_rows as rows
+    spec, sm120 = get_spec("fp8_gemm"), get_profile("sm_120a")
+    p = rows.rows_params(1536, 4096, 1, sm120.max_smem_per_block, 16, 4, 64)
+    v = Variant.make(spec.name, p, sm120, sm120.schedule)
+    meta = jit.compile_to_dir(spec, v, tmp_path)
+    body = (tmp_path / jit.SOURCE_NAME).read_text()
+    assert "wgmma" not in body and "setmaxnreg" not in body and body.count("tl::mma_sync<") == 1
+    assert meta["smem_bytes"] <= spec.smem_bytes(v) <= sm120.max_smem_per_block
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m, block_m, cols, warps", [(9, 16, 16, 8), (33, 64, 16, 4), (64, 64, 32, 2), (20, 32, 32, 4)])
+def test_rows_form_with_more_tokens_a_cta_on_the_gpu(m, block_m, cols, warps, gpu_store):
+    """The rows form with 2-8 n8 halves a CTA (each weight fragment used by every half), run by hand on each
+    schedule this GPU proves: against float64, output NaN-poisoned, token rows past M never written."""
+    from conftest import gpu_profile_params
+    from dsv4_jit import jit
+    from dsv4_jit.kernels.gemm import fp8_gemm_rows as rows
+    from dsv4_jit.kernels.gemm.family import TOLERANCE, make_activations, make_weights
+    profiles = [p.values[0] for p in gpu_profile_params()]
+    if not profiles:
+        pytest.skip("needs a CUDA GPU")
+    spec = get_spec("fp8_gemm")
+    g = torch.Generator(device="cuda").manual_seed(m)
+    n, k, groups = 1024, 2048, 2
+    b, sb = make_weights(groups, n, k, g, "cuda")
+    a, sa = make_activations(m, groups * k, g, "cuda")
+    want = gref.ref_fp8_gemm(a, sa, b, sb, groups=groups)
+    for prof in profiles:
+        p = rows.rows_params(n, k, groups, min(100_000, prof.max_smem_per_block), cols, warps, block_m)
+        kern = jit.load(spec, Variant.make(spec.name, p, prof, prof.schedule), gpu_store)
+        c = torch.full((m + 3, groups * n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        kern(a, sa, b, sb, c[:m])
+        torch.cuda.synchronize()
+        assert c[m:].isnan().all(), prof.schedule
+        err = ((c[:m].double() - want).norm(dim=1) / want.norm(dim=1)).max().item()
+        assert err < TOLERANCE, (prof.schedule, p, err)

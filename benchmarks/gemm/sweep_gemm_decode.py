@@ -110,16 +110,19 @@ def candidates(prof, n: int, k: int, groups: int, m: int, args) -> list[dict]:
         p["stages"] = gk.fitting_stages(p, budget, most)
         if gk.gemm_smem_bytes(p) <= min(budget, prof.max_smem_per_block):
             out.append(p)
-    if args.rows and m <= rows.TOKENS:
-        # the rows form (fp8_gemm_rows): cols weight rows a CTA over the whole K, warps splitting K; each warp's
-        # whole share in its ring where it fits the stage budget, else the deepest ring that fits
-        warp_counts = [d for d in range(rows.MAX_WARPS, 0, -1) if kb % d == 0][:2]
+    if args.rows and m <= rows.BLOCK_MS[-1]:
+        # the rows form (fp8_gemm_rows): cols weight rows a CTA over the whole K, warps splitting K, the M tokens in
+        # one CTA row (block_m: the fewest n8 halves holding them); each warp's whole share in its ring where it
+        # fits the stage budget, else the deepest ring that fits
+        bm = next(b for b in rows.BLOCK_MS if b >= m)
+        warp_counts = [d for d in range(rows.MAX_WARPS, 0, -1) if kb % d == 0][:3]
+        cap = min(budget, prof.max_smem_per_block)
         for cols in rows.COLS:
             for warps in warp_counts:
                 if n % cols or groups * n // cols < prof.num_sms_hint // 2:
                     continue
-                q = rows.rows_params(n, k, groups, min(budget, prof.max_smem_per_block), cols, warps)
-                if q["stages"] >= 2 or rows.rows_fill(q):
+                q = rows.rows_params(n, k, groups, cap, cols, warps, bm)
+                if (q["stages"] >= 2 or rows.rows_fill(q)) and rows.rows_smem_bytes(q) <= cap:
                     out.append(q)
     if args.fill:   # each ring candidate whose share fits its ring, with and without `fill` (see fp8_gemm.ring_fill)
         for p in list(out):
@@ -154,8 +157,9 @@ def main() -> int:
                     "PDL at every split from half to twice the SMs' CTAs (M <= 64)")
     ap.add_argument("--fill", action="store_true", help="each ring candidate whose K share fits its ring both with "
                     "its whole share requested before the grid sync (fill) and with the first stages - 1")
-    ap.add_argument("--rows", action="store_true", help="also the rows form at up to 8 tokens (fp8_gemm_rows: a "
-                    "CTA's weight rows over the whole K, its warps splitting K) at each column tile and warp count")
+    ap.add_argument("--rows", action="store_true", help="also the rows form at up to 64 tokens (fp8_gemm_rows: a "
+                    "CTA's weight rows over the whole K, its warps splitting K, all M tokens a CTA) at each column "
+                    "tile and warp count")
     ap.add_argument("--ring", type=int, nargs="+", default=[0, 1],
                     help="0: the T.Pipelined main loop; 1: the PDL cp.async ring with the scale prefetch")
     ap.add_argument("--k-stage", type=int, nargs="+", default=[1, 2, 4], help="K blocks per stage (ring only)")

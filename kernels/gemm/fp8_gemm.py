@@ -690,7 +690,7 @@ class Fp8GemmSpec(_GemmSpecBase):
         p = variant.p
         if p.get("rows"):
             return build_fp8_gemm_rows(n=p["n"], k=p["k"], groups=p["groups"], cols=p["block_n"],
-                                       warps=p["threads"] // 32, stages=p["stages"])
+                                       warps=p["threads"] // 32, stages=p["stages"], block_m=p["block_m"])
         return build_fp8_gemm(n=p["n"], k=p["k"], block_m=p["block_m"], block_n=p["block_n"], split=p["split"],
                               stages=p["stages"], threads=p["threads"], groups=p["groups"],
                               ring=p.get("ring", False), k_stage=p.get("k_stage", 1), wgmma=p.get("wgmma", False),

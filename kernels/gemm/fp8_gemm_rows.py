@@ -17,6 +17,9 @@ a lane's 8 bytes at 8g (g = lane % 4) of a row are its two registers, mma k 4g..
 the result is the same). A row's 16-byte chunk c is stored at chunk c ^ (row & 7): a warp's 8-byte loads of one
 slice fall in 2 wavefronts.
 
+A CTA takes 8 tokens where select runs the form; `block_m` 16 / 32 / 64 (2-8 n8 halves, each weight fragment used by
+every half) is a sweep's candidate, slower than the other forms on Hopper from 16 tokens (docs/kernels.md).
+
 PDL: the kernel triggers its dependents at its start, and requests its weight (and the weight's block scales) before
 the grid dependency sync: its first stages - 1 stages, or every stage where the warp's whole K share fits its ring
 (`stages` >= the warp's K blocks). Activations, their scales and C come after the sync. Token rows past M are
@@ -28,16 +31,21 @@ Kernel-defining code only (no host code: the artifact key hashes this module).
 from typing import Any, Mapping
 
 QBLOCK = 128               # K block (the scales' group along K) and the weight scale's row block
-TOKENS = 8                 # token rows a CTA: one n8 half
+TOKENS = 8                 # token rows of one n8 half: the tokens a CTA takes where select runs the form
+BLOCK_MS = (8, 16, 32, 64)  # token rows a CTA (block_m): 1, 2, 4 or 8 n8 halves, each weight fragment used by all
 COLS = (16, 32, 64)        # weight rows a CTA: 1, 2 or 4 m16 tiles
 MAX_WARPS = 8
 ROW_WORDS = QBLOCK // 4    # 32-bit words of one row's K block (128 fp8)
-SCALE_WORDS = 12           # a slot's TOKENS activation scales, its weight scale and padding (16-byte aligned slots)
 
 
-def slot_words(cols: int) -> int:
+def scale_words(block_m: int = TOKENS) -> int:
+    """A slot's block_m activation scales, its weight scale and padding (16-byte aligned slots)."""
+    return block_m + 4
+
+
+def slot_words(cols: int, block_m: int = TOKENS) -> int:
     """One ring slot: a K block of the CTA's weight rows and of its tokens, their scales."""
-    return (cols + TOKENS) * ROW_WORDS + SCALE_WORDS
+    return (cols + block_m) * ROW_WORDS + scale_words(block_m)
 
 
 def warp_k_blocks(k: int, warps: int) -> int:
@@ -78,9 +86,9 @@ def rows_wait(stages: int, n_iters: int) -> int:
 
 def rows_smem_bytes(p: Mapping[str, Any]) -> int:
     """Pre-nvcc shared memory: every warp's ring (the warps' sums reuse it at the end)."""
-    warps = p["threads"] // 32
-    ring = warps * ring_slots(p["k"], warps, p["stages"]) * slot_words(p["block_n"])
-    red = warps * TOKENS * (p["block_n"] + 4)
+    warps, bm = p["threads"] // 32, p.get("block_m", TOKENS)
+    ring = warps * ring_slots(p["k"], warps, p["stages"]) * slot_words(p["block_n"], bm)
+    red = warps * bm * (p["block_n"] + 4)
     return 4 * max(ring, red)
 
 
@@ -108,47 +116,50 @@ def uses_rows(n: int, k: int, groups: int, num_tokens: int) -> bool:
     return num_tokens <= TOKENS and ROWS_K[0] <= k <= ROWS_K[1] and ROWS_MIN_N <= groups * n <= ROWS_MAX_N
 
 
-def rows_params(n: int, k: int, groups: int, budget: int, cols: int | None = None, warps: int | None = None) -> dict:
-    """The rows form's schedule for a shape in its domain (uses_rows), within `budget` bytes of shared memory; `cols`
-    and `warps` (a divisor of the K blocks) replace the rule's (sweeps)."""
+def rows_params(n: int, k: int, groups: int, budget: int, cols: int | None = None, warps: int | None = None,
+                block_m: int = TOKENS) -> dict:
+    """The rows form's schedule for a shape in its domain (uses_rows), within `budget` bytes of shared memory; `cols`,
+    `warps` (a divisor of the K blocks) and `block_m` (tokens a CTA) replace the rule's (sweeps)."""
     kb = k // QBLOCK
     cols = cols or (16 if groups * n <= ROWS_NARROW_N else 32)
     if warps is None:
         warps = 8 if cols == 16 or kb <= 8 else 4
         while kb % warps:
             warps -= 1
-    p = {"n": n, "k": k, "groups": groups, "block_m": TOKENS, "block_n": cols, "split": 1, "threads": 32 * warps,
+    p = {"n": n, "k": k, "groups": groups, "block_m": block_m, "block_n": cols, "split": 1, "threads": 32 * warps,
          "stages": warp_k_blocks(k, warps), "rows": True}
     while p["stages"] > 1 and rows_smem_bytes(p) > budget:
         p["stages"] -= 1
     return p
 
 
-def check_rows_params(n: int, k: int, cols: int, warps: int, stages: int) -> None:
+def check_rows_params(n: int, k: int, cols: int, warps: int, stages: int, block_m: int = TOKENS) -> None:
     kb = k // QBLOCK
     if (cols not in COLS or n % cols or k % QBLOCK or not 1 <= warps <= min(MAX_WARPS, kb) or kb % warps
-            or stages < 1):
-        raise ValueError(f"fp8_gemm rows form: cols {cols} / {warps} warps / {stages} stages is not a schedule of "
-                         f"N = {n}, K = {k} (cols in {COLS} dividing N, 1..{MAX_WARPS} warps dividing the "
-                         f"{kb} K blocks, stages >= 1)")
+            or stages < 1 or block_m not in BLOCK_MS):
+        raise ValueError(f"fp8_gemm rows form: cols {cols} / {warps} warps / {stages} stages / block_m {block_m} is "
+                         f"not a schedule of N = {n}, K = {k} (cols in {COLS} dividing N, 1..{MAX_WARPS} warps "
+                         f"dividing the {kb} K blocks, stages >= 1, block_m in {BLOCK_MS})")
 
 
-def build_fp8_gemm_rows(*, n: int, k: int, groups: int, cols: int, warps: int, stages: int):
+def build_fp8_gemm_rows(*, n: int, k: int, groups: int, cols: int, warps: int, stages: int, block_m: int = TOKENS):
     import tilelang.language as T
 
-    check_rows_params(n, k, cols, warps, stages)
+    check_rows_params(n, k, cols, warps, stages, block_m)
+    BM, J = block_m, block_m // TOKENS           # token rows a CTA, and the n8 halves each weight fragment serves
     G, KB = groups, k // QBLOCK
     NQ = (n + QBLOCK - 1) // QBLOCK
     NKW = warp_k_blocks(k, warps)                 # K blocks a warp walks
     SL = ring_slots(k, warps, stages)             # its ring's slots
     PRE = rows_wait(stages, NKW)                  # stages requested ahead (weights before the grid sync)
-    SLOT = slot_words(cols)
+    SLOT = slot_words(cols, BM)
     ACT0 = cols * ROW_WORDS                       # a slot's token rows, then its scales
-    SC0 = ACT0 + TOKENS * ROW_WORDS
+    SC0 = ACT0 + BM * ROW_WORDS
     WARP_WORDS = SL * SLOT
     RED_PITCH = cols + 4
     TL = cols // 16
-    OUT_STEPS = -(-TOKENS * cols // (32 * warps))
+    NACC = 4 * TL * J                             # a lane's accumulators: [tile][half][c 4]
+    OUT_STEPS = -(-BM * cols // (32 * warps))
     f32, u32 = "float32", "uint32"
     M = T.dynamic("num_tokens")
     MMA = ("tl::mma_sync<tl::DataType::kFloat8_e4m3, tl::DataType::kFloat8_e4m3, tl::DataType::kFloat32, "
@@ -169,7 +180,7 @@ def build_fp8_gemm_rows(*, n: int, k: int, groups: int, cols: int, warps: int, s
             T.call_extern("handle", "tl::cp_async_gs<16>", T.address_of(ring[base + swz(row, ch)]),
                           T.address_of(b[g * n + bx * cols + row, kb * QBLOCK + ch * 16]))
         if lane == 0:
-            T.call_extern("handle", "tl::cp_async_gs<4>", T.address_of(ring[base + SC0 + TOKENS]),
+            T.call_extern("handle", "tl::cp_async_gs<4>", T.address_of(ring[base + SC0 + BM]),
                           T.address_of(sb[g * NQ + (bx * cols) // QBLOCK, kb]))
 
     @T.macro
@@ -178,15 +189,17 @@ def build_fp8_gemm_rows(*, n: int, k: int, groups: int, cols: int, warps: int, s
         # token, reading the last row in their place sent every CTA's 8 copies of it to the same L2 lines)
         kb = warp + i * warps
         base = warp * WARP_WORDS + (i % SL) * SLOT
-        for q in T.unroll(TOKENS * 8 // 32):
+        for q in T.unroll(BM * 8 // 32):
             t = (q * 32 + lane) // 8
             ch = lane % 8
             T.call_extern("handle", "tl::cp_async_gs_conditional<16>", T.address_of(ring[base + ACT0 + swz(t, ch)]),
-                          T.address_of(a[T.min(by * TOKENS + t, M - 1), g * k + kb * QBLOCK + ch * 16]),
-                          by * TOKENS + t < M)
-        if lane < TOKENS:
-            T.call_extern("handle", "tl::cp_async_gs_conditional<4>", T.address_of(ring[base + SC0 + lane]),
-                          T.address_of(sa[T.min(by * TOKENS + lane, M - 1), g * KB + kb]), by * TOKENS + lane < M)
+                          T.address_of(a[T.min(by * BM + t, M - 1), g * k + kb * QBLOCK + ch * 16]),
+                          by * BM + t < M)
+        for q in T.unroll(-(-BM // 32)):
+            t = q * 32 + lane
+            if t < BM:
+                T.call_extern("handle", "tl::cp_async_gs_conditional<4>", T.address_of(ring[base + SC0 + t]),
+                              T.address_of(sa[T.min(by * BM + t, M - 1), g * KB + kb]), by * BM + t < M)
 
     @T.prim_func
     def fp8_gemm_rows(
@@ -196,13 +209,14 @@ def build_fp8_gemm_rows(*, n: int, k: int, groups: int, cols: int, warps: int, s
         sb: T.Tensor[(G * NQ, KB), f32],
         c: T.Tensor[(M, G * n), "bfloat16"],
     ):
-        with T.Kernel(n // cols, T.ceildiv(M, TOKENS), G, threads=32 * warps) as (bx, by, g):
+        with T.Kernel(n // cols, T.ceildiv(M, BM), G, threads=32 * warps) as (bx, by, g):
             T.import_source("#include <tl_templates/cuda/copy.h>\n#include <tl_templates/cuda/instruction/mma.h>\n")
-            ring = T.alloc_shared((max(warps * WARP_WORDS, warps * TOKENS * RED_PITCH),), u32)
-            acc = T.alloc_local((4 * TL,), f32)   # [tile][c 4]: rows r / r + 8, tokens 2g / 2g + 1
-            blk = T.alloc_local((4 * TL,), f32)   # this K block's sums, before its scales
+            ring = T.alloc_shared((max(warps * WARP_WORDS, warps * BM * RED_PITCH),), u32)
+            # [tile][half][c 4]: weight rows r / r + 8 of the m16 tile, tokens 8 half + 2g / + 1
+            acc = T.alloc_local((NACC,), f32)
+            blk = T.alloc_local((NACC,), f32)   # this K block's sums, before its scales
             af = T.alloc_local((4,), u32)
-            bf = T.alloc_local((2,), u32)
+            bf = T.alloc_local((2 * J,), u32)   # each half's token registers, loaded once a slice
             tid = T.get_thread_binding()
             warp = tid // 32
             lane = tid % 32
@@ -217,7 +231,7 @@ def build_fp8_gemm_rows(*, n: int, k: int, groups: int, cols: int, warps: int, s
             for i in T.unroll(PRE):
                 issue_a(ring, a, sa, g, by, warp, lane, i)
                 T.call_extern("handle", "tl::cp_async_commit")
-            for v in T.unroll(4 * TL):
+            for v in T.unroll(NACC):
                 acc[v] = 0.0
             for i in T.serial(NKW):
                 T.sync_warp()   # every lane is done with slot (i - 1) % SL, which this issue refills
@@ -228,43 +242,47 @@ def build_fp8_gemm_rows(*, n: int, k: int, groups: int, cols: int, warps: int, s
                 T.call_extern("handle", f"tl::cp_async_wait<{PRE}>")
                 T.sync_warp()   # the other lanes' copies of slot i % SL are visible
                 base = base_w + (i % SL) * SLOT
-                for v in T.unroll(4 * TL):
+                for v in T.unroll(NACC):
                     blk[v] = 0.0
                 for s in T.unroll(QBLOCK // 32):
                     ch = s * 2 + gq // 2   # the 16-byte chunk holding this lane's 8 bytes of slice s
                     off = (gq % 2) * 2
-                    bf[0] = ring[base + ACT0 + swz(r, ch) + off]
-                    bf[1] = ring[base + ACT0 + swz(r, ch) + off + 1]
+                    for j in T.unroll(J):
+                        bf[2 * j] = ring[base + ACT0 + swz(j * TOKENS + r, ch) + off]
+                        bf[2 * j + 1] = ring[base + ACT0 + swz(j * TOKENS + r, ch) + off + 1]
                     for tile in T.unroll(TL):
                         row = tile * 16 + r
                         af[0] = ring[base + swz(row, ch) + off]
                         af[1] = ring[base + swz(row + 8, ch) + off]
                         af[2] = ring[base + swz(row, ch) + off + 1]
                         af[3] = ring[base + swz(row + 8, ch) + off + 1]
-                        T.call_extern("handle", MMA, T.address_of(blk[tile * 4]), T.address_of(af[0]),
-                                      T.address_of(bf[0]))
-                wsc = T.reinterpret(ring[base + SC0 + TOKENS], f32)
+                        for j in T.unroll(J):
+                            T.call_extern("handle", MMA, T.address_of(blk[(tile * J + j) * 4]), T.address_of(af[0]),
+                                          T.address_of(bf[2 * j]))
+                wsc = T.reinterpret(ring[base + SC0 + BM], f32)
                 for tile in T.unroll(TL):
-                    for v in T.unroll(4):
-                        acc[tile * 4 + v] += blk[tile * 4 + v] * (
-                            T.reinterpret(ring[base + SC0 + gq * 2 + v % 2], f32) * wsc)
+                    for j in T.unroll(J):
+                        for v in T.unroll(4):
+                            acc[(tile * J + j) * 4 + v] += blk[(tile * J + j) * 4 + v] * (
+                                T.reinterpret(ring[base + SC0 + j * TOKENS + gq * 2 + v % 2], f32) * wsc)
             # the warps' sums, through the (drained) rings: red[warp][token][col]
             T.call_extern("handle", "tl::cp_async_wait<0>")
             T.sync_threads()
             for tile in T.unroll(TL):
-                for v in T.unroll(4):
-                    ring[warp * TOKENS * RED_PITCH + (gq * 2 + v % 2) * RED_PITCH + tile * 16 + (v // 2) * 8 + r] = \
-                        T.reinterpret(acc[tile * 4 + v], u32)
+                for j in T.unroll(J):
+                    for v in T.unroll(4):
+                        ring[warp * BM * RED_PITCH + (j * TOKENS + gq * 2 + v % 2) * RED_PITCH + tile * 16
+                             + (v // 2) * 8 + r] = T.reinterpret(acc[(tile * J + j) * 4 + v], u32)
             T.sync_threads()
             total = T.alloc_var(f32)
             for q in T.serial(OUT_STEPS):
                 idx = q * 32 * warps + tid
-                t = T.min(idx // cols, TOKENS - 1)
+                t = T.min(idx // cols, BM - 1)
                 col = idx % cols
                 total = 0.0
                 for wp in T.unroll(warps):   # in warp order: C does not depend on which warp finished first
-                    total += T.reinterpret(ring[wp * TOKENS * RED_PITCH + t * RED_PITCH + col], f32)
-                if idx < TOKENS * cols and by * TOKENS + t < M:
-                    c[by * TOKENS + t, g * n + bx * cols + col] = T.Cast("bfloat16", total)
+                    total += T.reinterpret(ring[wp * BM * RED_PITCH + t * RED_PITCH + col], f32)
+                if idx < BM * cols and by * BM + t < M:
+                    c[by * BM + t, g * n + bx * cols + col] = T.Cast("bfloat16", total)
 
     return fp8_gemm_rows
