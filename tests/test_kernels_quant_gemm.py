@@ -1,4 +1,4 @@
-"""Quantization and FP8 GEMM families on the CPU: the torch references against literal per-element
+"""Quantization and FP8 GEMM families, mostly on the CPU (a few tests marked gpu): the torch references against literal per-element
 transcriptions of the math, the validation of every op (ValueError naming the argument before any kernel is
 selected), the GEMM shape list derived from the model config at TP 1/2/4/8, and the schedules' shared memory."""
 from __future__ import annotations
@@ -637,7 +637,8 @@ def test_rows_form_tokens_a_cta():
     from dsv4_jit.kernels.gemm import fp8_gemm_rows as rows
     assert rows.slot_words(16) == (16 + 8) * 32 + 12   # 8 tokens: the form select runs
     for bm in rows.BLOCK_MS:
-        assert rows.slot_words(32, bm) == (32 + bm) * 32 + bm + 4 and (bm + 4) % 4 == 0   # 16-byte aligned slots
+        assert rows.slot_words(32, bm) == (32 + bm) * 32 + bm + 4
+        assert rows.scale_words(bm) % 4 == 0 and rows.slot_words(16, bm) % 4 == 0   # 16-byte aligned slots
         p = rows.rows_params(4096, 4096, 1, 100_000, 32, 4, bm)
         assert p["block_m"] == bm and rows.rows_smem_bytes(p) <= 100_000
         ring = 4 * 4 * rows.ring_slots(4096, 4, p["stages"]) * rows.slot_words(32, bm)

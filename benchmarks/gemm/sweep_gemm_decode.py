@@ -15,7 +15,8 @@ timer around a graph of one 1-element kernel: what any single-launch op costs he
     python benchmarks/gemm/sweep_gemm_decode.py --schedule sm_90a --model deepseek-v4-pro --tp 8 --n 2048 768 \
         --m 64 --wgmma-splits -j 15     (the pick against the PDL WGMMA tile at every split)
     python benchmarks/gemm/sweep_gemm_decode.py --schedule sm_90a --picked-only --rows --m 1 4 8 -j 15
-                                        (the pick against the rows form at each column tile and warp count)
+                                        (the pick against the rows form at each column tile and warp count;
+                                        --m 16 32 64: the form with all M tokens in one CTA row)
 """
 from __future__ import annotations
 
