@@ -667,11 +667,11 @@ def test_rows_form_with_64_tokens_a_cta_compiles_for_sm120(tmp_path):
 def test_rows_form_with_more_tokens_a_cta_on_the_gpu(m, block_m, cols, warps, gpu_store):
     """The rows form with 2-8 n8 halves a CTA (each weight fragment used by every half), run by hand on each
     schedule this GPU proves: against float64, output NaN-poisoned, token rows past M never written."""
-    from conftest import gpu_profile_params
     from dsv4_jit import jit
     from dsv4_jit.kernels.gemm import fp8_gemm_rows as rows
     from dsv4_jit.kernels.gemm.family import TOLERANCE, make_activations, make_weights
-    profiles = [p.values[0] for p in gpu_profile_params()]
+    from dsv4_jit.testing import gpu_profiles
+    profiles = gpu_profiles()
     if not profiles:
         pytest.skip("needs a CUDA GPU")
     spec = get_spec("fp8_gemm")
