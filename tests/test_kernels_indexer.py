@@ -695,3 +695,28 @@ def test_fp8_wgmma_logits_form_fences_the_ring_before_its_wgmma(tmp_path, monkey
     # SM12x is unchanged: fp8 mma.sync, no WGMMA
     sm120 = spec.select(get_profile("sm_120a"), st, 8)
     assert (sm120.p["operand"], sm120.p["wgmma"]) == ("float8_e4m3", False)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("kernel,tokens", [("indexer_topk", 128), ("indexer_topk_split", 1)])
+def test_topk_lets_the_kernel_behind_it_launch_once_past_its_grid_sync(tmp_path, kernel, tokens):
+    """Both top-k kernels trigger the kernel behind them (sparse MLA in a decode step) right after their own grid
+    dependency sync, not before it (the logits kernel ahead triggers at its start: three grids at most), and a
+    trigger=False variant has no trigger (cross-compiled, no GPU)."""
+    from dsv4_jit import jit
+    from dsv4_jit.spec import Variant
+    spec = get_spec(kernel)
+    v = spec.select(get_profile("sm_90a"), {"topk": 512, "page_size": 64}, tokens)
+    assert v.p["trigger"] is True
+    sync, trigger = "cudaGridDependencySynchronize();", "cudaTriggerProgrammaticLaunchCompletion();"
+    for on in (True, False):
+        out = tmp_path / str(on)
+        jit.compile_to_dir(spec, Variant.make(kernel, dict(v.p, trigger=on), v.profile, v.schedule), out)
+        body = (out / jit.SOURCE_NAME).read_text()
+        body = body[body.index("__launch_bounds__"):]
+        assert body.count(sync) == 1
+        if on:
+            after = body[body.index(sync) + len(sync):].lstrip()
+            assert body.count(trigger) == 1 and after.startswith(trigger)
+        else:
+            assert trigger not in body

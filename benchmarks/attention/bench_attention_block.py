@@ -119,7 +119,12 @@ def main() -> int:
     ap.add_argument("--ratios", type=int, nargs="+", default=[4, 128])
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--out", default="bench_out/bench_attention_block.json")
+    ap.add_argument("--no-topk-trigger", action="store_true",
+                    help="A/B: the top-k kernels without their early PDL trigger (variants of their own: trigger=False)")
     args = ap.parse_args()
+    if args.no_topk_trigger:   # a param of the variants (their own cache keys), read by the specs' select
+        from dsv4_jit.kernels.indexer import topk as topk_mod
+        topk_mod.TOPK_TRIGGER = False
     from dsv4_jit.arch import detect_arch, get_profile
     native = detect_arch()
     archs = {col: native if s is None else get_profile(s).emulated(native) for col, s in SCHEDULES.items()}

@@ -125,7 +125,12 @@ def main() -> None:
     ap.add_argument("--decode", action=argparse.BooleanOptionalAction, default=True,
                     help="--no-decode: the prefill table alone")
     ap.add_argument("--out", default="bench_out/indexer.json")
+    ap.add_argument("--no-topk-trigger", action="store_true",
+                    help="A/B: the top-k kernels without their early PDL trigger (variants of their own: trigger=False)")
     args = ap.parse_args()
+    if args.no_topk_trigger:   # a param of the variants (their own cache keys), read by the specs' select
+        from dsv4_jit.kernels.indexer import topk as topk_mod
+        topk_mod.TOPK_TRIGGER = False
     if args.layers < 1:
         ap.error("--layers must be >= 1")
 

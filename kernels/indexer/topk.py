@@ -60,6 +60,10 @@ CAND_MAX = 2048
 # width, block-table pages to [0, max_pages - 1] with max_pages >= 1 checked by the op, tokens by the grid), so
 # TileLang's per-access guards are off (they were half of the load loop's instructions).
 _TOPK_PASS_CONFIGS = {"tl.disable_thread_storage_sync": True, "tl.disable_safe_memory_legalize": True}
+# Programmatic dependent launch: both top-k kernels let the kernel behind them (sparse MLA in a decode step, or the
+# next layer's logits) launch once they are past their own grid dependency sync, so its launch overlaps the select.
+# Triggering there, not at the start, keeps the chain to three grids (the logits kernel triggers at its start).
+TOPK_TRIGGER = True
 # Keys each thread loads before it uses any of them (registers), so the L2 latency of a pass is paid once
 # per 8 keys, and the next 8 load while these are counted (next_keys).
 LOADS_IN_FLIGHT = 8
@@ -394,7 +398,7 @@ def _resident_select(T, *, threads: int, topk: int, to_key, slot):
     return resident_select
 
 
-def build_topk(*, topk: int, page_size: int, threads: int, resident: int):
+def build_topk(*, topk: int, page_size: int, threads: int, resident: int, trigger: bool = False):
     import tilelang.language as T
 
     P, R = page_size, resident
@@ -463,6 +467,8 @@ def build_topk(*, topk: int, page_size: int, threads: int, resident: int):
             cand = T.alloc_shared([CAND_MAX], "int32")
 
             T.pdl_sync()  # launched behind the logits kernel (PDL): its logits are complete past here
+            if trigger:
+                T.pdl_trigger()   # the kernel behind this one may launch now (TOPK_TRIGGER)
             lanes_below = (T.Cast("uint32", 1) << T.Cast("uint32", tx % 32)) - T.Cast("uint32", 1)
             lo = T.min(T.max(row_info[bx, 0], 0), width)
             n = T.max(T.min(row_info[bx, 1], width), lo) - lo
@@ -560,7 +566,8 @@ class IndexerTopkSpec(KernelSpec):
         if topk > 4096:
             raise ValueError(f"{self.name}: topk={topk} is out of range (1..4096)")
         page_size = int_param(self.name, static, "page_size", allowed=(16, 32, 64, 128, 256))
-        p = {"topk": topk, "page_size": page_size, "threads": topk_threads(num_tokens, arch.num_sms_hint)}
+        p = {"topk": topk, "page_size": page_size, "threads": topk_threads(num_tokens, arch.num_sms_hint),
+             "trigger": TOPK_TRIGGER}
         # many rows: two CTAs per SM, so the resident row is half an SM's shared memory
         p["resident"] = resident_keys(arch, topk_smem_bytes(p), ctas_per_sm=2)
         return Variant.make(self.name, p, arch, schedule_name(arch))
@@ -636,7 +643,8 @@ SOLO_MAX = 8192
 SOLO_MAX_TWO_SPLITS = {"hopper": 24_576}
 
 
-def build_topk_split(*, topk: int, page_size: int, threads: int, splits: int, resident: int, solo: int = SOLO_MAX):
+def build_topk_split(*, topk: int, page_size: int, threads: int, splits: int, resident: int, solo: int = SOLO_MAX,
+                     trigger: bool = False):
     """The split select in one launch: a row's `splits` CTAs each take an equal slice of its columns and meet at
     row barriers (an arrival counter in the workspace, ws[t, WS_CNT + CNT_ARRIVE]).
     Slices that fit in shared memory (ceil(n / splits) <= resident) stay there for the whole select:
@@ -818,6 +826,8 @@ def build_topk_split(*, topk: int, page_size: int, threads: int, splits: int, re
 
             # launched behind the logits kernel (programmatic dependent launch): its logits are complete past here
             T.pdl_sync()
+            if trigger:
+                T.pdl_trigger()   # the kernel behind this one may launch now (TOPK_TRIGGER)
             lanes_below = (T.Cast("uint32", 1) << T.Cast("uint32", tx % 32)) - T.Cast("uint32", 1)
             lo = T.min(T.max(row_info[bx, 0], 0), width)
             n = T.max(T.min(row_info[bx, 1], width), lo) - lo
@@ -1040,7 +1050,7 @@ class IndexerTopkSplitSpec(KernelSpec):
         page_size = int_param(self.name, static, "page_size", allowed=(16, 32, 64, 128, 256))
         splits = max(2, topk_splits(num_tokens, arch.num_sms_hint))
         threads, cap = split_schedule(splits)
-        p = {"topk": topk, "page_size": page_size, "threads": threads, "splits": splits}
+        p = {"topk": topk, "page_size": page_size, "threads": threads, "splits": splits, "trigger": TOPK_TRIGGER}
         p["resident"] = min(cap, resident_keys(arch, topk_split_smem_bytes(p), ctas_per_sm=1))
         p["solo"] = SOLO_MAX_TWO_SPLITS.get(arch.family, SOLO_MAX) if splits == 2 else SOLO_MAX
         return Variant.make(self.name, p, arch, schedule_name(arch))
