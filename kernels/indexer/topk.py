@@ -60,9 +60,10 @@ CAND_MAX = 2048
 # width, block-table pages to [0, max_pages - 1] with max_pages >= 1 checked by the op, tokens by the grid), so
 # TileLang's per-access guards are off (they were half of the load loop's instructions).
 _TOPK_PASS_CONFIGS = {"tl.disable_thread_storage_sync": True, "tl.disable_safe_memory_legalize": True}
-# Programmatic dependent launch: both top-k kernels let the kernel behind them (sparse MLA in a decode step, or the
-# next layer's logits) launch once they are past their own grid dependency sync, so its launch overlaps the select.
-# Triggering there, not at the start, keeps the chain to three grids (the logits kernel triggers at its start).
+# Programmatic dependent launch: both top-k kernels let the kernel behind them (sparse MLA in a decode step) launch
+# once they are past their own grid dependency sync, so its launch overlaps the select. Triggering there, not at the
+# start, keeps the chain to three grids (the logits kernel triggers at its start), and every kernel ahead of the
+# top-k has completed by then.
 TOPK_TRIGGER = True
 # Keys each thread loads before it uses any of them (registers), so the L2 latency of a pass is paid once
 # per 8 keys, and the next 8 load while these are counted (next_keys).
