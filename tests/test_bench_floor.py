@@ -231,6 +231,39 @@ def test_large_m_sweep_candidates_swap_only_the_tile_width_and_count():
     assert sorted(p["tiles_per_cta"] for p in cands) == [1, 2]
 
 
+def test_moe_tile_sweep_times_the_pick_against_the_pick_without_spread():
+    """sweep_moe_tiles.py (CPU): --ab lists exactly the few-token shapes where the spread rule changes select's pick,
+    the pick first, and leaves the module's constants as they were; --tiles keeps a tile only once."""
+    import argparse
+
+    from dsv4_jit.arch import get_profile
+    from dsv4_jit.kernels.moe import fp4_moe_gemm as km
+    from dsv4_jit.spec import get_spec
+    sweep = _load("moe.sweep_moe_tiles")
+    hopper = get_profile("sm_90a")
+    ns = argparse.Namespace(model=list(sweep.MODELS), tp=[1, 2, 4, 8], gemm=["w13", "w2"], tokens=[1, 2, 3, 4, 5],
+                            ab=True, tiles=None)
+    before = (km.SPREAD_TOKENS, dict(km.COLS_BY_ROWS), km.NARROW_COLS)
+    points = sweep.plan(ns, hopper)
+    assert (km.SPREAD_TOKENS, dict(km.COLS_BY_ROWS), km.NARROW_COLS) == before
+    got = {(m[12:], tp, g, t): [(tile, v.p["block_n"], v.p["threads"] // 32) for tile, v in picks]
+           for m, tp, g, t, picks in points}
+    assert got[("pro", 8, "w13", 1)] == [(None, 48, 8), (sweep.WITHOUT_SPREAD, 64, 8)]
+    assert got[("flash", 8, "w13", 1)] == [(None, 32, 8), (sweep.WITHOUT_SPREAD, 64, 4)]
+    assert len(got) == 16 and all(t <= km.SPREAD_TOKENS and g == "w13" for _, _, g, t in got)
+    spec = get_spec("fp4_moe_gemm")
+    for (m, tp, g, t), picks in got.items():
+        assert picks[0][1:] == (lambda p: (p["block_n"], p["threads"] // 32))(
+            spec.select(hopper, {"n": sweep.shape(f"deepseek-v4-{m}", tp, g)[1],
+                                 "k": sweep.shape(f"deepseek-v4-{m}", tp, g)[2]}, t).p)
+    ns = argparse.Namespace(model=["deepseek-v4-pro"], tp=[8], gemm=["w13"], tokens=[1], ab=False,
+                            tiles=[(48, 8), (32, 8)])
+    assert [(tile, v.p["block_n"]) for *_, picks in sweep.plan(ns, hopper) for tile, v in picks] == [
+        (None, 48), ((32, 8), 32)]
+    with pytest.raises(argparse.ArgumentTypeError, match="expected BNxW"):
+        sweep.parse_tile("48")
+
+
 def test_a_later_partial_pass_replaces_the_families_it_measured(points, tmp_path):
     """A pass, then a re-run of one family's floors and benchmark in another call: that family is judged on the later
     call's floors, launch floor and peaks alone, the others on the first pass's; RESULTS.md names both calls' files."""

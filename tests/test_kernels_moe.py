@@ -249,7 +249,7 @@ def test_stages_never_exceed_the_k_blocks():
     assert kmod.moe_smem_bytes({**big[4096], "stages": 2}) == 104_192 > 101_376 >= kmod.moe_smem_bytes(big[4096])
     assert spec.select(get_profile("sm_90a"), {"n": 4096, "k": 7168}, 4096).p["stages"] == 2
     with pytest.raises(ValueError, match="not a tile of this kernel"):
-        kmod.build_fp4_moe_gemm(**{**dec[-1], "block_n": 96})
+        kmod.build_fp4_moe_gemm(**{**dec[-1], "block_n": 80})
     with pytest.raises(ValueError, match="not a tile of this kernel"):   # 16 x 128 accumulators: too many a lane
         kmod.build_fp4_moe_gemm(**{**dec[-1], "block_m": 32, "block_n": 128})
     # Hopper at a few tokens: eight warps where a warp's K walk is the longest (V4-Pro w1+w3, K = 7,168) and N is
@@ -262,7 +262,7 @@ def test_stages_never_exceed_the_k_blocks():
                      (7168, 1): 8, (7168, 8): 8, (7168, 9): 4}
     assert [spec.select(hopper, {"n": 768, "k": 7168}, t).p["threads"] // 32 for t in (1, 2, 8)] == [8, 4, 4]
     assert spec.select(hopper, {"n": 768, "k": 7168}, 1).p["stages"] == 2
-    assert kmod.moe_smem_bytes(spec.select(hopper, {"n": 768, "k": 7168}, 1).p) == 99_104
+    assert kmod.moe_smem_bytes(spec.select(hopper, {"n": 768, "k": 7168}, 1).p) == 78_880   # 48 columns
     assert spec.select(SM120, {"n": 768, "k": 7168}, 1).p["threads"] == 128
     # warps split K: at most MAX_WARPS, never more than the K blocks (K = 384: 3)
     for bad in ({**dec[-1], "threads": 32 * (kmod.MAX_WARPS + 1)}, {**dec[2], "threads": 128}, {**dec[-1], "threads": 100}):
@@ -387,7 +387,7 @@ def test_rings_and_wide_tiles_follow_the_token_count():
     # 2 stages a warp at every token count on both families; V4-Pro's w1+w3 at up to 8 tokens runs 8 warps on Hopper
     flash = {t: pick(hopper, 4096, 4096, t) for t in (1, 3, 4, 8, 64, 128, 129, 256)}
     assert set(flash.values()) == {(64, 4, 2)}
-    assert [pick(hopper, 6144, 7168, t) for t in (1, 8, 9, 128)] == [(64, 8, 2), (64, 8, 2), (64, 4, 2), (64, 4, 2)]
+    assert [pick(hopper, 6144, 7168, t) for t in (1, 8, 9, 128)] == [(96, 8, 2), (64, 8, 2), (64, 4, 2), (64, 4, 2)]
     p64 = spec.select(hopper, {"n": 768, "k": 7168}, 64).p
     assert kmod.moe_smem_bytes(p64) == 58_144 and ctas_by_smem(hopper, 58_144) == 3
     for arch in ("sm_120a", "sm_121a"):
@@ -400,13 +400,48 @@ def test_rings_and_wide_tiles_follow_the_token_count():
         assert pick(arch, 4096, 256, 64) == (128, 2, 1)
         assert pick(arch, 4096, 2048, 64)[0] == 64          # 16 K blocks: not a short walk
         assert spec.smem_bytes(spec.select(arch, {"n": 7168, "k": 384}, 64)) <= 101_376
-    # Hopper, a long K walk over a narrow N (V4-Pro w1+w3 at TP 4 / 8): 32 columns x 4 warps from 2 to 16 tokens,
-    # 8 warps x 64 columns at one token, 64 columns again from 17; wider N (TP 1 / 2) and SM12x keep 64 columns
-    for n in (768, 1536):
+    # Hopper, a long K walk over a narrow N (V4-Pro w1+w3 at TP 4 / 8): 32 columns x 4 warps from 2 to 16 tokens (but
+    # where the few-token spread takes 48: test_few_token_tiles_spread_the_grid_over_the_sms), 8 warps x 48 / 96
+    # columns at one token, 64 columns again from 17; wider N (TP 1 / 2) and SM12x keep 64 columns from two tokens
+    for n, one, two, four in ((768, 48, 32, 48), (1536, 96, 48, 32)):
         assert [pick(hopper, n, 7168, t) for t in (1, 2, 3, 4, 8, 16, 17, 64)] == [
-            (64, 8, 2), (32, 4, 2), (32, 4, 2), (32, 4, 2), (32, 4, 2), (32, 4, 2), (64, 4, 2), (64, 4, 2)]
-    assert [pick(hopper, 3072, 7168, t)[0] for t in (2, 8, 16)] == [64, 64, 64]
+            (one, 8, 2), (two, 4, 2), (32, 4, 2), (four, 4, 2), (32, 4, 2), (32, 4, 2), (64, 4, 2), (64, 4, 2)]
+    assert [pick(hopper, 3072, 7168, t)[0] for t in (2, 8, 16)] == [96, 64, 64]   # 2 tokens: the spread
     assert {pick(SM120, 768, 7168, t)[:2] for t in (1, 2, 8, 16)} == {(64, 4)}
     assert pick(hopper, 768, 4096, 8) == (64, 4, 2)                  # K = 4,096: 32 K blocks, not a long walk
     narrow = spec.select(hopper, {"n": 768, "k": 7168}, 8)
     assert ctas_by_smem(hopper, spec.smem_bytes(narrow)) >= 2
+
+
+def test_few_token_tiles_spread_the_grid_over_the_sms():
+    """At 1-4 tokens a token's 6 experts make the grid (6 x tokens x N / cols CTAs at most): where the usual tile leaves
+    the busiest SM at most 5 CTAs, Hopper takes the tile whose busiest SM walks the fewest weight rows (the usual one on
+    a tie, else the wider), and 8 warps where every CTA has an SM of its own. Short K walks keep ONE_TOKEN_COLS; SM12x,
+    5+ tokens and grids past the cap their usual tiles."""
+    spec = get_spec("fp4_moe_gemm")
+    hopper = get_profile("sm_90a")
+
+    def pick(arch, n, k, t=1):
+        p = spec.select(arch, {"n": n, "k": k}, t).p
+        return p["block_n"], p["threads"] // 32
+    # V4-Pro w1+w3 at TP 1 / 2 / 4 / 8 (K = 7,168), one token: 384 / 384 / 96 / 96 CTAs on 132 SMs
+    assert [pick(hopper, n, 7168) for n in (6144, 3072, 1536, 768)] == [(96, 8), (48, 8), (96, 8), (48, 8)]
+    # V4-Flash w1+w3 at TP 1 / 2 / 4 / 8 (K = 4,096): 4 warps where CTAs share SMs, 8 where each has its own
+    assert [pick(hopper, n, 4096) for n in (4096, 2048, 1024, 512)] == [(64, 4), (32, 4), (64, 8), (32, 8)]
+    # 2-4 tokens: V4-Flash TP 8 / 4, V4-Pro TP 8 / 4 (their 32-column narrow tiles the usual ones there)
+    assert [pick(hopper, 512, 4096, t) for t in (2, 3, 4, 5)] == [(64, 8), (32, 4), (32, 4), (64, 4)]
+    assert [pick(hopper, 1024, 4096, t) for t in (2, 3, 4)] == [(32, 4), (32, 4), (64, 4)]
+    assert [pick(hopper, 768, 7168, t) for t in (2, 3, 4, 5)] == [(32, 4), (32, 4), (48, 4), (32, 4)]
+    assert [pick(hopper, 1536, 7168, t) for t in (2, 3, 4)] == [(48, 4), (32, 4), (32, 4)]
+    # past the cap (6+ CTAs an SM with the usual tile) nothing changes: V4-Pro's w2 (N = 7,168), TP 1 at 3-4 tokens
+    assert [pick(hopper, 7168, k) for k in (3072, 1536, 768)] == [(64, 4)] * 3
+    assert [pick(hopper, 6144, 7168, t) for t in (2, 3, 4)] == [(64, 8)] * 3
+    assert pick(hopper, 7168, 384) == (32, 3) and pick(hopper, 4096, 512) == (32, 4)   # short walks: ONE_TOKEN_COLS
+    assert kmod.busiest_rows(768, 64, 1, 132) == 64 and kmod.busiest_rows(768, 32, 1, 132) == 64
+    assert kmod.spread_cols(768, 64, 1, 132) == 48 and kmod.spread_cols(768, 64, 1, 200) == 32
+    assert kmod.spread_cols(4096, 64, 2, 132) == 64      # 128 columns tie with 64: the usual tile stays
+    for arch in (SM120, get_profile("sm_121a")):
+        assert {pick(arch, n, 7168, t) for n in (6144, 768) for t in (1, 2)} <= {(64, 4), (32, 4)}
+        assert pick(arch, 512, 4096) == (64, 4)
+    for n, k in ((6144, 7168), (1536, 7168), (768, 7168), (512, 4096)):
+        assert spec.smem_bytes(spec.select(hopper, {"n": n, "k": k}, 1)) <= hopper.max_smem_per_block

@@ -128,7 +128,7 @@ def routed_rows(t: int, experts: int, topk: int, k: int, bm: int, g):
 def per_layer_us(layers: int, experts: int, topk: int, n: int, k: int, t: int, bm: int, arch, g) -> float | None:
     """One graph of `layers` calls, each over its own experts' weights, routing and activations (nothing served
     from L2 across layers), L2 flushed before the replay: graph time / layers. The one-call column carries the
-    replay's launch latency once a call; this carries it once a graph."""
+    replay's launch latency once a call; this carries it once a graph. Best of two timings (see below)."""
     import dsv4_jit
     from dsv4_jit.kernels.moe import ops
     sets = []
@@ -141,7 +141,10 @@ def per_layer_us(layers: int, experts: int, topk: int, n: int, k: int, t: int, b
     def all_layers():
         for a, sa, w, sw, blocks, c in sets:
             ops.fp4_moe_gemm(a, sa, w, sw, blocks, num_tokens=t, arch=arch, get_kernel=get, out=c)
-    us, _ = graph_us_or_reason(all_layers, reps=1)
+    # best of two timings: the first after the layers' weights are generated read up to 1.4 us higher at one token
+    # (V4-Pro TP 8 w1+w3 on an H200, in two sweeps of alternated runs), the runs after it agreeing within 0.1 us
+    times = [graph_us_or_reason(all_layers, reps=1)[0] for _ in range(2)]
+    us = min((t for t in times if t is not None), default=None)
     del sets
     torch.cuda.empty_cache()
     return None if us is None else us / layers

@@ -179,11 +179,50 @@ ONE_TOKEN_COLS = 32
 # Weight rows (output columns) per CTA by routed rows: four m16 tiles, two for 64 routed rows (a lane's
 # accumulators are cols x rows / 32 twice over: 64 x 64 would not fit its registers).
 COLS_BY_ROWS = {8: 64, 16: 64, 32: 64, 64: 32}
-TILE_COLS = (32, 64, 128)
+TILE_COLS = (16, 32, 48, 64, 96, 128)
+
+
+# A few tokens on Hopper (up to SPREAD_TOKENS), K walks past SHORT_K_BLOCKS: the grid is TOPK_EXPERTS x tokens x N /
+# cols CTAs at most (a token's experts are distinct; tokens rarely share one among V4's 256 / 384), few enough that
+# how they spread over the SMs sets the time. Where the tile moe_params's other rules chose leaves its busiest SM at most
+# SPREAD_MAX_PER_SM CTAs, the tile of SPREAD_TILES whose busiest SM walks the fewest weight rows (CTAs an SM x cols)
+# replaces it (the chosen tile on a tie, else the wider: fewer CTAs, each with the same fixed work), and where that
+# grid is at most one CTA an SM, the CTA takes SPREAD_WARPS warps (more loads in flight on an SM that has nothing else
+# to run). Per layer on an H200, 8 layers a graph, against the tile it replaces, medians of 3 alternated runs in one
+# call (benchmarks/moe/sweep_moe_tiles.py --ab): one token, V4-Pro w1+w3 (K = 7,168) TP 8 (N = 768) 12.13 -> 10.68
+# us with 48 columns, TP 4 21.21 -> 16.60 with 96, TP 2 31.36 -> 26.12 with 48, TP 1 49.48 -> 47.77 with 96;
+# V4-Flash w1+w3 (K = 4,096) TP 8 (N = 512) 9.44 -> 6.58 with 32 columns x 8 warps, TP 4 10.07 -> 8.88 with 8 warps,
+# TP 2 13.89 -> 12.21 with 32. Two to four tokens: V4-Pro TP 8 28.38 -> 24.86 at 4 (48 columns), TP 4 26.72 -> 24.55
+# at 2 (48), TP 2 49.43 -> 48.32 at 2 (96); V4-Flash TP 8 10.14 -> 8.86 at 2 (8 warps), 13.56 -> 11.94 at 3 and
+# 13.96 -> 12.36 at 4 (32 columns), TP 4 13.94 -> 12.30 at 2 and 18.14 -> 17.74 at 3, TP 2 30.46 -> 28.41 at 3.
+# Past the cap it lost (an earlier sweep, same method): V4-Pro's w2 (N = 7,168, 6+ CTAs an SM) with 32 columns 1%
+# slower at one token at TP 1 and 5-15% from two tokens, V4-Pro TP 1 w1+w3 at 4 tokens about 9% (32 columns x 8
+# warps). SM12x keeps its tiles (unmeasured there: its grid spreads over another SM count).
+TOPK_EXPERTS = 6               # V4's routed experts a token (V4-Flash and V4-Pro alike)
+SPREAD_TOKENS = 4
+SPREAD_MAX_PER_SM = 5
+SPREAD_TILES = (128, 96, 64, 48, 32)
+SPREAD_WARPS = 8
 
 
 def block_cols(rows: int) -> int:
     return COLS_BY_ROWS[rows]
+
+
+def busiest_rows(n: int, cols: int, num_tokens: int, num_sms: int) -> int:
+    """Weight rows the busiest SM walks when a few tokens' grid of `cols`-column CTAs spreads over num_sms SMs."""
+    return -(-(TOPK_EXPERTS * num_tokens * n // cols) // num_sms) * cols
+
+
+def spread_cols(n: int, cols: int, num_tokens: int, num_sms: int) -> int:
+    """A few tokens' column tile for N on num_sms SMs: `cols` (the tile the other rules chose) unless a tile of
+    SPREAD_TILES leaves the busiest SM fewer weight rows; the fewest rows, the wider tile on a tie (`cols` on a tie
+    with it)."""
+    best = (busiest_rows(n, cols, num_tokens, num_sms), 0, -cols)
+    for c in SPREAD_TILES:
+        if n % c == 0:
+            best = min(best, (busiest_rows(n, c, num_tokens, num_sms), 1, -c))
+    return -best[2]
 
 
 def red_pitch(cols: int) -> int:
@@ -228,6 +267,11 @@ def moe_params(arch: ArchProfile, n: int, k: int, num_tokens: int) -> dict:
     if narrow:
         bn = NARROW_COLS
     warps = cta_warps(k, bm, long_k and num_tokens <= FEW_TOKENS and not narrow)
+    if (bm == ROWS[0] and num_tokens <= SPREAD_TOKENS and kb > SHORT_K_BLOCKS and arch.family == "hopper"
+            and busiest_rows(n, bn, num_tokens, arch.num_sms_hint) <= SPREAD_MAX_PER_SM * bn):
+        bn = spread_cols(n, bn, num_tokens, arch.num_sms_hint)
+        if TOPK_EXPERTS * num_tokens * n // bn <= arch.num_sms_hint:   # a CTA an SM at most
+            warps = max(warps, min(SPREAD_WARPS, kb))
     # never more stages than K blocks a warp walks, nor than fit the budget (64 rows at K = 7168 on SM12x: one)
     stages = max(1, min(STAGES, -(-kb // warps)))
     while stages > 1 and moe_smem_bytes_for(k, stages, bm, bn, warps) > arch.max_smem_per_block:
