@@ -4,7 +4,7 @@ from one GPU pass's JSON files (bench_floor.py, bench_mma_peak.py and the family
 A point's floor is the largest of three lower bounds on its time, per layer (8 layers' inputs a graph, L2 flushed):
   read     the fastest read-only kernel of the point's bytes (bench_floor.py; ordinary or PDL launches)
   math     its flops at the measured MMA peak of its operand type (bench_mma_peak.py: the fastest measured rate
-           for that type, mma.sync or cuBLAS)
+           for that type, mma.sync or cuBLAS; the SM120 schedule's rows at mma.sync's, the only MMA it issues)
   launch   one PDL-chained one-CTA kernel that moves nothing, per kernel the step launches
 The goals (GOALS below):
   attention  sparse MLA decode: batch 64 <= 1.5x floor, batch 8 <= 2x floor, batch 1 <= 4 us
@@ -152,10 +152,13 @@ def measured_by_point(files: list[dict]) -> dict[tuple, list[Measured]]:
     return out
 
 
-def mma_peaks(doc: dict | None) -> dict[str, float]:
-    """Operand type ("fp8", "bf16", "fp16") -> the fastest TFLOP/s bench_mma_peak.py measured for it."""
+def mma_peaks(doc: dict | None, mma_sync: bool = False) -> dict[str, float]:
+    """Operand type ("fp8", "bf16", "fp16") -> the fastest TFLOP/s bench_mma_peak.py measured for it (mma_sync: of
+    its mma.sync rows only, not the cuBLAS ones)."""
     peaks: dict[str, float] = {}
     for r in (doc or {}).get("rows", []):
+        if mma_sync and "cuBLAS" in r.get("mma", ""):
+            continue
         for kind in ("fp8", "bf16", "fp16"):
             if kind in r.get("mma", "").split() and r.get("tflops"):
                 peaks[kind] = max(peaks.get(kind, 0.0), float(r["tflops"]))
@@ -170,6 +173,13 @@ def verdict(ours: float | None, goal_us: float, floor: float) -> str:
     return "unreachable" if floor > goal_us else "short"
 
 
+def peaks_for(schedule: str, peaks: dict[str, float], sync_peaks: dict[str, float] | None) -> dict[str, float]:
+    """The MMA peaks a schedule's math floor is taken at: the SM120 schedule ("sm_120a", or "sm_120a on sm_90a"
+    compiled for this GPU) issues mma.sync only, so mma.sync's measured rates (where the pass has them); any other
+    schedule the fastest measured rate of each type."""
+    return {**peaks, **(sync_peaks or {})} if schedule.startswith("sm_12") else peaks
+
+
 def point_floors(p: dict, launch: float | None, peaks: dict[str, float], m: int | None = None) -> dict:
     """One floor point's read, math (at M rows for a decode GEMM) and launch floors, and the largest of them."""
     flops = p.get("flops") if m is None else p.get("flops_per_row", 0) * m
@@ -181,7 +191,8 @@ def point_floors(p: dict, launch: float | None, peaks: dict[str, float], m: int 
     return {**floors, "bound": bound, "floor": floor}
 
 
-def judge(floor_doc: dict, files: list[dict], peaks: dict[str, float] | None = None) -> list[dict]:
+def judge(floor_doc: dict, files: list[dict], peaks: dict[str, float] | None = None,
+          sync_peaks: dict[str, float] | None = None) -> list[dict]:
     """One row per (point, schedule, decode M): our time, the three floors and the largest, the goal, the verdict."""
     measured = measured_by_point(files)
     launch = floor_doc.get("pdl_one_cta_kernel_us")
@@ -192,7 +203,8 @@ def judge(floor_doc: dict, files: list[dict], peaks: dict[str, float] | None = N
             raise ValueError("goal_table: the floor file's points have no family and key: run bench_floor.py again")
         found = measured.get(point_key(p["family"], p["key"])) or [Measured("-", "", None, None, None, None)]
         for ms in found:
-            f = point_floors(p, p.get("_launch", launch), p.get("_peaks", peaks), ms.m)
+            f = point_floors(p, p.get("_launch", launch), peaks_for(ms.schedule, p.get("_peaks", peaks),
+                                                                   p.get("_sync_peaks", sync_peaks)), ms.m)
             g = goal(p["family"], p["key"])
             goal_us = g.time_us(f["floor"])
             us = ms.ours_us
@@ -205,7 +217,8 @@ def judge(floor_doc: dict, files: list[dict], peaks: dict[str, float] | None = N
     return rows
 
 
-def block_rows(floor_doc: dict, files: list[dict], peaks: dict[str, float] | None = None) -> list[dict]:
+def block_rows(floor_doc: dict, files: list[dict], peaks: dict[str, float] | None = None,
+               sync_peaks: dict[str, float] | None = None) -> list[dict]:
     """The attention block (bench_attention_block.py), per layer and schedule, against the sum of its steps' floors:
     the sparse MLA point and, on a ratio-4 layer, the indexer step at the same context and batch. Each floor column
     is the sum of the steps' own; the goal is the sum of the steps' goal times. A block whose step has no floor
@@ -222,15 +235,17 @@ def block_rows(floor_doc: dict, files: list[dict], peaks: dict[str, float] | Non
             pts = [by_key.get(point_key(fam, key)) for fam, key in steps]
             if None in pts:
                 continue
-            fl = [point_floors(p, p.get("_launch", launch), p.get("_peaks", peaks or {})) for p in pts]
-            total = {k: None if any(f[k] is None for f in fl) else sum(f[k] for f in fl)
-                     for k in ("read", "math", "launch", "floor")}
-            goal_us = sum(goal(p["family"], p["key"]).time_us(f["floor"]) for p, f in zip(pts, fl))
             for col in ("ours_sm90", "ours_sm120"):
                 if col not in r:
                     continue
                 sched = (r[col] or {}).get("schedule") or ("sm_120a" if col == "ours_sm120" else arch)
                 us = (r[col] or {}).get("us")
+                fl = [point_floors(p, p.get("_launch", launch),
+                                   peaks_for(sched, p.get("_peaks", peaks or {}), p.get("_sync_peaks", sync_peaks)))
+                      for p in pts]
+                total = {k: None if any(f[k] is None for f in fl) else sum(f[k] for f in fl)
+                         for k in ("read", "math", "launch", "floor")}
+                goal_us = sum(goal(p["family"], p["key"]).time_us(f["floor"]) for p, f in zip(pts, fl))
                 rows.append({"family": BLOCK, "schedule": arch if sched == arch else f"{sched} on {arch}",
                              "point": f"H{r['heads']} ratio {r['ratio']} {r['ctx'] // 1024}K x {r['batch']}",
                              "bytes": sum(p["bytes"] for p in pts), "ours_us": us, "read_floor_us": total["read"],
@@ -293,9 +308,12 @@ def read_passes(dirs: list[Path]) -> dict:
         if not floors and i == 0:
             raise SystemExit(f"goal_table: no readable {d}/bench_floor*.json (run benchmarks/bench_floor.py first)")
         peaks: dict[str, float] = {}
+        sync_peaks: dict[str, float] = {}
         for _, doc in others:
             for kind, v in mma_peaks(doc).items():
                 peaks[kind] = max(peaks.get(kind, 0.0), v)
+            for kind, v in mma_peaks(doc, mma_sync=True).items():
+                sync_peaks[kind] = max(sync_peaks.get(kind, 0.0), v)
         # bench_floor*.json: one file, or one a part (--families attention indexer, --families gemm moe)
         launches = [doc["pdl_one_cta_kernel_us"] for _, doc in floors if doc.get("pdl_one_cta_kernel_us")]
         fams = sorted({r["family"] for _, doc in floors for r in doc.get("rows", []) if "family" in r})
@@ -305,14 +323,15 @@ def read_passes(dirs: list[Path]) -> dict:
         passes.append({"dir": str(d), "device": first.get("device"), "date": first.get("date"),
                        "copy_bandwidth_gbs": first.get("copy_bandwidth_gbs"),
                        "pdl_one_cta_kernel_us": min(launches) if launches else None, "mma_peak_tflops": peaks,
-                       "families": fams})
+                       "mma_sync_peak_tflops": sync_peaks, "families": fams})
         per_pass.append((floors, others))
     rows, files, extra, used = [], [], {}, []
     for i, (floors, others) in enumerate(per_pass):
         info = passes[i]
         for name, doc in floors:
             mine = [r for r in doc.get("rows", []) if floor_pass.get(r.get("family")) == i]
-            rows += [{**r, "_launch": info["pdl_one_cta_kernel_us"], "_peaks": info["mma_peak_tflops"]} for r in mine]
+            rows += [{**r, "_launch": info["pdl_one_cta_kernel_us"], "_peaks": info["mma_peak_tflops"],
+                      "_sync_peaks": info["mma_sync_peak_tflops"]} for r in mine]
             if mine:
                 used.append((name, doc))
         for name, doc in others:
@@ -341,11 +360,13 @@ def scoreboard(dirs, got: dict | None = None) -> dict:
     base = got["passes"][0]
     floor_doc = {"rows": got["floor_rows"], "pdl_one_cta_kernel_us": base["pdl_one_cta_kernel_us"]}
     files = got["files"]   # judge, block_rows and large_m_rows each take their own families' files
-    rows = judge(floor_doc, files, base["mma_peak_tflops"]) + block_rows(floor_doc, files, base["mma_peak_tflops"])
+    both = (base["mma_peak_tflops"], base.get("mma_sync_peak_tflops"))
+    rows = judge(floor_doc, files, *both) + block_rows(floor_doc, files, *both)
     gemm_pass = next((p for p in reversed(got["passes"]) if "gemm" in p["families"]), base)
     big = large_m_rows(files, gemm_pass["mma_peak_tflops"].get("fp8"))
     return {"device": base["device"], "date": base["date"], "copy_bandwidth_gbs": base["copy_bandwidth_gbs"],
             "pdl_one_cta_kernel_us": base["pdl_one_cta_kernel_us"], "mma_peak_tflops": base["mma_peak_tflops"],
+            "mma_sync_peak_tflops": base.get("mma_sync_peak_tflops", {}),
             "passes": got["passes"], "rows": rows, "large_m": big,
             "summary": [{"family": f, "schedule": s, **c} for (f, s), c in summary(rows + big).items()]}
 
@@ -361,9 +382,16 @@ def pass_lines(sb: dict) -> list[str]:
         fams = f" ({', '.join(p['families'])})" if several else ""
         out.append(f"{p['device'] or '?'}{fams}: copy {p['copy_bandwidth_gbs'] or 0:,.0f} GB/s; a PDL-chained one-CTA "
                    f"kernel {'%.2f us a layer' % launch if launch else 'not measured'}; MMA peaks "
-                   + (", ".join(f"{k} {v:,.0f}" for k, v in p["mma_peak_tflops"].items()) or "not measured")
+                   + (", ".join(f"{k} {v:,.0f}" + _sync_note(p, k, v) for k, v in p["mma_peak_tflops"].items())
+                      or "not measured")
                    + " TFLOP/s")
     return out
+
+
+def _sync_note(p: dict, kind: str, peak: float) -> str:
+    """ " (mma.sync 443)" where mma.sync's rate of a type (the SM120 schedule's math floor) is not the fastest one."""
+    sync = (p.get("mma_sync_peak_tflops") or {}).get(kind)
+    return f" (mma.sync {sync:,.0f})" if sync and sync != peak else ""
 
 
 def _f(v, w: int = 8, p: int = 2) -> str:

@@ -186,7 +186,7 @@ def render(d, cases_path: Path | None = None, other_gpus: list[Path] | None = No
             "per-token error against float64. Goals: see below.", ""]
     out += status(sb, cases)
     if sb:
-        out += ["", "## Scoreboard", "", "Floor = max(read, math at the measured MMA peak, PDL launch); goals: "
+        out += ["", "## Scoreboard", "", "Floor = max(read, math at the measured MMA peak (mma.sync's for the SM120 schedule), PDL launch); goals: "
                 "attention batch 64 <= 1.5x floor, batch 8 <= 2x, batch 1 <= 4 us; indexer step batch 64 and 8 "
                 "<= 1.5x floor, batch 1 <= 4 us; decode GEMM M <= 64 <= 1.3x floor; MoE <= 1.5x at 1 token, "
                 "<= 1.25x from 8; large M as fast as cuBLAS; the attention block (indexer logits -> top-k -> sparse MLA on a "

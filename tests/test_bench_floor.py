@@ -151,6 +151,11 @@ def test_goal_table_judges_each_point_against_the_largest_floor(points, tmp_path
     assert got[("sm_90a", "flash TP1 wq_b 1024->32768 M=1")]["verdict"] == "met"
     assert got[("sm_90a", "flash TP1 wq_b 1024->32768 M=64")]["verdict"] == "short"
     assert got[("sm_120a on sm_90a", "flash TP1 wq_b 1024->32768 M=1")]["verdict"] == "short"
+    # the math floor at the schedule's MMA: fp8 at cuBLAS's 1,200 TFLOP/s for sm_90a, at mma.sync's 450 for the SM120
+    # schedule (mma.sync only); bf16 has no cuBLAS row, so both schedules' attention rows take mma.sync's 600
+    g90, g120 = (got[(s, "flash TP1 wq_b 1024->32768 M=1")]["math_floor_us"] for s in ("sm_90a", "sm_120a on sm_90a"))
+    assert g90 == pytest.approx(2 * 32768 * 1024 / 1200e6) and g120 == pytest.approx(g90 * 1200 / 450)
+    assert got[("sm_120a on sm_90a", "H64 ratio 4 64K x 64")]["math_floor_us"] == pytest.approx(att["math_floor_us"])
     # MoE from 8 tokens: 155 > 1.25 x 91
     assert got[("sm_90a", "flash TP1 MoE w13 4096->4096 T8")]["verdict"] == "short"
     assert got[("sm_90a", "flash TP1 MoE w13 4096->4096 T8")]["goal"] == "<= 1.25x floor"
@@ -330,6 +335,10 @@ def test_pass_lines_name_each_measuring_pass_and_skip_a_folder_without_floors():
     empty = {"device": None, "copy_bandwidth_gbs": None, "pdl_one_cta_kernel_us": None, "mma_peak_tflops": {},
              "families": []}
     lines = gt.pass_lines({"passes": [full, empty, part]})
+    synced = {**full, "mma_sync_peak_tflops": {"fp8": 450.0}}
+    assert gt.pass_lines({"passes": [synced]}) == [
+        "GPU A: copy 3,000 GB/s; a PDL-chained one-CTA kernel 1.50 us a layer; MMA peaks fp8 1,400 (mma.sync 450) "
+        "TFLOP/s"]
     assert lines == ["GPU A: copy 3,000 GB/s; a PDL-chained one-CTA kernel 1.50 us a layer; MMA peaks fp8 1,400 TFLOP/s",
                      "GPU A (moe): copy 2,900 GB/s; a PDL-chained one-CTA kernel 1.50 us a layer; MMA peaks fp8 1,400 "
                      "TFLOP/s"]
