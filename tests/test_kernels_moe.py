@@ -14,7 +14,7 @@ from dsv4_jit.kernels.moe import ops, reference
 from dsv4_jit.kernels.moe.family import moe_shapes
 from dsv4_jit.kernels.quant.reference import E2M1_VALUES
 from dsv4_jit.model_config import EMBEDDED, load_model_config
-from dsv4_jit.spec import get_spec
+from dsv4_jit.spec import Variant, get_spec
 from dsv4_jit.testing import select_only_getter
 
 SM120 = get_profile("sm_120a")
@@ -237,8 +237,10 @@ def test_stages_never_exceed_the_k_blocks():
     dec = [spec.select(SM120, {"n": 4096, "k": k}, 1).p for k in (128, 256, 384, 512, 1024, 7168)]
     assert [(p["threads"], p["stages"]) for p in dec] == [(32, 1), (64, 1), (96, 1), (128, 1), (128, 2), (128, 2)]
     assert [p["block_n"] for p in dec] == [32, 32, 32, 32, 64, 64]
-    for arch in (SM120, get_profile("sm_90a")):   # from two tokens on, 64 columns again
-        assert [spec.select(arch, {"n": 7168, "k": 384}, t).p["block_n"] for t in (1, 2, 8)] == [32, 64, 64]
+    # from two tokens on, 64 columns again (Hopper: the WGMMA form, 64 columns throughout)
+    assert [spec.select(SM120, {"n": 7168, "k": 384}, t).p["block_n"] for t in (1, 2, 8)] == [32, 64, 64]
+    assert {spec.select(get_profile("sm_90a"), {"n": 7168, "k": 384}, t).p.get("operand") for t in (1, 2, 8)} == {
+        kmod.WGMMA}
     assert all(p["block_m"] == 8 for p in dec)
     # a stage: 64 weight rows x 64 B + 8 routed rows x 128 B, twice, a warp; the exponents; the activation scales
     assert kmod.moe_smem_bytes(dec[-1]) == 4 * 2 * 5120 + 64 * (224 + 16) + 4 * 8 * 57 == 58_144
@@ -394,7 +396,7 @@ def test_rings_and_wide_tiles_follow_the_token_count():
         assert {pick(get_profile(arch), 4096, 4096, t)[2] for t in (1, 4, 64, 128, 256)} == {2}
     # 128 weight rows a CTA where a warp walks one K block (w2 at TP 8, K = 384 / 256) from 32 to 256 tokens, 32 at
     # one token
-    for arch in (hopper, SM120):
+    for arch in (SM120,):   # Hopper: the WGMMA form (test_hopper_takes_the_wgmma_form_for_short_k_walks)
         assert [pick(arch, 7168, 384, t) for t in (1, 8, 31, 32, 64, 256, 257)] == [
             (32, 3, 1), (64, 3, 1), (64, 3, 1), (128, 3, 1), (128, 3, 1), (128, 3, 1), (64, 3, 1)]
         assert pick(arch, 4096, 256, 64) == (128, 2, 1)
@@ -436,7 +438,7 @@ def test_few_token_tiles_spread_the_grid_over_the_sms():
     # past the cap (6+ CTAs an SM with the usual tile) nothing changes: V4-Pro's w2 (N = 7,168), TP 1 at 3-4 tokens
     assert [pick(hopper, 7168, k) for k in (3072, 1536, 768)] == [(64, 4)] * 3
     assert [pick(hopper, 6144, 7168, t) for t in (2, 3, 4)] == [(64, 8)] * 3
-    assert pick(hopper, 7168, 384) == (32, 3) and pick(hopper, 4096, 512) == (32, 4)   # short walks: ONE_TOKEN_COLS
+    assert pick(SM120, 7168, 384) == (32, 3) and pick(SM120, 4096, 512) == (32, 4)   # short walks: ONE_TOKEN_COLS
     assert kmod.busiest_rows(768, 64, 1, 132) == 64 and kmod.busiest_rows(768, 32, 1, 132) == 64
     assert kmod.spread_cols(768, 64, 1, 132) == 48 and kmod.spread_cols(768, 64, 1, 200) == 32
     assert kmod.spread_cols(4096, 64, 2, 132) == 64      # 128 columns tie with 64: the usual tile stays
@@ -445,3 +447,25 @@ def test_few_token_tiles_spread_the_grid_over_the_sms():
         assert pick(arch, 512, 4096) == (64, 4)
     for n, k in ((6144, 7168), (1536, 7168), (768, 7168), (512, 4096)):
         assert spec.smem_bytes(spec.select(hopper, {"n": n, "k": k}, 1)) <= hopper.max_smem_per_block
+
+
+def test_hopper_takes_the_wgmma_form_for_short_k_walks():
+    """8-row blocks with K at most 6 K blocks (w2 at TP 4 / 8) run Hopper's WGMMA form: 64 columns over one warp
+    group, 2 stages at one token and 3 above; 16-row blocks, longer K and SM12x keep the mma.sync forms. Its build is
+    refused off its one tile."""
+    spec = get_spec("fp4_moe_gemm")
+    hopper = get_profile("sm_90a")
+    for k in (256, 384, 512, 768):
+        for t, st in ((1, 2), (8, 3), (256, 3)):
+            p = spec.select(hopper, {"n": 7168, "k": k}, t).p
+            assert (p["operand"], p["block_n"], p["threads"], p["stages"]) == (kmod.WGMMA, 64, 128, st)
+            assert spec.smem_bytes(spec.select(hopper, {"n": 7168, "k": k}, t)) == kmod.wgmma_smem_bytes(k, st)
+        assert spec.select(hopper, {"n": 7168, "k": k}, 257).p["operand"] == "float16"   # 16-row blocks
+        assert spec.select(SM120, {"n": 7168, "k": k}, 8).p.get("operand") is None
+    assert spec.select(hopper, {"n": 4096, "k": 1024}, 8).p.get("operand") is None    # 8 K blocks
+    assert kmod.wgmma_smem_bytes(384, 3) == 3 * (64 * 64 + 8 * 128) + 1024 + 64 * (12 + 4) + 4 * 8 * 4
+    with pytest.raises(ValueError, match="WGMMA form"):
+        spec.build(Variant.make("fp4_moe_gemm", {**spec.select(hopper, {"n": 7168, "k": 384}, 8).p, "block_n": 32},
+                                hopper, "sm_90a"))
+    with pytest.raises(ValueError, match="2..8 stages"):
+        kmod.build_fp4_moe_gemm_wgmma(n=7168, k=384, stages=9)

@@ -1,6 +1,7 @@
 """Column tiles of the MXFP4 grouped expert GEMM (`fp4_moe_gemm`) at a few tokens, on the GPU: select's pick against
-the pick without the few-token spread rule (--ab: every shape where the two differ), or against explicit tiles
-(--tiles BNxW: block_n weight rows and W warps a CTA, 8-row blocks).
+the pick without the few-token spread rule (--ab: every shape where the two differ), against the mma.sync pick where
+Hopper takes the WGMMA form (--ab-wgmma), or against explicit tiles (--tiles BNxW: block_n weight rows and W warps a
+CTA, 8-row blocks) and the WGMMA form at given ring depths (--wgmma).
 
 Time: per layer, 8 layers' calls in one CUDA graph, each layer with its own experts' weights and routing (nothing
 served from L2 across layers), L2 flushed before each replay, as bench_moe.py's per-layer column; the same weights
@@ -11,6 +12,8 @@ worst routed row's relative error).
     python benchmarks/moe/sweep_moe_tiles.py --ab --out bench_out/moe_tiles.json      (V4-Flash and V4-Pro, TP 1-8,
                                                                                         1-4 tokens, w1+w3 and w2)
     python benchmarks/moe/sweep_moe_tiles.py --model deepseek-v4-pro --tp 8 --tokens 1 --gemm w13 --tiles 48x8 32x8
+    python benchmarks/moe/sweep_moe_tiles.py --tp 4 8 --gemm w2 --wgmma 2 3 4     (Hopper: the WGMMA form's depths)
+    python benchmarks/moe/sweep_moe_tiles.py --ab-wgmma --tokens 1 8 64          (the WGMMA form against the mma.sync pick)
 """
 from __future__ import annotations
 
@@ -32,6 +35,7 @@ from benchmarks.harness import graph_us_or_reason, row_rel_err, run_info  # noqa
 MODELS = ("deepseek-v4-flash", "deepseek-v4-pro")
 LAYERS = 8
 WITHOUT_SPREAD = "without spread"   # the tile select picks with the few-token spread rule off
+WITHOUT_WGMMA = "without wgmma"     # the mma.sync tile select picks where Hopper takes the WGMMA form
 
 
 def parse_tile(text: str) -> tuple[int, int]:
@@ -44,17 +48,32 @@ def parse_tile(text: str) -> tuple[int, int]:
 
 @contextmanager
 def picking(tile):
-    """select (8-row blocks) picks `tile`: None (as shipped), WITHOUT_SPREAD, or (block_n, warps) forced."""
+    """select (8-row blocks) picks `tile`: None (as shipped), WITHOUT_SPREAD, (block_n, warps) forced, or
+    ("wgmma", stages): Hopper's WGMMA form."""
     from dsv4_jit import jit
     from dsv4_jit.kernels.moe import fp4_moe_gemm as km
-    names = ("ONE_TOKEN_COLS", "NARROW_COLS", "WIDE_COLS", "LONG_K_WARPS", "SPREAD_TOKENS")
+    names = ("ONE_TOKEN_COLS", "NARROW_COLS", "WIDE_COLS", "LONG_K_WARPS", "SPREAD_TOKENS", "WGMMA_MAX_K_BLOCKS",
+             "moe_params")
     saved = {nm: getattr(km, nm) for nm in names}
     cols, warps = dict(km.COLS_BY_ROWS), dict(km.WARPS_BY_ROWS)
     try:
-        if tile is not None:
+        if tile == WITHOUT_WGMMA:
+            km.WGMMA_MAX_K_BLOCKS = 0
+        elif tile is not None:
             km.SPREAD_TOKENS = 0
-        if isinstance(tile, tuple):
+        if isinstance(tile, tuple) and tile[0] == km.WGMMA:
+            params = saved["moe_params"]
+
+            def wgmma_params(arch, n, k, num_tokens):
+                p = params(arch, n, k, num_tokens)
+                if p["block_m"] != km.ROWS[0]:
+                    return p
+                return {"n": n, "k": k, "block_m": km.ROWS[0], "block_n": km.WGMMA_COLS, "threads": km.WGMMA_THREADS,
+                        "stages": tile[1], "operand": km.WGMMA}
+            km.moe_params = wgmma_params
+        elif isinstance(tile, tuple):
             bn, w = tile
+            km.WGMMA_MAX_K_BLOCKS = 0
             km.COLS_BY_ROWS[8] = km.ONE_TOKEN_COLS = km.NARROW_COLS = km.WIDE_COLS = bn
             km.WARPS_BY_ROWS[8] = km.LONG_K_WARPS = w
         jit._SELECT_MEMO.clear()   # select reads the constants: drop the memoised variants
@@ -88,7 +107,10 @@ def plan(args, arch) -> list[tuple]:
             for gemm in args.gemm:
                 _, n, k = shape(model, tp, gemm)
                 for t in args.tokens:
-                    tiles = [None, WITHOUT_SPREAD] if args.ab else [None] + list(args.tiles)
+                    ab_wgmma = getattr(args, "ab_wgmma", False)
+                    tiles = ([None, WITHOUT_SPREAD] if args.ab else [None, WITHOUT_WGMMA] if ab_wgmma
+                             else [None] + list(args.tiles or []) + [("wgmma", st) for st in getattr(args, "wgmma", None)
+                                                                     or []])
                     picks = []
                     for tile in tiles:
                         with picking(tile):
@@ -145,7 +167,8 @@ def time_point(model, tp, gemm, t, picks, arch, rounds: int) -> list[dict]:
     torch.cuda.empty_cache()
     rows_out = []
     for i, (tile, v) in enumerate(picks):
-        label = "pick" if tile is None else tile if isinstance(tile, str) else f"{tile[0]}x{tile[1]}"
+        label = ("pick" if tile is None else tile if isinstance(tile, str)
+                 else f"wgmma {tile[1]} stages" if tile[0] == "wgmma" else f"{tile[0]}x{tile[1]}")
         rows_out.append({"model": model, "tp": tp, "gemm": gemm, "n": n, "k": k, "tokens": t, "tile": label,
                          "block_n": v.p["block_n"], "warps": v.p["threads"] // 32, "stages": v.p["stages"],
                          "per_layer_us": times[i], "max_row_rel_err": errs[i]})
@@ -160,7 +183,11 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, nargs="+", default=[1, 2, 3, 4])
     what = ap.add_mutually_exclusive_group(required=True)
     what.add_argument("--ab", action="store_true", help="the pick against the pick without the spread rule")
+    what.add_argument("--ab-wgmma", action="store_true",
+                      help="the pick against the mma.sync pick where Hopper takes the WGMMA form")
     what.add_argument("--tiles", type=parse_tile, nargs="+", help="BNxW tiles timed beside the pick")
+    what.add_argument("--wgmma", type=int, nargs="+", metavar="STAGES",
+                      help="Hopper's WGMMA form (8-row blocks) at these ring depths, beside the pick")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--arch", default=None, help="schedule: native (default) or sm_120a (emulated)")
     ap.add_argument("-j", "--jobs", type=int, default=14)

@@ -251,7 +251,43 @@ def moe_smem_bytes_for(k: int, stages: int, rows: int, cols: int, warps: int) ->
 
 
 def moe_smem_bytes(p: Mapping[str, Any]) -> int:
+    if p.get("operand") == WGMMA:
+        return wgmma_smem_bytes(p["k"], p["stages"])
     return moe_smem_bytes_for(p["k"], p["stages"], p["block_m"], p["block_n"], p["threads"] // 32)
+
+
+# Hopper's WGMMA form (operand WGMMA; 8-row blocks, 64 weight rows a CTA of one warp group): the warp group walks every
+# K block of its rows through one cp.async ring of `stages` K blocks (64 rows x 64 B of weight + 8 routed rows x 128
+# B), each warp converting its 16 rows' e2m1 words to e4m3 in registers as the mma.sync form does (the same permuted K
+# order), which are the A operand of wgmma m64n8k32 (A from registers, f32 accumulators, one a 32-wide slice); B is
+# the routed rows' bytes, permuted to that K order into a shared tile in the canonical no-swizzle K-major layout
+# ([16-byte K chunk][row][16 B]). ptxas emulates mma.sync e4m3 on Hopper (each mma's operands unpacked to f16); wgmma
+# runs e4m3 natively. Hopper takes it for 8-row blocks where K is at most WGMMA_MAX_K_BLOCKS K blocks (w2 at TP 4 / 8:
+# K = 256 / 384 / 512 / 768), 2 stages at one token and 3 above. Per layer on an H200, 8 layers a graph, against the
+# mma.sync pick, 2 runs each in one call (benchmarks/moe/sweep_moe_tiles.py --tp 4 8 --gemm w2 --wgmma 2 3 4): V4-Pro
+# TP 8 w2 8.4 -> 6.8 us at one token, 18.4 -> 14.6 at 4, 31.0 -> 24.2 at 8, 88 -> 76 at 32, 146 -> 127 at 64, 221 ->
+# 197 at 256; V4-Pro TP 4 11.9 -> 9.9, 28.5 -> 26.1, 51 -> 47, 170 -> 153, 274 -> 246, 427 -> 397; V4-Flash TP 4 level
+# at one token, 3-10% faster from 4 tokens (23.0 -> 21.3 at 8, 113 -> 105 at 256); V4-Flash TP 8 4.9 -> 4.7, 9.6 -> 8.1,
+# 14.1 -> 12.2, 31.2 -> 30.2, level at 64, 2% slower at 256 (59.7 -> 60.9). Outputs within the mma.sync form's 1.8e-3 of
+# float64. Where a CTA walks more K blocks it was slower than the mma.sync forms at 16 of 18 points, up to 2.2x
+# (V4-Flash TP 8 w1+w3 at one token 6.6 -> 14.2 us, TP 1 19.6 -> 23.5; sweep_moe_tiles.py --tp 1 8 --tokens 1 8 64
+# --wgmma 4 6). Not established why; likely its warp group waiting for each K block's wgmmas (waiting one block behind, so that the next block's
+# conversion overlaps them, ptxas serializes: C7514) and its 4 warps in lockstep behind two CTA barriers a K block,
+# where the mma.sync form runs 4 independent K streams; a form that holds the block's routed rows in
+# shared memory, each warp with a ring of its own rows and no CTA barrier in the loop, was slower again (V4-Flash TP 1
+# w1+w3 at one token 28.0 us).
+WGMMA = "wgmma"
+WGMMA_COLS = 64
+WGMMA_THREADS = 128
+WGMMA_MAX_K_BLOCKS = 6
+
+
+def wgmma_smem_bytes(k: int, stages: int) -> int:
+    """The WGMMA form's shared memory: the ring (stages x (64 x 64 + 8 x 128) B), the permuted B tile (1 KB), the
+    weight exponents and the activation scales (as moe_smem_bytes_for)."""
+    kb, ks = k // ACT_BLOCK, k // SLICE
+    return (stages * (WGMMA_COLS * ROW_WORDS + ROWS[0] * TOK_WORDS) * 4 + ROWS[0] * ACT_BLOCK
+            + WGMMA_COLS * (ks + (16 if ks % 16 == 0 else 4)) + 4 * ROWS[0] * (kb + 1))
 
 
 def moe_params(arch: ArchProfile, n: int, k: int, num_tokens: int) -> dict:
@@ -276,6 +312,9 @@ def moe_params(arch: ArchProfile, n: int, k: int, num_tokens: int) -> dict:
     stages = max(1, min(STAGES, -(-kb // warps)))
     while stages > 1 and moe_smem_bytes_for(k, stages, bm, bn, warps) > arch.max_smem_per_block:
         stages -= 1
+    if bm == ROWS[0] and kb <= WGMMA_MAX_K_BLOCKS and arch.family == "hopper" and n % WGMMA_COLS == 0:
+        return {"n": n, "k": k, "block_m": bm, "block_n": WGMMA_COLS, "threads": WGMMA_THREADS,
+                "stages": 2 if num_tokens == 1 else 3, "operand": WGMMA}
     p = {"n": n, "k": k, "block_m": bm, "block_n": bn, "threads": 32 * warps, "stages": stages}
     if arch.fp8_mma_operand != FP8 and bm > ROWS[0]:   # Hopper from 16-row blocks: f16 (module doc)
         p["operand"] = arch.fp8_mma_operand
@@ -525,6 +564,185 @@ def build_fp4_moe_gemm(*, n: int, k: int, block_m: int, block_n: int, stages: in
     return fp4_moe_gemm
 
 
+_WGMMA_SRC = r"""
+#include <tl_templates/cuda/instruction/wgmma.h>
+// the routed rows' permuted tile, written by the threads, is read by wgmma through the async proxy
+__device__ __forceinline__ void dsv4_fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" : : : "memory"); }
+// The 4 slices of a K block: wgmma m64n8k32 e4m3 x e4m3 -> f32, A from registers (4 a slice), B from the permuted
+// tile (slice s: its two 16-byte K chunks, 256 B on), each slice into accumulators of its own (scale-d 0), one wait.
+__device__ __forceinline__ void dsv4_moe_wgmma4(unsigned* a, const void* b_tile, float* c) {
+  tl::GmmaDescriptor desc;
+  tl::initialize_wgmma_descriptor<0, 8, 64>(desc, b_tile);   // no swizzle; LBO 128 B (K chunks), SBO 1 KB (unused)
+#pragma unroll
+  for (int i = 0; i < 16; ++i) asm volatile("" : "+r"(a[i]) : : "memory");
+  asm volatile("wgmma.fence.sync.aligned;\n" : : : "memory");
+#pragma unroll
+  for (int s = 0; s < 4; ++s) {
+    tl::wgmma_rs<tl::DataType::kFloat8_e4m3, tl::DataType::kFloat8_e4m3, tl::DataType::kFloat32, 64, 8, 32, false,
+                 false>(a + 4 * s, desc.desc_ + (unsigned long long)(16 * s), reinterpret_cast<uint32_t*>(c + 4 * s),
+                        false);
+  }
+  asm volatile("wgmma.commit_group.sync.aligned;\n" : : : "memory");
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" : : : "memory");
+#pragma unroll
+  for (int i = 0; i < 16; ++i) asm volatile("" : "+f"(c[i]) : : "memory");
+}
+"""
+
+
+def build_fp4_moe_gemm_wgmma(*, n: int, k: int, stages: int, pdl: bool = True):
+    """Hopper's WGMMA form (see WGMMA): 8-row blocks x 64 weight rows, one warp group a CTA."""
+    import tilelang.language as T
+
+    if n % WGMMA_COLS or k % ACT_BLOCK or not 2 <= stages <= 8:
+        raise ValueError(f"fp4_moe_gemm: the WGMMA form takes N a multiple of {WGMMA_COLS}, K of {ACT_BLOCK} and 2..8 "
+                         f"stages, got n={n} k={k} stages={stages}")
+    R, COLS, S = ROWS[0], WGMMA_COLS, stages
+    KB, KS = k // ACT_BLOCK, k // SLICE
+    STAGE_WORDS = COLS * ROW_WORDS + R * TOK_WORDS
+    SW_CHUNK = 16 if KS % 16 == 0 else 4
+    SW_PITCH = KS + SW_CHUNK
+    SA_PITCH = KB + 1
+    f32, u32 = "float32", "uint32"
+    M = T.dynamic("num_rows")
+    E = T.dynamic("num_experts")
+    NB = T.dynamic("num_blocks")
+
+    def c32(v):
+        return T.Cast(u32, v)
+
+    def perm(x, y, sel):
+        return T.call_extern(u32, "__byte_perm", x, y, sel)
+
+    def placed(u, shifts):
+        a_sh, s_sh = shifts
+        mag = u << c32(a_sh) if a_sh >= 0 else u >> c32(-a_sh)
+        return (mag & c32(E4M3_MAG_MASK)) | ((u << c32(s_sh)) & c32(E4M3_SIGN_MASK))
+
+    def ue8m0(byte):
+        return T.reinterpret(T.shift_left(T.Cast(u32, byte), c32(23)), f32)
+
+    @T.macro
+    def issue(ring, a, w, e, bx, by, tid, i):
+        """K block i into ring slot i % S: 64 weight rows x 4 chunks (swizzled as the mma.sync form's) and the block's
+        8 routed rows x 8 chunks, 16-byte cp.async each."""
+        base = (i % S) * STAGE_WORDS
+        for q in T.unroll(COLS * 4 // WGMMA_THREADS):
+            row = (q * WGMMA_THREADS + tid) // 4
+            ch = tid % 4
+            T.call_extern("handle", "tl::cp_async_gs<16>",
+                          T.address_of(ring[base + row * ROW_WORDS + (ch ^ ((row >> 1) & 3)) * 4]),
+                          T.address_of(w[e, bx * COLS + row, i * ROW_WORDS + ch * 4]))
+        if tid < R * 8:
+            T.call_extern("handle", "tl::cp_async_gs<16>",
+                          T.address_of(ring[base + COLS * ROW_WORDS + (tid // 8) * TOK_WORDS + (tid % 8) * 4]),
+                          T.address_of(a[T.min(by * R + tid // 8, a.shape[0] - 1), i * ACT_BLOCK + (tid % 8) * 16]))
+
+    @T.prim_func
+    def fp4_moe_gemm(
+        a: T.Tensor[(M, k), FP8],
+        sa: T.Tensor[(M, KB), f32],
+        w: T.Tensor[(E, n, k // 8), "int32"],
+        sw: T.Tensor[(E, n, KS), "uint8"],
+        block_expert: T.Tensor[(NB,), "int32"],
+        c: T.Tensor[(M, n), "bfloat16"],
+    ):
+        with T.Kernel(n // COLS, NB, threads=WGMMA_THREADS) as (bx, by):
+            T.import_source("#include <tl_templates/cuda/copy.h>\n" + _WGMMA_SRC)
+            ring = T.alloc_shared((S * STAGE_WORDS,), u32)
+            b_tile = T.alloc_shared((R * ACT_BLOCK // 4,), u32)   # [K chunk 8][routed row 8][4 words]
+            sw_s = T.alloc_shared((COLS * SW_PITCH,), "uint8")
+            sa_s = T.alloc_shared((R * SA_PITCH,), f32)
+            acc = T.alloc_local((4,), f32)
+            blk = T.alloc_local((4,), f32)
+            part = T.alloc_local((16,), f32)   # [slice 4][c 4]
+            af = T.alloc_local((16,), u32)     # [slice 4][a 4]
+            scl = T.alloc_local((2,), f32)
+            ex = T.alloc_var("int32")
+            tid = T.get_thread_binding()
+            warp = tid // 32
+            lane = tid % 32
+            r = lane // 4
+            g = lane % 4
+            # launched behind its producer (PDL): every input, the expert of the block included, after the sync
+            if pdl:
+                T.pdl_sync()
+            ex = block_expert[by]
+            if ex < 0:
+                for q in T.serial(R * COLS // WGMMA_THREADS):
+                    idx = q * WGMMA_THREADS + tid
+                    if by * R + idx // COLS < M:
+                        c[by * R + idx // COLS, bx * COLS + idx % COLS] = T.Cast("bfloat16", 0.0)
+            else:
+                e = T.min(ex, E - 1)
+                for q in T.serial(-(-(COLS * KS // SW_CHUNK) // WGMMA_THREADS)):
+                    idx = q * WGMMA_THREADS + tid
+                    if idx < COLS * KS // SW_CHUNK:
+                        row = idx // (KS // SW_CHUNK)
+                        col = idx % (KS // SW_CHUNK) * SW_CHUNK
+                        T.call_extern("handle", f"tl::cp_async_gs<{SW_CHUNK}>", T.address_of(sw_s[row * SW_PITCH + col]),
+                                      T.address_of(sw[e, bx * COLS + row, col]))
+                for q in T.serial(-(-(R * KB) // WGMMA_THREADS)):
+                    idx = q * WGMMA_THREADS + tid
+                    if idx < R * KB:
+                        T.call_extern("handle", "tl::cp_async_gs<4>", T.address_of(sa_s[(idx // KB) * SA_PITCH + idx % KB]),
+                                      T.address_of(sa[T.min(by * R + idx // KB, M - 1), idx % KB]))
+                T.call_extern("handle", "tl::cp_async_commit")
+                for st in T.unroll(S - 1):
+                    if st < KB:
+                        issue(ring, a, w, e, bx, by, tid, st)
+                    T.call_extern("handle", "tl::cp_async_commit")
+                for v in T.unroll(4):
+                    acc[v] = 0.0
+                for i in T.serial(KB):
+                    # every warp's wgmma of block i - 1 is done (waited) with slot (i - 1) % S and b_tile
+                    T.sync_threads()
+                    if i + S - 1 < KB:
+                        issue(ring, a, w, e, bx, by, tid, i + S - 1)
+                    T.call_extern("handle", "tl::cp_async_commit")   # one group per iteration, empty or not
+                    T.call_extern("handle", f"tl::cp_async_wait<{S - 1}>")
+                    T.sync_threads()   # block i's bytes (every thread's copies) are in shared memory
+                    base = (i % S) * STAGE_WORDS
+                    # B: routed row t's slice s, bytes 8 g' .. 8 g' + 7, to the mma.sync form's K order (even bytes at
+                    # k 4 g' .., odd at 16 + 4 g' ..) in K chunks 2 s / 2 s + 1
+                    bt = tid // 16
+                    bs = (tid // 4) % 4
+                    bg = tid % 4
+                    tw = base + COLS * ROW_WORDS + bt * TOK_WORDS + bs * 8 + bg * 2
+                    b_tile[(2 * bs) * 32 + bt * 4 + bg] = perm(ring[tw], ring[tw + 1], c32(0x6420))
+                    b_tile[(2 * bs + 1) * 32 + bt * 4 + bg] = perm(ring[tw], ring[tw + 1], c32(0x7531))
+                    T.call_extern("handle", "dsv4_fence_proxy_async")
+                    T.sync_threads()   # b_tile complete, visible to the async proxy
+                    for s in T.unroll(ACT_BLOCK // SLICE):
+                        for h in T.unroll(2):
+                            row = warp * 16 + h * 8 + r
+                            u = ring[base + row * ROW_WORDS + (s ^ ((r >> 1) & 3)) * 4 + g]
+                            af[s * 4 + h] = placed(u, E4M3_QUAD_SHIFTS[0])
+                            af[s * 4 + 2 + h] = placed(u, E4M3_QUAD_SHIFTS[1])
+                    T.call_extern("handle", "dsv4_moe_wgmma4", T.address_of(af[0]), T.address_of(b_tile[0]),
+                                  T.address_of(part[0]))
+                    for v in T.unroll(4):
+                        blk[v] = 0.0
+                    for s in T.unroll(ACT_BLOCK // SLICE):
+                        for h in T.unroll(2):
+                            scl[h] = ue8m0(sw_s[(warp * 16 + h * 8 + r) * SW_PITCH + i * 4 + s])
+                        for v in T.unroll(4):
+                            blk[v] += part[s * 4 + v] * scl[v // 2]
+                    for v in T.unroll(4):
+                        acc[v] += blk[v] * sa_s[(g * 2 + v % 2) * SA_PITCH + i]
+                # the kernel behind this one may launch during the epilogue
+                if pdl:
+                    T.pdl_trigger()
+                T.call_extern("handle", "tl::cp_async_wait<0>")
+                for v in T.unroll(4):
+                    if by * R + g * 2 + v % 2 < M:
+                        # the weights carry 2^-6 from bit placement: one exact multiply here
+                        c[by * R + g * 2 + v % 2, bx * COLS + warp * 16 + (v // 2) * 8 + r] = T.Cast(
+                            "bfloat16", acc[v] * E4M3_UNSCALE)
+
+    return fp4_moe_gemm
+
+
 @register
 class Fp4MoeGemmSpec(MoeKernelSpec):
     """Grouped MXFP4 expert GEMM. Statics: n (multiple of 128), k (multiple of 128): one per expert weight shape
@@ -552,4 +770,10 @@ class Fp4MoeGemmSpec(MoeKernelSpec):
         return cfg
 
     def build(self, variant: Variant):
-        return build_fp4_moe_gemm(**variant.p)
+        p = variant.p
+        if p.get("operand") == WGMMA:
+            if p["block_m"] != ROWS[0] or p["block_n"] != WGMMA_COLS or p["threads"] != WGMMA_THREADS:
+                raise ValueError(f"fp4_moe_gemm: the WGMMA form is {ROWS[0]} rows x {WGMMA_COLS} columns over "
+                                 f"{WGMMA_THREADS} threads, got {dict(p)}")
+            return build_fp4_moe_gemm_wgmma(n=p["n"], k=p["k"], stages=p["stages"], pdl=p.get("pdl", True))
+        return build_fp4_moe_gemm(**p)
