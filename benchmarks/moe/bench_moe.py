@@ -89,6 +89,8 @@ def main() -> None:
         params_op = kmod.moe_params
         kmod.moe_params = lambda *a, **kw: {kk: v for kk, v in {**params_op(*a, **kw), "operand": args.operand}.items()
                                             if not (kk == "operand" and v == kmod.FP8)}
+    if args.operand or args.stages:   # A/Bs of the mma.sync forms: Hopper's WGMMA form (short K walks) stays out
+        kmod.WGMMA_MAX_K_BLOCKS = 0
     warps0 = dict(kmod.WARPS_BY_ROWS)   # a tile without W gets the module's warps for its rows
     long0 = kmod.LONG_K_WARPS
     for tile in tiles:
@@ -101,6 +103,9 @@ def main() -> None:
                 kmod.ONE_TOKEN_COLS = tile[1]   # the one-token tile of short K walks too
                 kmod.WARPS_BY_ROWS[tile[0]] = tile[2] if len(tile) > 2 else warps0.get(tile[0], 4)
                 kmod.LONG_K_WARPS = tile[2] if len(tile) > 2 else long0   # a W given holds for long K walks too
+                # the tile holds where Hopper's few-token spread or its WGMMA form (short K walks) would replace it
+                kmod.SPREAD_TOKENS = 0
+                kmod.WGMMA_MAX_K_BLOCKS = 0
             jit._SELECT_MEMO.clear()   # select reads the constants: drop the memoised variants
             if args.stages or args.tiles:
                 print(f"-- stages {st} tile {tile}")
