@@ -247,7 +247,7 @@ def test_moe_tile_sweep_times_the_pick_against_the_pick_without_spread():
     sweep = _load("moe.sweep_moe_tiles")
     hopper = get_profile("sm_90a")
     ns = argparse.Namespace(model=list(sweep.MODELS), tp=[1, 2, 4, 8], gemm=["w13", "w2"], tokens=[1, 2, 3, 4, 5],
-                            ab=True, tiles=None)
+                            ab=True, ab_wgmma=False, tiles=None, wgmma=None)
     before = (km.SPREAD_TOKENS, dict(km.COLS_BY_ROWS), km.NARROW_COLS)
     points = sweep.plan(ns, hopper)
     assert (km.SPREAD_TOKENS, dict(km.COLS_BY_ROWS), km.NARROW_COLS) == before
@@ -261,8 +261,8 @@ def test_moe_tile_sweep_times_the_pick_against_the_pick_without_spread():
         assert picks[0][1:] == (lambda p: (p["block_n"], p["threads"] // 32))(
             spec.select(hopper, {"n": sweep.shape(f"deepseek-v4-{m}", tp, g)[1],
                                  "k": sweep.shape(f"deepseek-v4-{m}", tp, g)[2]}, t).p)
-    ns = argparse.Namespace(model=["deepseek-v4-pro"], tp=[8], gemm=["w13"], tokens=[1], ab=False,
-                            tiles=[(48, 8), (32, 8)])
+    ns = argparse.Namespace(model=["deepseek-v4-pro"], tp=[8], gemm=["w13"], tokens=[1], ab=False, ab_wgmma=False,
+                            tiles=[(48, 8), (32, 8)], wgmma=None)
     assert [(tile, v.p["block_n"]) for *_, picks in sweep.plan(ns, hopper) for tile, v in picks] == [
         (None, 48), ((32, 8), 32)]
     with pytest.raises(argparse.ArgumentTypeError, match="expected BNxW"):

@@ -64,13 +64,10 @@ def picking(tile):
         if isinstance(tile, tuple) and tile[0] == km.WGMMA:
             params = saved["moe_params"]
 
-            def wgmma_params(arch, n, k, num_tokens):
+            def forced_wgmma(arch, n, k, num_tokens):
                 p = params(arch, n, k, num_tokens)
-                if p["block_m"] != km.ROWS[0]:
-                    return p
-                return {"n": n, "k": k, "block_m": km.ROWS[0], "block_n": km.WGMMA_COLS, "threads": km.WGMMA_THREADS,
-                        "stages": tile[1], "operand": km.WGMMA}
-            km.moe_params = wgmma_params
+                return km.wgmma_params(n, k, tile[1]) if p["block_m"] == km.ROWS[0] else p
+            km.moe_params = forced_wgmma
         elif isinstance(tile, tuple):
             bn, w = tile
             km.WGMMA_MAX_K_BLOCKS = 0
@@ -107,10 +104,8 @@ def plan(args, arch) -> list[tuple]:
             for gemm in args.gemm:
                 _, n, k = shape(model, tp, gemm)
                 for t in args.tokens:
-                    ab_wgmma = getattr(args, "ab_wgmma", False)
-                    tiles = ([None, WITHOUT_SPREAD] if args.ab else [None, WITHOUT_WGMMA] if ab_wgmma
-                             else [None] + list(args.tiles or []) + [("wgmma", st) for st in getattr(args, "wgmma", None)
-                                                                     or []])
+                    tiles = ([None, WITHOUT_SPREAD] if args.ab else [None, WITHOUT_WGMMA] if args.ab_wgmma
+                             else [None] + list(args.tiles or []) + [("wgmma", st) for st in args.wgmma or []])
                     picks = []
                     for tile in tiles:
                         with picking(tile):

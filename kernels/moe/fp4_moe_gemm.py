@@ -240,14 +240,25 @@ def warp_words(rows: int, cols: int, stages: int) -> int:
     return max(stages * stage_words(rows, cols), rows * red_pitch(cols))
 
 
+def scale_layout(k: int) -> tuple[int, int, int]:
+    """Where a CTA keeps its weight exponents and activation scales in shared memory: the cp.async width of an
+    exponent row (K / 32 bytes), the row pitch in bytes (padded by one chunk: rows r = 0..7 of a tile land in distinct
+    banks) and the scales' row pitch in words (padded by one)."""
+    ks = k // SLICE
+    chunk = 16 if ks % 16 == 0 else 4
+    return chunk, ks + chunk, k // ACT_BLOCK + 1
+
+
+def scales_smem_bytes(k: int, rows: int, cols: int) -> int:
+    """The CTA's weight exponents (one byte per row and slice) and activation scales (fp32), padded as scale_layout."""
+    _, sw_pitch, sa_pitch = scale_layout(k)
+    return cols * sw_pitch + 4 * rows * sa_pitch
+
+
 def moe_smem_bytes_for(k: int, stages: int, rows: int, cols: int, warps: int) -> int:
     """Pre-nvcc shared memory: each warp's ring (stages x a K block of the CTA's weight rows and routed rows; the
-    warps' partial tiles reuse it at the end), the CTA's weight exponents (one byte per row and slice, rows padded
-    by one cp.async chunk) and activation scales (fp32, rows padded by one)."""
-    kb = k // ACT_BLOCK
-    ks = k // SLICE
-    return (4 * warps * warp_words(rows, cols, stages) + cols * (ks + (16 if ks % 16 == 0 else 4))
-            + 4 * rows * (kb + 1))
+    warps' partial tiles reuse it at the end), the CTA's weight exponents and activation scales."""
+    return 4 * warps * warp_words(rows, cols, stages) + scales_smem_bytes(k, rows, cols)
 
 
 def moe_smem_bytes(p: Mapping[str, Any]) -> int:
@@ -282,12 +293,17 @@ WGMMA_THREADS = 128
 WGMMA_MAX_K_BLOCKS = 6
 
 
+def wgmma_params(n: int, k: int, stages: int) -> dict:
+    """The WGMMA form's variant params: 8-row blocks x 64 weight rows over one warp group, a ring of `stages`."""
+    return {"n": n, "k": k, "block_m": ROWS[0], "block_n": WGMMA_COLS, "threads": WGMMA_THREADS, "stages": stages,
+            "operand": WGMMA}
+
+
 def wgmma_smem_bytes(k: int, stages: int) -> int:
     """The WGMMA form's shared memory: the ring (stages x (64 x 64 + 8 x 128) B), the permuted B tile (1 KB), the
-    weight exponents and the activation scales (as moe_smem_bytes_for)."""
-    kb, ks = k // ACT_BLOCK, k // SLICE
+    weight exponents and the activation scales."""
     return (stages * (WGMMA_COLS * ROW_WORDS + ROWS[0] * TOK_WORDS) * 4 + ROWS[0] * ACT_BLOCK
-            + WGMMA_COLS * (ks + (16 if ks % 16 == 0 else 4)) + 4 * ROWS[0] * (kb + 1))
+            + scales_smem_bytes(k, ROWS[0], WGMMA_COLS))
 
 
 def moe_params(arch: ArchProfile, n: int, k: int, num_tokens: int) -> dict:
@@ -313,8 +329,7 @@ def moe_params(arch: ArchProfile, n: int, k: int, num_tokens: int) -> dict:
     while stages > 1 and moe_smem_bytes_for(k, stages, bm, bn, warps) > arch.max_smem_per_block:
         stages -= 1
     if bm == ROWS[0] and kb <= WGMMA_MAX_K_BLOCKS and arch.family == "hopper" and n % WGMMA_COLS == 0:
-        return {"n": n, "k": k, "block_m": bm, "block_n": WGMMA_COLS, "threads": WGMMA_THREADS,
-                "stages": 2 if num_tokens == 1 else 3, "operand": WGMMA}
+        return wgmma_params(n, k, 2 if num_tokens == 1 else 3)
     p = {"n": n, "k": k, "block_m": bm, "block_n": bn, "threads": 32 * warps, "stages": stages}
     if arch.fp8_mma_operand != FP8 and bm > ROWS[0]:   # Hopper from 16-row blocks: f16 (module doc)
         p["operand"] = arch.fp8_mma_operand
@@ -343,6 +358,54 @@ def f16_pairs_py(u: int) -> tuple[int, int, int, int]:
     return _placed_py(u, F16_PAIR_SHIFTS, F16_MAG_MASK, F16_SIGN_MASK)
 
 
+def c32(v):
+    import tilelang.language as T
+    return T.Cast("uint32", v)
+
+
+def perm(x, y, sel):
+    import tilelang.language as T
+    return T.call_extern("uint32", "__byte_perm", x, y, sel)
+
+
+def placed(u, shifts, mag_mask: int, sign_mask: int):
+    """Bit placement: the kernel form of e4m3_quads_py / f16_pairs_py for one register."""
+    a_sh, s_sh = shifts
+    mag = u << c32(a_sh) if a_sh >= 0 else u >> c32(-a_sh)
+    return (mag & c32(mag_mask)) | ((u << c32(s_sh)) & c32(sign_mask))
+
+
+def ue8m0(byte):
+    """A UE8M0 exponent byte as the fp32 2^(byte - 127)."""
+    import tilelang.language as T
+    return T.reinterpret(T.shift_left(T.Cast("uint32", byte), c32(23)), "float32")
+
+
+def stage_scales_macro(*, k: int, rows: int, cols: int, threads: int):
+    """A macro that copies the CTA's weight exponents (its cols weight rows of expert e) and its rows routed rows'
+    activation scales into shared memory (scale_layout), cp.async by `threads` threads, uncommitted."""
+    import tilelang.language as T
+    KB, KS = k // ACT_BLOCK, k // SLICE
+    SW_CHUNK, SW_PITCH, SA_PITCH = scale_layout(k)
+
+    @T.macro
+    def stage_scales(sw_s, sa_s, sw, sa, e, bx, by, tid):
+        for q in T.serial(-(-(cols * KS // SW_CHUNK) // threads)):
+            idx = q * threads + tid
+            if idx < cols * KS // SW_CHUNK:
+                row = idx // (KS // SW_CHUNK)
+                col = idx % (KS // SW_CHUNK) * SW_CHUNK
+                T.call_extern("handle", f"tl::cp_async_gs<{SW_CHUNK}>", T.address_of(sw_s[row * SW_PITCH + col]),
+                              T.address_of(sw[e, bx * cols + row, col]))
+        for q in T.serial(-(-(rows * KB) // threads)):
+            idx = q * threads + tid
+            if idx < rows * KB:
+                T.call_extern("handle", "tl::cp_async_gs<4>", T.address_of(sa_s[(idx // KB) * SA_PITCH + idx % KB]),
+                              T.address_of(sa[T.min(by * rows + idx // KB, sa.shape[0] - 1), idx % KB]))
+
+    return stage_scales
+
+
 def build_fp4_moe_gemm(*, n: int, k: int, block_m: int, block_n: int, stages: int, threads: int,
                        operand: str = FP8, pdl: bool = True):
     import tilelang.language as T
@@ -365,33 +428,17 @@ def build_fp4_moe_gemm(*, n: int, k: int, block_m: int, block_n: int, stages: in
     KS = k // SLICE
     WARPS = threads // 32
     WARP_WORDS = warp_words(R, COLS, S)
-    SW_CHUNK = 16 if KS % 16 == 0 else 4          # cp.async width of the exponent rows (K / 32 bytes each)
-    SW_PITCH = KS + SW_CHUNK                       # rows r = 0..7 of a tile land in distinct banks
-    SA_PITCH = KB + 1
+    _, SW_PITCH, SA_PITCH = scale_layout(k)
+    stage_scales = stage_scales_macro(k=k, rows=R, cols=COLS, threads=threads)
     OUT_STEPS = -(-R * COLS // (32 * WARPS))      # 3 warps (K = 384) do not divide the tile
     f32, u32 = "float32", "uint32"
     M = T.dynamic("num_rows")
     E = T.dynamic("num_experts")
     NB = T.dynamic("num_blocks")
 
-    def c32(v):
-        return T.Cast(u32, v)
-
-    def perm(x, y, sel):
-        return T.call_extern(u32, "__byte_perm", x, y, sel)
-
-    def placed(u, shifts, mag_mask: int, sign_mask: int):
-        """Bit placement: the kernel form of e4m3_quads_py / f16_pairs_py for one register."""
-        a_sh, s_sh = shifts
-        mag = u << c32(a_sh) if a_sh >= 0 else u >> c32(-a_sh)
-        return (mag & c32(mag_mask)) | ((u << c32(s_sh)) & c32(sign_mask))
-
     def f16_pair(u, i: int):
         """Elements i and i + 4 of word u as one f16x2 (x 2^-14)."""
         return placed(u, F16_PAIR_SHIFTS[i], F16_MAG_MASK, F16_SIGN_MASK)
-
-    def ue8m0(byte):
-        return T.reinterpret(T.shift_left(T.Cast(u32, byte), c32(23)), f32)
 
     @T.macro
     def issue(ring, a, w, e, bx, by, warp, lane, i):
@@ -458,18 +505,7 @@ def build_fp4_moe_gemm(*, n: int, k: int, block_m: int, block_n: int, stages: in
 
                 # the CTA's weight exponents and activation scales: one cp.async group ahead of the ring's, so
                 # the first weight stages stream while it lands
-                for q in T.serial(-(-(COLS * KS // SW_CHUNK) // (32 * WARPS))):
-                    idx = q * 32 * WARPS + tid
-                    if idx < COLS * KS // SW_CHUNK:
-                        row = idx // (KS // SW_CHUNK)
-                        col = idx % (KS // SW_CHUNK) * SW_CHUNK
-                        T.call_extern("handle", f"tl::cp_async_gs<{SW_CHUNK}>", T.address_of(sw_s[row * SW_PITCH + col]),
-                                      T.address_of(sw[e, bx * COLS + row, col]))
-                for q in T.serial(-(-(R * KB) // (32 * WARPS))):
-                    idx = q * 32 * WARPS + tid
-                    if idx < R * KB:
-                        T.call_extern("handle", "tl::cp_async_gs<4>", T.address_of(sa_s[(idx // KB) * SA_PITCH + idx % KB]),
-                                      T.address_of(sa[T.min(by * R + idx // KB, M - 1), idx % KB]))
+                stage_scales(sw_s, sa_s, sw, sa, e, bx, by, tid)
                 T.call_extern("handle", "tl::cp_async_commit")
                 for st in T.unroll(S - 1):
                     if st < n_iter:
@@ -600,27 +636,12 @@ def build_fp4_moe_gemm_wgmma(*, n: int, k: int, stages: int, pdl: bool = True):
     R, COLS, S = ROWS[0], WGMMA_COLS, stages
     KB, KS = k // ACT_BLOCK, k // SLICE
     STAGE_WORDS = COLS * ROW_WORDS + R * TOK_WORDS
-    SW_CHUNK = 16 if KS % 16 == 0 else 4
-    SW_PITCH = KS + SW_CHUNK
-    SA_PITCH = KB + 1
+    _, SW_PITCH, SA_PITCH = scale_layout(k)
+    stage_scales = stage_scales_macro(k=k, rows=R, cols=COLS, threads=WGMMA_THREADS)
     f32, u32 = "float32", "uint32"
     M = T.dynamic("num_rows")
     E = T.dynamic("num_experts")
     NB = T.dynamic("num_blocks")
-
-    def c32(v):
-        return T.Cast(u32, v)
-
-    def perm(x, y, sel):
-        return T.call_extern(u32, "__byte_perm", x, y, sel)
-
-    def placed(u, shifts):
-        a_sh, s_sh = shifts
-        mag = u << c32(a_sh) if a_sh >= 0 else u >> c32(-a_sh)
-        return (mag & c32(E4M3_MAG_MASK)) | ((u << c32(s_sh)) & c32(E4M3_SIGN_MASK))
-
-    def ue8m0(byte):
-        return T.reinterpret(T.shift_left(T.Cast(u32, byte), c32(23)), f32)
 
     @T.macro
     def issue(ring, a, w, e, bx, by, tid, i):
@@ -675,18 +696,7 @@ def build_fp4_moe_gemm_wgmma(*, n: int, k: int, stages: int, pdl: bool = True):
                         c[by * R + idx // COLS, bx * COLS + idx % COLS] = T.Cast("bfloat16", 0.0)
             else:
                 e = T.min(ex, E - 1)
-                for q in T.serial(-(-(COLS * KS // SW_CHUNK) // WGMMA_THREADS)):
-                    idx = q * WGMMA_THREADS + tid
-                    if idx < COLS * KS // SW_CHUNK:
-                        row = idx // (KS // SW_CHUNK)
-                        col = idx % (KS // SW_CHUNK) * SW_CHUNK
-                        T.call_extern("handle", f"tl::cp_async_gs<{SW_CHUNK}>", T.address_of(sw_s[row * SW_PITCH + col]),
-                                      T.address_of(sw[e, bx * COLS + row, col]))
-                for q in T.serial(-(-(R * KB) // WGMMA_THREADS)):
-                    idx = q * WGMMA_THREADS + tid
-                    if idx < R * KB:
-                        T.call_extern("handle", "tl::cp_async_gs<4>", T.address_of(sa_s[(idx // KB) * SA_PITCH + idx % KB]),
-                                      T.address_of(sa[T.min(by * R + idx // KB, M - 1), idx % KB]))
+                stage_scales(sw_s, sa_s, sw, sa, e, bx, by, tid)
                 T.call_extern("handle", "tl::cp_async_commit")
                 for st in T.unroll(S - 1):
                     if st < KB:
@@ -717,8 +727,8 @@ def build_fp4_moe_gemm_wgmma(*, n: int, k: int, stages: int, pdl: bool = True):
                         for h in T.unroll(2):
                             row = warp * 16 + h * 8 + r
                             u = ring[base + row * ROW_WORDS + (s ^ ((r >> 1) & 3)) * 4 + g]
-                            af[s * 4 + h] = placed(u, E4M3_QUAD_SHIFTS[0])
-                            af[s * 4 + 2 + h] = placed(u, E4M3_QUAD_SHIFTS[1])
+                            af[s * 4 + h] = placed(u, E4M3_QUAD_SHIFTS[0], E4M3_MAG_MASK, E4M3_SIGN_MASK)
+                            af[s * 4 + 2 + h] = placed(u, E4M3_QUAD_SHIFTS[1], E4M3_MAG_MASK, E4M3_SIGN_MASK)
                     T.call_extern("handle", "dsv4_moe_wgmma4", T.address_of(af[0]), T.address_of(b_tile[0]),
                                   T.address_of(part[0]))
                     for v in T.unroll(4):
