@@ -13,12 +13,15 @@ Grouped form (`groups` G > 1, the grouped output projection wo_a): C [M, G*N], A
 stacked), sa [M, G*K/128], sb [G*ceil(N/128), K/128]; C[:, g*N:(g+1)*N] = A[:, g*K:(g+1)*K] . B_g^T, one launch
 (grid z = groups x splits).
 
-Schedules (`select` picks one of five by the token count; the same on every arch family but M > 32 on Hopper):
+Schedules (`select` picks one by the token count; the same on every arch family but Hopper from 9 rows):
   * decode, M <= 8, where K is 1,024..4,096 and G x N 1,536..8,192 (most V4 decode shapes): the rows form
     (fp8_gemm_rows.py): a CTA owns 16 or 32 weight rows over the whole K, its warps split K (a cp.async ring each)
     and sum through shared memory; no split-K across CTAs, so no partials, counters or reduce kernel. Its weight
     (its whole share where it fits) is requested before the grid dependency sync. Outside that domain, and from 9
     rows, the forms below.
+  * Hopper, 9..32 tokens, where a grid of one wave can hold each CTA's whole K share: the decode ring below on
+    wgmma (`swap`): 64 weight rows a CTA as the MMA's M side, the 16- or 32-token tile its N (ptxas emulates the
+    ring's e4m3 mma.sync there), the share requested before the grid dependency sync (see swap_params).
   * decode, M <= 16 / 32 / 64: one M tile (16 / 32 / 64 rows), N tiles of 128 columns, or 64 when 128-column tiles
     alone would leave SMs idle, and split-K over a divisor of the K blocks until (N tiles x splits) reaches
     the SM count, so small-M GEMMs stream the weight with the whole GPU (in shares of at least
@@ -170,10 +173,41 @@ def decode_split(n_tiles: int, k_blocks: int, num_sms: int, most: int | None = N
     return divs[-1]
 
 
+# Hopper at 9..32 tokens: the decode ring on wgmma (`swap`: the weight's 64 rows as the MMA's M, the tokens its N)
+# where a grid of one wave can hold each CTA's whole K share in its ring (`fill`); see swap_params
+SWAP_MIN_M = 9
+
+
+def swap_params(arch: ArchProfile, n: int, k: int, groups: int, num_tokens: int) -> dict | None:
+    """Hopper's decode ring on wgmma at SWAP_MIN_M..DECODE_MID_M tokens, or None where it does not apply: 64
+    weight rows a CTA (one warp group, wgmma m64) against a 16- or 32-token tile (its N), split-K over the most
+    splits that keep the grid within one wave of the SMs while each CTA's whole K share fits its ring, which then
+    requests that share before the grid dependency sync (fill). ptxas emulates the ring's e4m3 mma.sync on Hopper;
+    wgmma runs e4m3 natively. Per layer on an H200 against the mma.sync ring (benchmarks/RESULTS.md,
+    ab_gemm_swap.py): faster at 59 of 76 points by 2-48% (V4-Flash TP 8 shared expert w1+w3 7.24 -> 3.82 us at 9
+    tokens), level at 13, 4-7% slower at 4 (N 4,096 x K 2,048 at 24-32 tokens); docs/kernels.md."""
+    if not (arch.has_wgmma and SWAP_MIN_M <= num_tokens <= DECODE_MID_M) or n % 64:
+        return None
+    kb = k // BLOCK_K
+    tiles = groups * n // 64
+    block_m = 16 if num_tokens <= 16 else DECODE_MID_M
+    for split in sorted((d for d in range(1, kb + 1) if kb % d == 0 and tiles * d <= arch.num_sms_hint),
+                        reverse=True):
+        p = {"n": n, "k": k, "groups": groups, "block_m": block_m, "block_n": 64, "split": split, "threads": 128,
+             "stages": 1, "swap": True}
+        p.update(ring_stages(p))
+        if ring_holds_share(p):
+            return {**p, "fill": True}
+    return None
+
+
 def gemm_params(arch: ArchProfile, n: int, k: int, num_tokens: int, groups: int = 1) -> dict:
     """The schedule: pure in (arch, n, k, groups, num_tokens)."""
     if uses_rows(n, k, groups, num_tokens):   # up to 8 tokens, in the rows form's domain (fp8_gemm_rows)
         return rows_params(n, k, groups, min(_STAGE_BUDGET[0], arch.max_smem_per_block))
+    swapped = swap_params(arch, n, k, groups, num_tokens)
+    if swapped:
+        return swapped
     p = _gemm_params(arch, n, k, num_tokens, groups)
     if DECODE_MID_M < num_tokens <= DECODE_MAX_M and not arch.has_wgmma and p["split"] >= MID_TILES_MIN_SPLIT:
         return _gemm_params(arch, n, k, num_tokens, groups, DECODE_MID_M)
@@ -368,7 +402,8 @@ __device__ __forceinline__ void dsv4_prefetch_l2(const void* p, unsigned bytes) 
 
 def build_fp8_gemm(*, n: int, k: int, block_m: int, block_n: int, split: int, stages: int, threads: int,
                    groups: int = 1, ring: bool = False, k_stage: int = 1, wgmma: bool = False,
-                   tiles_per_cta: int = 1, fill: bool = False, panel: int = WGMMA_PANEL, pdl_prefetch: int = -1):
+                   tiles_per_cta: int = 1, fill: bool = False, panel: int = WGMMA_PANEL, pdl_prefetch: int = -1,
+                   swap: bool = False):
     import tilelang.language as T
 
     BM, BN, BK = block_m, block_n, BLOCK_K
@@ -388,6 +423,12 @@ def build_fp8_gemm(*, n: int, k: int, block_m: int, block_n: int, split: int, st
     PRE = NK if fill else min(S - 1, NK)   # weight stages requested before the grid dependency sync
     if pdl_prefetch >= 0 and not wgmma:
         raise ValueError("fp8_gemm: pdl_prefetch belongs to the WGMMA form (the decode ring has its own PDL prefetch)")
+    if swap and not (ring and BN == 64 and threads == 128 and BM % 8 == 0):
+        raise ValueError("fp8_gemm: swap is the decode ring's WGMMA form: 64 weight rows over one warp group, "
+                         f"tokens a multiple of 8 (got block_n {BN}, threads {threads}, block_m {BM}, ring {ring})")
+    # swap: the weight tile is the MMA's M side (wgmma m64, 64 weight rows) and the token tile its N side, so the
+    # accumulators are [weight rows, tokens]
+    ACC = (BN, BM) if swap else (BM, BN)
 
     @T.macro
     def mainloop_pipelined(a, sa, b, sb, acc, bx, by, g, sp):
@@ -472,10 +513,24 @@ def build_fp8_gemm(*, n: int, k: int, block_m: int, block_n: int, split: int, st
     def stage_mma(a_w, b_w, sc_all, part, acc, slot, ks):
         # ring slot `slot` (the CTA's stage ks): each of its K blocks' A.B into part, added to acc times its scales
         for u in T.unroll(KS):
-            T.gemm(a_w[slot, :, u * BK:(u + 1) * BK], b_w[slot, :, u * BK:(u + 1) * BK], part,
-                   transpose_B=True, clear_accum=True, policy=policy)
-            for i, j in T.Parallel(BM, BN):
-                acc[i, j] += part[i, j] * sc_all[i, ks * KS + u]
+            if swap:   # wgmma m64 x BM: the weight tile times the token tile, both K-major in shared memory
+                T.gemm(b_w[slot, :, u * BK:(u + 1) * BK], a_w[slot, :, u * BK:(u + 1) * BK], part,
+                       transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
+                for j, i in T.Parallel(BN, BM):
+                    acc[j, i] += part[j, i] * sc_all[i, ks * KS + u]
+            else:
+                T.gemm(a_w[slot, :, u * BK:(u + 1) * BK], b_w[slot, :, u * BK:(u + 1) * BK], part,
+                       transpose_B=True, clear_accum=True, policy=policy)
+                for i, j in T.Parallel(BM, BN):
+                    acc[i, j] += part[i, j] * sc_all[i, ks * KS + u]
+
+    @T.macro
+    def landed():
+        # the slot's cp.async bytes are in: with swap the wgmma reads them through the async proxy, so each
+        # thread's generic-proxy writes are fenced for it before the barrier
+        if swap:
+            T.fence_proxy_async()
+        T.sync_threads()
 
     @T.macro
     def mainloop_ring(a, sa, b, sb, acc, bx, by, g, sp):
@@ -487,7 +542,7 @@ def build_fp8_gemm(*, n: int, k: int, block_m: int, block_n: int, split: int, st
         a_w = T.alloc_shared((S, BM, W), FP8)
         b_w = T.alloc_shared((S, BN, W), FP8)
         sc_all = T.alloc_shared((BM, KPS), f32)
-        part = T.alloc_fragment((BM, BN), f32)
+        part = T.alloc_fragment(ACC, f32)
         T.pdl_trigger()   # this kernel's dependents may launch (and prefetch) once all its CTAs run
         T.clear(acc)
         b_row = g * n + bx * BN
@@ -503,7 +558,7 @@ def build_fp8_gemm(*, n: int, k: int, block_m: int, block_n: int, split: int, st
         if fill:
             # the CTA's whole share is in flight (see ring_fill): one wait, then the MMAs
             T.ptx_wait_group(0)
-            T.sync_threads()
+            landed()
             for ks in T.serial(NK):
                 stage_mma(a_w, b_w, sc_all, part, acc, ks, ks)
         else:
@@ -521,7 +576,7 @@ def build_fp8_gemm(*, n: int, k: int, block_m: int, block_n: int, split: int, st
                         T.ptx_wait_group(STEADY_WAIT)
                 else:
                     T.ptx_wait_group(0)
-                T.sync_threads()
+                landed()
                 stage_mma(a_w, b_w, sc_all, part, acc, T.floormod(ks, S), ks)
 
     mainloop = mainloop_ring if ring else mainloop_pipelined
@@ -536,9 +591,14 @@ def build_fp8_gemm(*, n: int, k: int, block_m: int, block_n: int, split: int, st
             c: T.Tensor[(M, G * n), "bfloat16"],
         ):
             with T.Kernel(n // BN // TPC, T.ceildiv(M, BM), G, threads=threads) as (bx, by, g):
-                acc = T.alloc_fragment((BM, BN), f32)
+                acc = T.alloc_fragment(ACC, f32)
                 if wgmma:   # stores C itself, tile by tile
                     mainloop_wgmma(a, sa, b, sb, acc, c, bx, by, g, 0)
+                elif swap:
+                    mainloop(a, sa, b, sb, acc, bx, by, g, 0)
+                    for j, i in T.Parallel(BN, BM):
+                        if by * BM + i < M:
+                            c[by * BM + i, g * n + bx * BN + j] = T.Cast("bfloat16", acc[j, i])
                 else:
                     mainloop(a, sa, b, sb, acc, bx, by, g, 0)
                     for i, j in T.Parallel(BM, BN):
@@ -554,9 +614,14 @@ def build_fp8_gemm(*, n: int, k: int, block_m: int, block_n: int, split: int, st
             mainloop_wgmma(a, sa, b, sb, acc, partial, bx, by, bz // split, bz % split)
         else:
             mainloop(a, sa, b, sb, acc, bx, by, bz // split, bz % split)
-        for i, j in T.Parallel(BM, BN):
-            if by * BM + i < M:
-                partial[bz % split, by * BM + i, (bz // split) * n + bx * BN + j] = acc[i, j]
+        if swap:
+            for j, i in T.Parallel(BN, BM):
+                if by * BM + i < M:
+                    partial[bz % split, by * BM + i, (bz // split) * n + bx * BN + j] = acc[j, i]
+        else:
+            for i, j in T.Parallel(BM, BN):
+                if by * BM + i < M:
+                    partial[bz % split, by * BM + i, (bz // split) * n + bx * BN + j] = acc[i, j]
 
     if not sums_in_kernel({"split": split, "block_m": BM}):
         @T.prim_func
@@ -568,7 +633,7 @@ def build_fp8_gemm(*, n: int, k: int, block_m: int, block_n: int, split: int, st
             partial: T.Tensor[(split, M, G * n), f32],
         ):
             with T.Kernel(n // BN, T.ceildiv(M, BM), G * split, threads=threads) as (bx, by, bz):
-                acc = T.alloc_fragment((BM, BN), f32)
+                acc = T.alloc_fragment(ACC, f32)
                 split_partial(a, sa, b, sb, acc, partial, bx, by, bz)
 
         return fp8_gemm_splitk
@@ -586,7 +651,7 @@ def build_fp8_gemm(*, n: int, k: int, block_m: int, block_n: int, split: int, st
         c: T.Tensor[(M, G * n), "bfloat16"],
     ):
         with T.Kernel(NT, T.ceildiv(M, BM), G * split, threads=threads) as (bx, by, bz):
-            acc = T.alloc_fragment((BM, BN), f32)
+            acc = T.alloc_fragment(ACC, f32)
             red = T.alloc_fragment((BM, BN), f32)
             last = T.alloc_shared((1,), "int32")
             tx = T.get_thread_binding()
@@ -651,6 +716,10 @@ class _GemmSpecBase(KernelSpec):
     def pass_configs(self, variant: Variant) -> dict[str, Any]:
         cfg = dict(get_profile(variant.schedule).pass_configs)
         cfg["tl.disable_vectorize_256"] = True  # 16-byte vectors only: the SM12x schedule proven on sm_90a
+        if variant.p.get("swap"):
+            # the decode ring's WGMMA form: wgmma on the hand-written cp.async ring (no TMA, no warp specialization)
+            cfg[DISABLE_WGMMA] = False
+            return cfg
         if variant.p.get("wgmma"):
             # Hopper's large-M form: TMA, warp specialization and WGMMA, the pipeline TileLang's examples use
             cfg.update({DISABLE_WGMMA: False, DISABLE_TMA_LOWER: False, DISABLE_WARP_SPECIALIZED: False})
@@ -695,7 +764,8 @@ class Fp8GemmSpec(_GemmSpecBase):
                               stages=p["stages"], threads=p["threads"], groups=p["groups"],
                               ring=p.get("ring", False), k_stage=p.get("k_stage", 1), wgmma=p.get("wgmma", False),
                               tiles_per_cta=p.get("tiles_per_cta", 1), fill=p.get("fill", False),
-                              panel=p.get("panel", WGMMA_PANEL), pdl_prefetch=p.get("pdl_prefetch", -1))
+                              panel=p.get("panel", WGMMA_PANEL), pdl_prefetch=p.get("pdl_prefetch", -1),
+                              swap=p.get("swap", False))
 
 
 @register
