@@ -231,11 +231,13 @@ def test_gemm_select_ladder_and_split():
                         assert "rows" not in p
                         assert kb % p["split"] == 0 and s["n"] % p["block_n"] == 0
                         if p.get("swap"):
-                            # Hopper at 9..32 rows: the ring on wgmma, 64 weight rows a CTA, one wave whose CTAs each
-                            # hold their whole K share (fill), the most splits that allow it
-                            assert arch.has_wgmma and 9 <= t <= 32 and p == gemm_kernel.swap_params(
+                            # Hopper up to 32 rows (outside the rows form's domain up to 8): the ring on wgmma, 64
+                            # weight rows a CTA, one wave whose CTAs each hold their whole K share (fill), the most
+                            # splits that allow it
+                            assert arch.has_wgmma and t <= 32 and p == gemm_kernel.swap_params(
                                 arch, s["n"], s["k"], s["groups"], t)
-                            assert (p["block_m"], p["block_n"], p["threads"]) == (16 if t <= 16 else 32, 64, 128)
+                            assert (p["block_m"], p["block_n"], p["threads"]) == (8 if t <= 8 else 16 if t <= 16 else 32,
+                                                                                  64, 128)
                             assert p["fill"] and gemm_kernel.ring_holds_share(p) and p["ring"]
                             ctas = s["groups"] * s["n"] // 64 * p["split"]
                             assert ctas <= arch.num_sms_hint
@@ -245,7 +247,7 @@ def test_gemm_select_ladder_and_split():
                                        for d in range(p["split"] + 1, kb + 1) if kb % d == 0)
                             assert spec.smem_bytes(spec.select(arch, st, t)) <= 100_000
                             continue
-                        if arch.has_wgmma and 9 <= t <= 32:
+                        if arch.has_wgmma and t <= 32:
                             assert gemm_kernel.swap_params(arch, s["n"], s["k"], s["groups"], t) is None
                         p64 = gemm_kernel._gemm_params(arch, s["n"], s["k"], t, s["groups"])
                         mid = t > 32 and not arch.has_wgmma and p64["split"] >= gemm_kernel.MID_TILES_MIN_SPLIT
