@@ -174,23 +174,16 @@ def decode_split(n_tiles: int, k_blocks: int, num_sms: int, most: int | None = N
     return divs[-1]
 
 
-# Hopper up to 32 tokens (outside the rows form's domain up to 8): the decode ring on wgmma (`swap`: the weight's 64
-# rows as the MMA's M, the tokens its N) where a grid of one wave can hold each CTA's whole K share in its ring
-# (`fill`); see swap_params
-SWAP_MIN_M = 1
-
-
 def swap_params(arch: ArchProfile, n: int, k: int, groups: int, num_tokens: int) -> dict | None:
-    """Hopper's decode ring on wgmma at SWAP_MIN_M..DECODE_MID_M tokens (gemm_params asks past the rows form), or
-    None where it does not apply: 64 weight rows a CTA (one warp group, wgmma m64) against an 8-, 16- or 32-token
-    tile (its N), split-K over the most
-    splits that keep the grid within one wave of the SMs while each CTA's whole K share fits its ring, which then
-    requests that share before the grid dependency sync (fill). ptxas emulates the ring's e4m3 mma.sync on Hopper;
-    wgmma runs e4m3 natively. Per layer on an H200 against the mma.sync ring (benchmarks/RESULTS.md,
-    ab_gemm_swap.py): at 9-32 tokens faster at 59 of 76 points by 2-48% (V4-Flash TP 8 shared expert w1+w3 7.24 ->
-    3.82 us at 9 tokens), level at 13, 4-7% slower at 4 (N 4,096 x K 2,048 at 24-32 tokens); at 1-8 tokens faster
-    at all 24 points by 10-52%; docs/kernels.md."""
-    if not (arch.has_wgmma and SWAP_MIN_M <= num_tokens <= DECODE_MID_M) or n % 64:
+    """Hopper's decode ring on wgmma up to DECODE_MID_M tokens (gemm_params asks past the rows form), or None where
+    it does not apply: 64 weight rows a CTA (one warp group, wgmma m64) against an 8-, 16- or 32-token tile (its N),
+    split-K over the most splits that keep the grid within one wave of the SMs while each CTA's whole K share fits
+    its ring, which then requests that share before the grid dependency sync (fill). ptxas emulates the ring's e4m3
+    mma.sync on Hopper; wgmma runs e4m3 natively. Per layer on an H200 against the mma.sync ring
+    (benchmarks/gemm/ab_gemm_swap.py): at 9-32 tokens faster at 59 of 76 points by 2-48% (V4-Flash TP 8 shared
+    expert w1+w3 7.24 -> 3.82 us at 9 tokens), level at 13, 4-7% slower at 4 (N 4,096 x K 2,048 at 24-32 tokens);
+    at 1-8 tokens faster at all 24 points by 10-52%; docs/kernels.md."""
+    if not (arch.has_wgmma and num_tokens <= DECODE_MID_M) or n % 64:
         return None
     kb = k // BLOCK_K
     tiles = groups * n // 64
