@@ -404,6 +404,35 @@ def test_ring_fill_requests_every_weight_stage_before_the_grid_sync(tmp_path):
 
 
 @pytest.mark.compile
+def test_wgmma_ring_fences_each_landed_stage_for_the_async_proxy(tmp_path):
+    """Hopper's decode ring on wgmma (swap): wgmma m64 x the token tile on both operands in shared memory, no
+    mma.sync; every cp.async wait is followed by fence.proxy.async before the barrier and the first wgmma (the
+    threads' copies are generic-proxy writes that wgmma reads through the async proxy); the whole weight share is
+    requested before the grid dependency sync (cross-compiled, no GPU)."""
+    from dsv4_jit import jit
+    spec = get_spec("fp8_gemm")
+    for n, k, m, bm in ((768, 7168, 1, 8), (1536, 4096, 32, 32)):
+        v = spec.select(get_profile("sm_90a"), gops.gemm_static(n, k), m)
+        assert v.p["swap"] and v.p["fill"] and v.p["block_m"] == bm
+        out = tmp_path / f"{n}_{m}"
+        jit.compile_to_dir(spec, v, out)
+        body = (out / jit.SOURCE_NAME).read_text()
+        body = body[body.index("__launch_bounds__"):]
+        assert f"tl::wgmma_ss<tl::DataType::kFloat8_e4m3, tl::DataType::kFloat8_e4m3, tl::DataType::kFloat32, 64, {bm}, 32" in body
+        assert "tl::mma_sync<" not in body
+        pre = body[:body.index("cudaGridDependencySynchronize()")]
+        assert "b[" in pre and "a[" not in pre
+        first = body.index("tl::wgmma_ss<")
+        wait = body.rindex("tl::cp_async_wait<", 0, first)
+        fence = body.index("tl::fence_proxy_async();", wait)
+        assert wait < fence < body.index("__syncthreads();", fence) < first
+        assert body.count("tl::fence_proxy_async();") == body.count("tl::cp_async_wait<") == 1   # fill: one wait
+    with pytest.raises(ValueError, match="swap is the decode ring's WGMMA form"):
+        gemm_kernel.build_fp8_gemm(n=1536, k=4096, block_m=32, block_n=128, split=4, stages=2, threads=128,
+                                   ring=True, k_stage=2, swap=True)
+
+
+@pytest.mark.compile
 def test_wgmma_decode_prefetches_its_weight_before_the_grid_sync(tmp_path):
     """Hopper's 33..64-row WGMMA form: one L2 bulk prefetch per weight row of its first `stages` K blocks, then the
     PDL trigger and the grid dependency sync, and no TMA load before them (cross-compiled, no GPU)."""
