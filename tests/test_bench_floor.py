@@ -269,6 +269,29 @@ def test_moe_tile_sweep_times_the_pick_against_the_pick_without_spread():
         sweep.parse_tile("48")
 
 
+def test_gemm_swap_ab_times_every_wgmma_ring_pick_against_the_mma_sync_ring():
+    """ab_gemm_swap.py (CPU): its plan holds every (shape, token count) where select takes Hopper's wgmma ring, each
+    beside the pick with that rule off (the mma.sync ring, never swapped), and leaves the rule in place."""
+    from dsv4_jit.arch import get_profile
+    from dsv4_jit.kernels.gemm import fp8_gemm as gk
+    from dsv4_jit.kernels.gemm.family import gemm_shapes
+    from dsv4_jit.model_config import load_model_config
+    ab = _load("gemm.ab_gemm_swap")
+    hopper = get_profile("sm_90a")
+    rule = gk.swap_params
+    models, tps, ms = ["deepseek-v4-flash", "deepseek-v4-pro"], [1, 8], [1, 8, 9, 32, 33]
+    work = ab.plan(hopper, models, tps, ms)
+    assert gk.swap_params is rule
+    want = {(mo, tp, s["n"], s["k"], s["groups"], m) for mo in models for tp in tps
+            for s in gemm_shapes(load_model_config(mo), tp) for m in ms
+            if gk.gemm_params(hopper, s["n"], s["k"], m, s["groups"]).get("swap")}
+    assert {(mo, tp, s["n"], s["k"], s["groups"], m) for mo, tp, s, m, *_ in work} == want
+    assert want and all(m <= 32 for *_, m in want)
+    for *_, s, m, pick, base in work:
+        assert pick["swap"] and pick["fill"] and not base.get("swap")
+        assert base.get("ring") and base["block_m"] == (16 if m <= 16 else 32)
+
+
 def test_a_later_partial_pass_replaces_the_families_it_measured(points, tmp_path):
     """A pass, then a re-run of one family's floors and benchmark in another call: that family is judged on the later
     call's floors, launch floor and peaks alone, the others on the first pass's; RESULTS.md names both calls' files."""
