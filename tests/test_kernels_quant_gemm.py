@@ -223,7 +223,14 @@ def test_gemm_select_ladder_and_split():
                     rows_dom = 1024 <= s["k"] <= 4096 and 1536 <= s["groups"] * s["n"] <= 8192
                     for t in (1, 8, 9, 16, 17, 32, 33, 64):
                         p = spec.select(arch, st, t).p
+                        if t <= 8 and rows_dom and p.get("swap"):
+                            # Hopper's wgmma ring where it needs no split-K either (V4-Flash's indexer wq_b)
+                            assert arch.has_wgmma and p["split"] == 1 and p["fill"] and "rows" not in p
+                            assert p == gemm_kernel.swap_params(arch, s["n"], s["k"], s["groups"], t)
+                            continue
                         if t <= 8 and rows_dom:   # the rows form: no split, the whole K a CTA, warps splitting it
+                            swapped = gemm_kernel.swap_params(arch, s["n"], s["k"], s["groups"], t)
+                            assert swapped is None or swapped["split"] > 1
                             assert p["rows"] and (p["split"], p["block_m"]) == (1, 8) and "ring" not in p
                             assert p["block_n"] == (16 if s["groups"] * s["n"] <= 2048 else 32)
                             assert kb % (p["threads"] // 32) == 0 and spec.smem_bytes(spec.select(arch, st, t)) <= 100_000
@@ -359,9 +366,11 @@ def test_decode_ring_fills_where_the_share_fits_one_wave_or_one_slot():
     for t in (1, 8, 16, 32):
         assert spec.select(SM120, w2, t).p["stages"] == 1 and spec.select(SM120, w2, t).p["fill"]
         assert spec.select(hopper, w2, t).p["fill"]
-        if t <= 8:   # the indexer's wq_b runs the rows form up to 8 tokens
-            continue
         p = spec.select(hopper, idx, t).p
+        if t <= 8:   # the indexer's wq_b: the wgmma ring on Hopper, the rows form on SM12x
+            assert p["swap"] and p["fill"] and p["split"] == 1 and p["block_m"] == 8
+            assert spec.select(SM120, idx, t).p["rows"]
+            continue
         assert p["fill"] and p["split"] == 1 and (p["n"] // p["block_n"]) <= hopper.num_sms_hint
         # 2 splits on SM12x: 256 CTAs, more than the SMs
         assert "fill" not in spec.select(SM120, idx, t).p
@@ -643,7 +652,9 @@ def test_rows_form_domain_and_schedule():
                     inside = 1024 <= s["k"] <= 4096 and 1536 <= s["groups"] * s["n"] <= 8192
                     for t in (1, 5, 8, 9):
                         p = spec.select(arch, st, t).p
-                        assert p.get("rows", False) == (inside and t <= 8), (model, tp, s, t)
+                        # (in the domain Hopper's wgmma ring replaces it where it needs no split-K either)
+                        unsplit_ring = p.get("swap") and p["split"] == 1 and arch.has_wgmma
+                        assert p.get("rows", False) == (inside and t <= 8 and not unsplit_ring), (model, tp, s, t)
                         if not p.get("rows"):
                             continue
                         warps, kb = p["threads"] // 32, s["k"] // 128

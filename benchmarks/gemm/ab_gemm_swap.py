@@ -42,7 +42,10 @@ def without_swap(prof, n: int, k: int, groups: int, m: int) -> dict:
         gk.swap_params = saved
 
 
-def plan(prof, models: list[str], tps: list[int], ms: list[int]) -> list[tuple]:
+def plan(prof, models: list[str], tps: list[int], ms: list[int], rows: bool = False) -> list[tuple]:
+    """(model, tp, shape, M, wgmma ring params, the other side's params) at every point where select takes the wgmma
+    ring (the other side: the pick with the rule off); rows: instead, every point where select takes the rows form
+    and the wgmma ring would apply (the other side: the rows form)."""
     from dsv4_jit.kernels.gemm.family import gemm_shapes
     from dsv4_jit.model_config import load_model_config
     out = []
@@ -51,7 +54,11 @@ def plan(prof, models: list[str], tps: list[int], ms: list[int]) -> list[tuple]:
             for s in gemm_shapes(load_model_config(model), tp):
                 for m in ms:
                     pick = gk.gemm_params(prof, s["n"], s["k"], m, s["groups"])
-                    if pick.get("swap"):
+                    if rows:
+                        ring = gk.swap_params(prof, s["n"], s["k"], s["groups"], m) if pick.get("rows") else None
+                        if ring:
+                            out.append((model, tp, s, m, ring, pick))
+                    elif pick.get("swap"):
                         out.append((model, tp, s, m, pick, without_swap(prof, s["n"], s["k"], s["groups"], m)))
     return out
 
@@ -79,6 +86,8 @@ def main() -> int:
     ap.add_argument("--model", nargs="+", default=["deepseek-v4-flash", "deepseek-v4-pro"])
     ap.add_argument("--tp", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--m", type=int, nargs="+", default=[9, 16, 24, 32])
+    ap.add_argument("--rows", action="store_true", help="the wgmma ring against the rows form where select takes the "
+                    "rows form (up to 8 tokens in its domain) and the ring would apply")
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("-j", "--jobs", type=int, default=14)
@@ -88,7 +97,7 @@ def main() -> int:
     from dsv4_jit.kernels.gemm.family import make_activations, make_weights
     from dsv4_jit.kernels.gemm.reference import ref_fp8_gemm
     prof = get_profile("sm_90a")
-    work = plan(prof, args.model, args.tp, args.m)
+    work = plan(prof, args.model, args.tp, args.m, args.rows)
     jobs = {str(sorted(p.items())): (GEMM.name, p, prof.name, prof.schedule) for *_, a, b in work for p in (a, b)}
     jobs["reduce"] = (REDUCE.name, REDUCE_P, prof.name, prof.schedule)
     if args.jobs > 1:
@@ -106,7 +115,7 @@ def main() -> int:
         a, sa = make_activations(m, groups * k, g, "cuda")
         ref = ref_fp8_gemm(a, sa, *weights[0], groups=groups)
         sides = []
-        for name, p in (("wgmma ring", pick), ("without", base)):
+        for name, p in (("wgmma ring", pick), ("rows form" if args.rows else "without", base)):
             c = torch.empty(m, groups * n, dtype=torch.bfloat16, device="cuda")
             op = launcher(jit.load(GEMM, Variant.make(GEMM.name, p, prof, prof.schedule)), red, p, a, sa, c, m,
                           groups, n)

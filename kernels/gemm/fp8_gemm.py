@@ -19,8 +19,8 @@ Schedules (`select` picks one by the token count; the same on every arch family 
     and sum through shared memory; no split-K across CTAs, so no partials, counters or reduce kernel. Its weight
     (its whole share where it fits) is requested before the grid dependency sync. Outside that domain, and from 9
     rows, the forms below.
-  * Hopper up to 32 tokens (from 9 in the rows form's domain), where a grid of one wave can hold each CTA's whole K
-    share: the decode ring below on wgmma (`swap`): 64 weight rows a CTA as the MMA's M side, the 8-, 16- or
+  * Hopper up to 32 tokens (in the rows form's domain from 9, or where no split-K is needed), where a grid of one
+    wave can hold each CTA's whole K share: the decode ring below on wgmma (`swap`): 64 weight rows a CTA as the MMA's M side, the 8-, 16- or
     32-token tile its N (ptxas emulates the ring's e4m3 mma.sync there), the share requested before the grid
     dependency sync (see swap_params).
   * decode, M <= 16 / 32 / 64: one M tile (16 / 32 / 64 rows), N tiles of 128 columns, or 64 when 128-column tiles
@@ -198,11 +198,20 @@ def swap_params(arch: ArchProfile, n: int, k: int, groups: int, num_tokens: int)
     return None
 
 
+# In the rows form's domain (up to 8 tokens) Hopper takes the wgmma ring only where it needs no split-K: per layer on
+# an H200, one call, medians of 3 alternated rounds (benchmarks/gemm/ab_gemm_swap.py --rows), V4-Flash's indexer wq_b
+# (N 8,192 x K 1,024, one K share a CTA) 4.48 -> 4.00 us at one token and 5.19 -> 4.01 at 8 (TP 1; TP 2 / 8 alike),
+# where with split-K it was 7-16% slower at one token (wq_a+wkv 4.39 -> 4.70, shared expert w2 4.95 -> 5.22, TP 2 w2
+# 3.42 -> 3.99) and mixed at 8 (Pro TP 8 wo_a 5.73 -> 5.41, TP 2 w2 3.85 -> 4.07).
+
+
 def gemm_params(arch: ArchProfile, n: int, k: int, num_tokens: int, groups: int = 1) -> dict:
     """The schedule: pure in (arch, n, k, groups, num_tokens)."""
-    if uses_rows(n, k, groups, num_tokens):   # up to 8 tokens, in the rows form's domain (fp8_gemm_rows)
-        return rows_params(n, k, groups, min(_STAGE_BUDGET[0], arch.max_smem_per_block))
     swapped = swap_params(arch, n, k, groups, num_tokens)
+    if uses_rows(n, k, groups, num_tokens):   # up to 8 tokens, in the rows form's domain (fp8_gemm_rows)
+        if swapped and swapped["split"] == 1:   # no split-K either (see the note above)
+            return swapped
+        return rows_params(n, k, groups, min(_STAGE_BUDGET[0], arch.max_smem_per_block))
     if swapped:
         return swapped
     p = _gemm_params(arch, n, k, num_tokens, groups)
