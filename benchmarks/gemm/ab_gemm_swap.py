@@ -25,7 +25,7 @@ from benchmarks.harness import compile_job, graph_us_or_reason, write_rows  # no
 from dsv4_jit import jit  # noqa: E402
 from dsv4_jit.arch import get_profile  # noqa: E402
 from dsv4_jit.kernels.gemm import fp8_gemm as gk  # noqa: E402
-from dsv4_jit.kernels.gemm.ops import FIXUP_COUNTERS, split_tiles  # noqa: E402
+from dsv4_jit.kernels.gemm import ops as gops  # noqa: E402
 from dsv4_jit.spec import Variant, get_spec  # noqa: E402
 
 GEMM, REDUCE = get_spec("fp8_gemm"), get_spec("fp8_gemm_reduce")
@@ -63,21 +63,17 @@ def plan(prof, models: list[str], tps: list[int], ms: list[int], rows: bool = Fa
     return out
 
 
-def launcher(kern, red, p: dict, a, sa, c, m: int, groups: int, n: int):
-    """op(w, sw): one GEMM (and its reduce where the split variant does not sum in its launch)."""
-    split = p["split"]
-    part = torch.empty(split, m, groups * n, device="cuda")
-    counters = torch.zeros(max(1, split_tiles(p, m)), dtype=torch.int32, device="cuda")
-    assert split_tiles(p, m) <= FIXUP_COUNTERS
+def launcher(kern, red, a, sa, c, arch, groups: int):
+    """op(w, sw): the product op (fp8_gemm, its split-K sum in the launch or by fp8_gemm_reduce) with `kern` in place
+    of select's pick, on a workspace of its own."""
+    m, n = a.shape[0], c.shape[1] // groups
+    kernels = {GEMM.name: kern, REDUCE.name: red}
+    # what the op asks of a workspace at this variant's split (select's pick may split otherwise)
+    ws = torch.zeros(gops.FIXUP_COUNTERS + kern.variant.p["split"] * m * groups * n, device="cuda")
 
     def op(w, sw):
-        if split == 1:
-            kern(a, sa, w, sw, c)
-        elif gk.sums_in_kernel(p):
-            kern(a, sa, w, sw, part, counters, c)
-        else:
-            kern(a, sa, w, sw, part)
-            red(part, c)
+        gops.fp8_gemm(a, sa, w, sw, arch=arch, groups=groups, out=c, workspace=ws,
+                      get_kernel=lambda spec, static, num_tokens: kernels[spec.name])
     return op
 
 
@@ -117,8 +113,7 @@ def main() -> int:
         sides = []
         for name, p in (("wgmma ring", pick), ("rows form" if args.rows else "without", base)):
             c = torch.empty(m, groups * n, dtype=torch.bfloat16, device="cuda")
-            op = launcher(jit.load(GEMM, Variant.make(GEMM.name, p, prof, prof.schedule)), red, p, a, sa, c, m,
-                          groups, n)
+            op = launcher(jit.load(GEMM, Variant.make(GEMM.name, p, prof, prof.schedule)), red, a, sa, c, prof, groups)
             op(*weights[0])
             torch.cuda.synchronize()
             err = float(((c.double() - ref).norm(dim=1) / ref.norm(dim=1).clamp_min(1e-30)).max())
