@@ -381,6 +381,26 @@ def ue8m0(byte):
     return T.reinterpret(T.shift_left(T.Cast("uint32", byte), c32(23)), "float32")
 
 
+def zero_block_macro(*, rows: int, cols: int, threads: int):
+    """A macro that writes a padding block's rows x cols outputs as zeros (its CTA reads nothing; rows past M are
+    skipped), `threads` threads striding the tile."""
+    import tilelang.language as T
+    steps = -(-rows * cols // threads)
+    exact = steps * threads == rows * cols   # else the last stride runs past the tile (3 warps at K = 384)
+
+    @T.macro
+    def zero_block(c, bx, by, tid):
+        for q in T.serial(steps):
+            idx = q * threads + tid
+            if exact:
+                if by * rows + idx // cols < c.shape[0]:
+                    c[by * rows + idx // cols, bx * cols + idx % cols] = T.Cast("bfloat16", 0.0)
+            elif idx < rows * cols and by * rows + idx // cols < c.shape[0]:
+                c[by * rows + idx // cols, bx * cols + idx % cols] = T.Cast("bfloat16", 0.0)
+
+    return zero_block
+
+
 def stage_scales_macro(*, k: int, rows: int, cols: int, threads: int):
     """A macro that copies the CTA's weight exponents (its cols weight rows of expert e) and its rows routed rows'
     activation scales into shared memory (scale_layout), cp.async by `threads` threads, uncommitted."""
@@ -430,6 +450,7 @@ def build_fp4_moe_gemm(*, n: int, k: int, block_m: int, block_n: int, stages: in
     WARP_WORDS = warp_words(R, COLS, S)
     _, SW_PITCH, SA_PITCH = scale_layout(k)
     stage_scales = stage_scales_macro(k=k, rows=R, cols=COLS, threads=threads)
+    zero_block = zero_block_macro(rows=R, cols=COLS, threads=threads)
     OUT_STEPS = -(-R * COLS // (32 * WARPS))      # 3 warps (K = 384) do not divide the tile
     f32, u32 = "float32", "uint32"
     M = T.dynamic("num_rows")
@@ -493,11 +514,7 @@ def build_fp4_moe_gemm(*, n: int, k: int, block_m: int, block_n: int, stages: in
                 T.pdl_sync()
             ex = block_expert[by]
             if ex < 0:
-                # padding block (M sized for capture): zeros, nothing read
-                for q in T.serial(OUT_STEPS):
-                    idx = q * 32 * WARPS + tid
-                    if idx < R * COLS and by * R + idx // COLS < M:
-                        c[by * R + idx // COLS, bx * COLS + idx % COLS] = T.Cast("bfloat16", 0.0)
+                zero_block(c, bx, by, tid)   # padding block (M sized for capture): zeros, nothing read
             else:
                 e = T.min(ex, E - 1)
                 n_iter = (KB - warp + WARPS - 1) // WARPS       # this warp's K blocks: warp, warp + WARPS, ...
@@ -638,6 +655,7 @@ def build_fp4_moe_gemm_wgmma(*, n: int, k: int, stages: int, pdl: bool = True):
     STAGE_WORDS = COLS * ROW_WORDS + R * TOK_WORDS
     _, SW_PITCH, SA_PITCH = scale_layout(k)
     stage_scales = stage_scales_macro(k=k, rows=R, cols=COLS, threads=WGMMA_THREADS)
+    zero_block = zero_block_macro(rows=R, cols=COLS, threads=WGMMA_THREADS)
     f32, u32 = "float32", "uint32"
     M = T.dynamic("num_rows")
     E = T.dynamic("num_experts")
@@ -690,10 +708,7 @@ def build_fp4_moe_gemm_wgmma(*, n: int, k: int, stages: int, pdl: bool = True):
                 T.pdl_sync()
             ex = block_expert[by]
             if ex < 0:
-                for q in T.serial(R * COLS // WGMMA_THREADS):
-                    idx = q * WGMMA_THREADS + tid
-                    if by * R + idx // COLS < M:
-                        c[by * R + idx // COLS, bx * COLS + idx % COLS] = T.Cast("bfloat16", 0.0)
+                zero_block(c, bx, by, tid)
             else:
                 e = T.min(ex, E - 1)
                 stage_scales(sw_s, sa_s, sw, sa, e, bx, by, tid)
