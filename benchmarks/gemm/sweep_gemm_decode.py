@@ -92,9 +92,7 @@ def candidates(prof, n: int, k: int, groups: int, m: int, args) -> list[dict]:
         s0 = gk.decode_split(groups * n // 64, kb, prof.num_sms_hint)
         i0 = splits.index(s0)
         for split in splits[max(0, i0 - 1): i0 + 2]:
-            q = {"n": n, "k": k, "groups": groups, "block_m": bm, "block_n": 64, "split": split, "threads": 128,
-                 "stages": 1, "swap": True}
-            q.update(gk.ring_stages(q))
+            q = gk.swap_ring_params(n, k, groups, bm, split)
             out.append(q)
             if gk.ring_fill(q, 1, prof.num_sms_hint):
                 out.append({**q, "fill": True})

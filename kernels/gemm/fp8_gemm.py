@@ -190,12 +190,18 @@ def swap_params(arch: ArchProfile, n: int, k: int, groups: int, num_tokens: int)
     block_m = 8 if num_tokens <= 8 else 16 if num_tokens <= 16 else DECODE_MID_M
     for split in sorted((d for d in range(1, kb + 1) if kb % d == 0 and tiles * d <= arch.num_sms_hint),
                         reverse=True):
-        p = {"n": n, "k": k, "groups": groups, "block_m": block_m, "block_n": 64, "split": split, "threads": 128,
-             "stages": 1, "swap": True}
-        p.update(ring_stages(p))
+        p = swap_ring_params(n, k, groups, block_m, split)
         if ring_holds_share(p):
             return {**p, "fill": True}
     return None
+
+
+def swap_ring_params(n: int, k: int, groups: int, block_m: int, split: int) -> dict:
+    """The wgmma decode ring's params at one token tile and split (no fill): 64 weight rows over one warp group,
+    the ring's depth as ring_stages fits it."""
+    p = {"n": n, "k": k, "groups": groups, "block_m": block_m, "block_n": 64, "split": split, "threads": 128,
+         "stages": 1, "swap": True}
+    return {**p, **ring_stages(p)}
 
 
 # In the rows form's domain (up to 8 tokens) Hopper takes the wgmma ring only where it needs no split-K: per layer on
