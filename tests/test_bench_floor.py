@@ -234,6 +234,11 @@ def test_large_m_sweep_candidates_swap_only_the_tile_width_and_count():
     # V4-Pro TP 8 shared w1+w3: 6 tiles a row of 128, so no 4
     _, cands = sweep.candidates(get_profile("sm_90a"), 768, 7168, 1, 8192, [128], [1, 2, 4])
     assert sorted(p["tiles_per_cta"] for p in cands) == [1, 2]
+    # --tall: the 192-row tile over three consumer warp groups at each count dividing the row's tiles
+    base, cands = sweep.candidates(get_profile("sm_90a"), 768, 7168, 1, 8192, [], [], tall=[1, 2, 4])
+    tall = [p for p in cands if p["block_m"] == 192]
+    assert [(p["tiles_per_cta"], p["threads"], p["block_n"]) for p in tall] == [(1, 384, 128), (2, 384, 128)]
+    assert base in cands and all(p["stages"] == 4 for p in tall)
 
 
 def test_moe_tile_sweep_times_the_pick_against_the_pick_without_spread():
@@ -278,21 +283,33 @@ def test_gemm_swap_ab_times_every_wgmma_ring_pick_against_the_mma_sync_ring():
     from dsv4_jit.model_config import load_model_config
     ab = _load("gemm.ab_gemm_swap")
     hopper = get_profile("sm_90a")
-    rule = gk.swap_params
+    rules = gk.swap_params, gk.streaming_swap_params
     models, tps, ms = ["deepseek-v4-flash", "deepseek-v4-pro"], [1, 8], [1, 8, 9, 32, 33]
     work = ab.plan(hopper, models, tps, ms)
-    assert gk.swap_params is rule
+    assert (gk.swap_params, gk.streaming_swap_params) == rules
     want = {(mo, tp, s["n"], s["k"], s["groups"], m) for mo in models for tp in tps
             for s in gemm_shapes(load_model_config(mo), tp) for m in ms
             if gk.gemm_params(hopper, s["n"], s["k"], m, s["groups"]).get("swap")}
     assert {(mo, tp, s["n"], s["k"], s["groups"], m) for mo, tp, s, m, *_ in work} == want
     assert want and all(m <= 32 for *_, m in want)
     for *_, s, m, pick, base in work:
-        assert pick["swap"] and pick["fill"] and not base.get("swap")
+        assert pick["swap"] and not base.get("swap")
         if base.get("rows"):   # in the rows form's domain (the indexer's wq_b, one K share a CTA)
-            assert m <= 8 and pick["split"] == 1
+            assert m <= 8 and pick["split"] == 1 and pick["fill"]
         else:
             assert base["ring"] and base["block_m"] == (16 if m <= 16 else 32)
+        if not pick.get("fill"):   # streaming: the mma.sync ring's split and 64-column tiles
+            assert (pick["split"], base["block_n"]) == (base["split"], 64)
+    assert any(not p.get("fill") for *_, p, _ in work) and any(p.get("fill") for *_, p, _ in work)
+    # --streaming: every mma.sync ring point with both rules off, the wgmma side streaming at the ring's split
+    work = ab.plan(hopper, models, tps, [1, 8, 16, 32], streaming=True)
+    assert (gk.swap_params, gk.streaming_swap_params) == rules
+    taken = 0
+    for *_, m, cand, base in work:
+        assert base["ring"] and "swap" not in base and m <= 32
+        assert cand == gk.streaming_candidate(base, m) and cand["split"] == base["split"] and "fill" not in cand
+        taken += gk.gemm_params(hopper, base["n"], base["k"], m, base["groups"]) == cand
+    assert 0 < taken < len(work)
 
 
 def test_a_later_partial_pass_replaces_the_families_it_measured(points, tmp_path):

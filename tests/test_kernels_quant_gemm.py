@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from dsv4_jit.arch import PROFILES, get_profile
+from dsv4_jit.arch import PROFILES, ctas_by_smem, get_profile
 from dsv4_jit.kernels.gemm import fp8_gemm as gemm_kernel
 from dsv4_jit.kernels.gemm import ops as gops
 from dsv4_jit.kernels.gemm import reference as gref
@@ -237,6 +237,22 @@ def test_gemm_select_ladder_and_split():
                             continue
                         assert "rows" not in p
                         assert kb % p["split"] == 0 and s["n"] % p["block_n"] == 0
+                        if p.get("swap") and not p.get("fill"):
+                            # Hopper up to 32 rows where no grid holds a K share in the ring: the wgmma ring in place
+                            # of the mma.sync ring with 64-column tiles, at its split, the share streaming through
+                            ring = gemm_kernel._gemm_params(arch, s["n"], s["k"], t, s["groups"])
+                            assert arch.has_wgmma and t <= 32
+                            assert gemm_kernel.swap_params(arch, s["n"], s["k"], s["groups"], t) is None
+                            assert ring["ring"] and ring["block_n"] == 64 and "swap" not in ring
+                            assert p == gemm_kernel.streaming_swap_params(arch, ring, t)
+                            assert (p["block_m"], p["block_n"], p["threads"], p["split"]) == (
+                                8 if t <= 8 else 16 if t <= 16 else 32, 64, 128, ring["split"])
+                            # 2 CTAs an SM, or 3 with 8-token tiles over short K shares
+                            per_sm = ctas_by_smem(arch, spec.smem_bytes(spec.select(arch, st, t)))
+                            assert per_sm <= 2 or (p["block_m"] == 8 and kb // p["split"] < 16), (per_sm, p)
+                            assert not gemm_kernel.ring_holds_share(p) or ring["split"] * s["groups"] * s["n"] // 64 \
+                                > arch.num_sms_hint
+                            continue
                         if p.get("swap"):
                             # Hopper up to 32 rows (outside the rows form's domain up to 8): the ring on wgmma, 64
                             # weight rows a CTA, one wave whose CTAs each hold their whole K share (fill), the most
@@ -256,6 +272,7 @@ def test_gemm_select_ladder_and_split():
                             continue
                         if arch.has_wgmma and t <= 32:
                             assert gemm_kernel.swap_params(arch, s["n"], s["k"], s["groups"], t) is None
+                            assert gemm_kernel.streaming_swap_params(arch, p, t) is None
                         p64 = gemm_kernel._gemm_params(arch, s["n"], s["k"], t, s["groups"])
                         mid = t > 32 and not arch.has_wgmma and p64["split"] >= gemm_kernel.MID_TILES_MIN_SPLIT
                         assert p == (gemm_kernel._gemm_params(arch, s["n"], s["k"], t, s["groups"], 32) if mid else p64)

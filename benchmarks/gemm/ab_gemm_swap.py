@@ -1,6 +1,6 @@
 """Hopper's decode ring on wgmma (`fp8_gemm` swap_params: the weight's 64 rows as the MMA's M, the tokens its N, the
-CTA's whole K share requested before the grid dependency sync) against the pick without it, on the GPU, at every FP8
-weight shape and token count where select takes it.
+CTA's whole K share requested before the grid dependency sync; streaming_swap_params: the share streaming through
+the ring) against the pick without it, on the GPU, at every FP8 weight shape and token count where select takes it.
 
 Time: per layer, --layers distinct weights back to back in one CUDA graph (the GEMMs of successive layers; L2
 flushed before the replay), the two variants alternated --rounds times in one process (the first timings of a
@@ -9,6 +9,7 @@ float64 reference (the worst token's relative error).
 
     python benchmarks/gemm/ab_gemm_swap.py --model deepseek-v4-flash deepseek-v4-pro --tp 1 8 --m 9 16 24 32 \
         --out bench_out/ab_gemm_swap.json
+    python benchmarks/gemm/ab_gemm_swap.py --streaming --tp 1 2 4 8 --m 1 8 16 32   (every mma.sync ring point)
 """
 from __future__ import annotations
 
@@ -33,19 +34,22 @@ REDUCE_P = {"cols": gk.REDUCE_COLS, "threads": gk.REDUCE_THREADS}
 
 
 def without_swap(prof, n: int, k: int, groups: int, m: int) -> dict:
-    """gemm_params' pick with the wgmma ring rule off."""
-    saved = gk.swap_params
-    gk.swap_params = lambda *a, **kw: None
+    """gemm_params' pick with the wgmma ring rules (swap_params, streaming_swap_params) off."""
+    saved = gk.swap_params, gk.streaming_swap_params
+    gk.swap_params = gk.streaming_swap_params = lambda *a, **kw: None
     try:
         return gk.gemm_params(prof, n, k, m, groups)
     finally:
-        gk.swap_params = saved
+        gk.swap_params, gk.streaming_swap_params = saved
 
 
-def plan(prof, models: list[str], tps: list[int], ms: list[int], rows: bool = False) -> list[tuple]:
+def plan(prof, models: list[str], tps: list[int], ms: list[int], rows: bool = False,
+         streaming: bool = False) -> list[tuple]:
     """(model, tp, shape, M, wgmma ring params, the other side's params) at every point where select takes the wgmma
     ring (the other side: the pick with the rule off); rows: instead, every point where select takes the rows form
-    and the wgmma ring would apply (the other side: the rows form)."""
+    and the wgmma ring would apply (the other side: the rows form); streaming: every point where select with both
+    wgmma ring rules off takes the mma.sync ring (the wgmma side: fp8_gemm.streaming_candidate, whether or not
+    streaming_swap_params takes it)."""
     from dsv4_jit.kernels.gemm.family import gemm_shapes
     from dsv4_jit.model_config import load_model_config
     out = []
@@ -54,7 +58,11 @@ def plan(prof, models: list[str], tps: list[int], ms: list[int], rows: bool = Fa
             for s in gemm_shapes(load_model_config(model), tp):
                 for m in ms:
                     pick = gk.gemm_params(prof, s["n"], s["k"], m, s["groups"])
-                    if rows:
+                    if streaming:
+                        base = without_swap(prof, s["n"], s["k"], s["groups"], m)
+                        if base.get("ring") and m <= gk.DECODE_MID_M:
+                            out.append((model, tp, s, m, gk.streaming_candidate(base, m), base))
+                    elif rows:
                         ring = gk.swap_params(prof, s["n"], s["k"], s["groups"], m) if pick.get("rows") else None
                         if ring:
                             out.append((model, tp, s, m, ring, pick))
@@ -84,6 +92,9 @@ def main() -> int:
     ap.add_argument("--m", type=int, nargs="+", default=[9, 16, 24, 32])
     ap.add_argument("--rows", action="store_true", help="the wgmma ring against the rows form where select takes the "
                     "rows form (up to 8 tokens in its domain) and the ring would apply")
+    ap.add_argument("--streaming", action="store_true", help="the wgmma ring streaming a K share that does not fit "
+                    "it (fp8_gemm.streaming_candidate) against the mma.sync ring, wherever select without the wgmma "
+                    "ring rules takes that ring")
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("-j", "--jobs", type=int, default=14)
@@ -93,7 +104,7 @@ def main() -> int:
     from dsv4_jit.kernels.gemm.family import make_activations, make_weights
     from dsv4_jit.kernels.gemm.reference import ref_fp8_gemm
     prof = get_profile("sm_90a")
-    work = plan(prof, args.model, args.tp, args.m, args.rows)
+    work = plan(prof, args.model, args.tp, args.m, args.rows, args.streaming)
     jobs = {str(sorted(p.items())): (GEMM.name, p, prof.name, prof.schedule) for *_, a, b in work for p in (a, b)}
     jobs["reduce"] = (REDUCE.name, REDUCE_P, prof.name, prof.schedule)
     if args.jobs > 1:
@@ -111,7 +122,8 @@ def main() -> int:
         a, sa = make_activations(m, groups * k, g, "cuda")
         ref = ref_fp8_gemm(a, sa, *weights[0], groups=groups)
         sides = []
-        for name, p in (("wgmma ring", pick), ("rows form" if args.rows else "without", base)):
+        other = "rows form" if args.rows else "mma.sync" if args.streaming else "without"
+        for name, p in (("wgmma ring", pick), (other, base)):
             c = torch.empty(m, groups * n, dtype=torch.bfloat16, device="cuda")
             op = launcher(jit.load(GEMM, Variant.make(GEMM.name, p, prof, prof.schedule)), red, a, sa, c, prof, groups)
             op(*weights[0])

@@ -37,10 +37,11 @@ GEMM = get_spec("fp8_gemm")
 
 def candidates(prof, n: int, k: int, groups: int, m: int, widths: list[int], counts: list[int],
                small_tile: bool = False, stages: list[int] | None = None,
-               panels: list[int] | None = None) -> tuple[dict, list]:
+               panels: list[int] | None = None, tall: list[int] | None = None) -> tuple[dict, list]:
     """(what select picks, the candidates: select's params with block_n and tiles_per_cta (0: select's) swapped in;
     with small_tile also the 64 x 64 WGMMA tile over one consumer warp group, two CTAs an SM, that select takes up
-    to 128 rows; with stages / panels select's pick at each stage count and rasterization panel)."""
+    to 128 rows; with stages / panels select's pick at each stage count and rasterization panel; with tall the
+    192 x 128 tile over three consumer warp groups at each of those tiles-a-CTA counts)."""
     base = gk.gemm_params(prof, n, k, m, groups)
     out = []
     for st in stages or []:
@@ -55,6 +56,10 @@ def candidates(prof, n: int, k: int, groups: int, m: int, widths: list[int], cou
             t = t or base.get("tiles_per_cta", 1)
             if (n // 64) % t == 0:
                 out.append({**base, "block_m": 64, "block_n": 64, "threads": 128, "tiles_per_cta": t})
+    for t in tall or []:
+        if (n // 128) % t == 0:
+            out.append({**base, "block_m": 192, "block_n": 128, "threads": 384, "tiles_per_cta": t,
+                        "stages": gk.wgmma_stages(k // gk.BLOCK_K, t)})
     for bn in widths:
         for t in counts:
             t = t or base.get("tiles_per_cta", 1)
@@ -73,6 +78,8 @@ def main() -> int:
     ap.add_argument("--tiles-per-cta", type=int, nargs="+", default=[1, 2, 4])
     ap.add_argument("--small-tile", action="store_true", help="also the 64 x 64 tile (one consumer warp group)")
     ap.add_argument("--stages", type=int, nargs="+", default=None, help="select's pick at these pipeline depths")
+    ap.add_argument("--tall", type=int, nargs="*", default=None,
+                    help="also the 192 x 128 tile (three consumer warp groups) at these tiles-a-CTA counts")
     ap.add_argument("--panel", type=int, nargs="+", default=None,
                     help="with --stages: these rasterization panel widths (T.use_swizzle; 10 is the default)")
     ap.add_argument("--models", nargs="+", default=["deepseek-v4-flash:1", "deepseek-v4-pro:8"],
@@ -98,7 +105,7 @@ def main() -> int:
                 continue
             for m in args.m:
                 base, cands = candidates(prof, s["n"], s["k"], s["groups"], m, args.block_n, args.tiles_per_cta,
-                                         args.small_tile, args.stages, args.panel)
+                                         args.small_tile, args.stages, args.panel, args.tall)
                 plan.append((model[12:], tp, s, m, base, cands))
     jobs = sorted({json.dumps(p, sort_keys=True) for *_, cands in plan for p in cands})
     with ProcessPoolExecutor(args.jobs) as ex:

@@ -57,7 +57,7 @@ Kernel-defining code only (no host code: the artifact key hashes this module).
 from typing import Any, Mapping
 
 from dsv4_jit.arch import (DISABLE_TMA_LOWER, DISABLE_WARP_SPECIALIZED, DISABLE_WGMMA, ArchProfile, check_arch,
-                           get_profile, schedule_name)
+                           ctas_by_smem, get_profile, schedule_name)
 from dsv4_jit.spec import KernelSpec, Variant, register
 from dsv4_jit.validate import int_param
 
@@ -211,6 +211,40 @@ def swap_ring_params(n: int, k: int, groups: int, block_m: int, split: int) -> d
 # 3.42 -> 3.99) and mixed at 8 (Pro TP 8 wo_a 5.73 -> 5.41, TP 2 w2 3.85 -> 4.07).
 
 
+def streaming_candidate(pick: Mapping[str, Any], num_tokens: int) -> dict:
+    """The wgmma ring in place of mma.sync ring params `pick` (64-column tiles) at the same split: 64 weight rows a
+    CTA over the token tile holding num_tokens, its ring as deep as ring_stages fits, the K share streaming through
+    it (no fill)."""
+    block_m = 8 if num_tokens <= 8 else 16 if num_tokens <= 16 else DECODE_MID_M
+    return swap_ring_params(pick["n"], pick["k"], pick["groups"], block_m, pick["split"])
+
+
+# Where streaming_swap_params' ring leaves an SM room for 3 CTAs (the 8-token tile, or 32 tokens at 3 ring stages) it
+# takes that ring only for 8-token tiles over K shares under this many K blocks
+STREAMING_SWAP_MAX_SHARE = 16
+
+
+def streaming_swap_params(arch: ArchProfile, pick: Mapping[str, Any], num_tokens: int) -> dict | None:
+    """Hopper's wgmma ring where swap_params finds no grid holding a K share in its ring and gemm_params would run the
+    mma.sync ring with 64-column tiles (up to 32 tokens): streaming_candidate, at the same split. Per layer on an
+    H200 against that mma.sync ring (ab_gemm_swap.py --streaming, one call, medians of 3 alternated rounds, 92 points
+    of V4-Flash / V4-Pro TP 1-8 at 1 / 8 / 16 / 32 tokens): where its shared memory leaves an SM 2 CTAs, 2-15% faster
+    at 33 of 39 points and level at 6 (-0.5% to +1.3%): V4-Pro TP 1 wo_b 42.07 -> 35.97 us at 32 tokens, shared expert
+    w1+w3 20.01 -> 17.32, V4-Flash TP 1 shared expert w1+w3 8.30 -> 7.66 at 16. Where it leaves room for 3, 5-12%
+    faster at all 16 points with 8-token tiles over K shares under 16 blocks (V4-Pro wq_a+wkv 7.93 -> 7.32 at one
+    token, V4-Flash TP 2 wq_b 7.14 -> 6.33) but slower at 16 of the other 25, by up to 15% (V4-Pro TP 1 wo_a 18.03 ->
+    20.72 at one token; V4-Flash TP 1 wo_b 13.70 -> 14.65 at 32 tokens). Against 128-column mma.sync tiles (twice
+    the weight rows a CTA) it was slower at 8 of 12 points (V4-Flash TP 1 wq_b 12.07 -> 13.94 at 32), so those stay."""
+    if not (arch.has_wgmma and num_tokens <= DECODE_MID_M and pick.get("ring") and not pick.get("swap")
+            and pick["block_n"] == 64 and pick["n"] % 64 == 0):
+        return None
+    q = streaming_candidate(pick, num_tokens)
+    share = q["k"] // BLOCK_K // q["split"]
+    if ctas_by_smem(arch, gemm_smem_bytes(q)) <= 2 or (q["block_m"] == 8 and share < STREAMING_SWAP_MAX_SHARE):
+        return q
+    return None
+
+
 def gemm_params(arch: ArchProfile, n: int, k: int, num_tokens: int, groups: int = 1) -> dict:
     """The schedule: pure in (arch, n, k, groups, num_tokens)."""
     swapped = swap_params(arch, n, k, groups, num_tokens)
@@ -221,6 +255,9 @@ def gemm_params(arch: ArchProfile, n: int, k: int, num_tokens: int, groups: int 
     if swapped:
         return swapped
     p = _gemm_params(arch, n, k, num_tokens, groups)
+    streamed = streaming_swap_params(arch, p, num_tokens)
+    if streamed:
+        return streamed
     if DECODE_MID_M < num_tokens <= DECODE_MAX_M and not arch.has_wgmma and p["split"] >= MID_TILES_MIN_SPLIT:
         return _gemm_params(arch, n, k, num_tokens, groups, DECODE_MID_M)
     return p
