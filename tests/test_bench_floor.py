@@ -291,11 +291,13 @@ def test_gemm_swap_ab_times_every_wgmma_ring_pick_against_the_mma_sync_ring():
             for s in gemm_shapes(load_model_config(mo), tp) for m in ms
             if gk.gemm_params(hopper, s["n"], s["k"], m, s["groups"]).get("swap")}
     assert {(mo, tp, s["n"], s["k"], s["groups"], m) for mo, tp, s, m, *_ in work} == want
-    assert want and all(m <= 32 for *_, m in want)
+    assert want and all(m <= 64 for *_, m in want) and any(m > 32 for *_, m in want)
     for *_, s, m, pick, base in work:
         assert pick["swap"] and not base.get("swap")
         if base.get("rows"):   # in the rows form's domain (the indexer's wq_b, one K share a CTA)
             assert m <= 8 and pick["split"] == 1 and pick["fill"]
+        elif m > 32:   # two 32-row token tiles against the 64 x 64 TMA WGMMA tile
+            assert pick["fill"] and pick["block_m"] == 32 and base["wgmma"] and base["block_m"] == 64
         else:
             assert base["ring"] and base["block_m"] == (16 if m <= 16 else 32)
         if not pick.get("fill"):   # streaming: the mma.sync ring's split and 64-column tiles

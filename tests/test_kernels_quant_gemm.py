@@ -257,20 +257,21 @@ def test_gemm_select_ladder_and_split():
                             # Hopper up to 32 rows (outside the rows form's domain up to 8): the ring on wgmma, 64
                             # weight rows a CTA, one wave whose CTAs each hold their whole K share (fill), the most
                             # splits that allow it
-                            assert arch.has_wgmma and t <= 32 and p == gemm_kernel.swap_params(
+                            # (33..64 rows: two 32-row token tiles, both in the one wave)
+                            assert arch.has_wgmma and t <= 64 and p == gemm_kernel.swap_params(
                                 arch, s["n"], s["k"], s["groups"], t)
                             assert (p["block_m"], p["block_n"], p["threads"]) == (8 if t <= 8 else 16 if t <= 16 else 32,
                                                                                   64, 128)
                             assert p["fill"] and gemm_kernel.ring_holds_share(p) and p["ring"]
-                            ctas = s["groups"] * s["n"] // 64 * p["split"]
+                            ctas = -(-t // p["block_m"]) * s["groups"] * s["n"] // 64 * p["split"]
                             assert ctas <= arch.num_sms_hint
-                            assert all(s["groups"] * s["n"] // 64 * d > arch.num_sms_hint
+                            assert all(-(-t // p["block_m"]) * s["groups"] * s["n"] // 64 * d > arch.num_sms_hint
                                        or not gemm_kernel.ring_holds_share(
                                            {**p, **gemm_kernel.ring_stages({**p, "split": d}), "split": d})
                                        for d in range(p["split"] + 1, kb + 1) if kb % d == 0)
                             assert spec.smem_bytes(spec.select(arch, st, t)) <= 100_000
                             continue
-                        if arch.has_wgmma and t <= 32:
+                        if arch.has_wgmma and t <= 64:
                             assert gemm_kernel.swap_params(arch, s["n"], s["k"], s["groups"], t) is None
                             assert gemm_kernel.streaming_swap_params(arch, p, t) is None
                         p64 = gemm_kernel._gemm_params(arch, s["n"], s["k"], t, s["groups"])

@@ -87,14 +87,15 @@ def candidates(prof, n: int, k: int, groups: int, m: int, args) -> list[dict]:
     if args.swap and prof.has_wgmma and m <= gk.DECODE_MAX_M:
         # the decode ring's WGMMA form (fp8_gemm's swap: 64 weight rows as wgmma's M, the tokens its N) at the split
         # decode_split counts for 64-column tiles and its neighbouring divisors, with and without fill where it holds
-        # the share
-        bm = next(b for b in (16, 32, 64) if b >= m)
-        s0 = gk.decode_split(groups * n // 64, kb, prof.num_sms_hint)
+        # the share; --swap-block-m: token tiles of that many rows (M / block_m of them a weight tile)
+        bm = args.swap_block_m or next(b for b in (16, 32, 64) if b >= m)
+        m_tiles = -(-m // bm)
+        s0 = gk.decode_split(m_tiles * groups * n // 64, kb, prof.num_sms_hint)
         i0 = splits.index(s0)
         for split in splits[max(0, i0 - 1): i0 + 2]:
             q = gk.swap_ring_params(n, k, groups, bm, split)
             out.append(q)
-            if gk.ring_fill(q, 1, prof.num_sms_hint):
+            if gk.ring_fill(q, m_tiles, prof.num_sms_hint):
                 out.append({**q, "fill": True})
     if args.wgmma_splits and prof.has_wgmma and m <= gk.DECODE_MAX_M:
         # the pick and the 64 x 64 WGMMA tile as select builds it (PDL, first stages prefetched) at each split
@@ -170,6 +171,8 @@ def main() -> int:
                     "PDL at every split from half to twice the SMs' CTAs (M <= 64)")
     ap.add_argument("--swap", action="store_true", help="also the decode ring's WGMMA form (sm_90a: 64 weight rows "
                     "as wgmma's M, the tokens its N) at decode_split's split and its neighbours")
+    ap.add_argument("--swap-block-m", type=int, default=None, choices=(8, 16, 32, 64),
+                    help="with --swap: token tiles of this many rows (default: the fewest of 16 / 32 / 64 holding M)")
     ap.add_argument("--fill", action="store_true", help="each ring candidate whose K share fits its ring both with "
                     "its whole share requested before the grid sync (fill) and with the first stages - 1")
     ap.add_argument("--rows", action="store_true", help="also the rows form at up to 64 tokens (fp8_gemm_rows: a "

@@ -175,19 +175,24 @@ def decode_split(n_tiles: int, k_blocks: int, num_sms: int, most: int | None = N
 
 
 def swap_params(arch: ArchProfile, n: int, k: int, groups: int, num_tokens: int) -> dict | None:
-    """Hopper's decode ring on wgmma up to DECODE_MID_M tokens (gemm_params asks past the rows form), or None where
-    it does not apply: 64 weight rows a CTA (one warp group, wgmma m64) against an 8-, 16- or 32-token tile (its N),
-    split-K over the most splits that keep the grid within one wave of the SMs while each CTA's whole K share fits
-    its ring, which then requests that share before the grid dependency sync (fill). ptxas emulates the ring's e4m3
-    mma.sync on Hopper; wgmma runs e4m3 natively. Per layer on an H200 against the mma.sync ring
-    (benchmarks/gemm/ab_gemm_swap.py): at 9-32 tokens faster at 59 of 76 points by 2-48% (V4-Flash TP 8 shared
-    expert w1+w3 7.24 -> 3.82 us at 9 tokens), level at 13, 4-7% slower at 4 (N 4,096 x K 2,048 at 24-32 tokens);
-    at 1-8 tokens faster at all 24 points by 10-52%; docs/kernels.md."""
-    if not (arch.has_wgmma and num_tokens <= DECODE_MID_M) or n % 64:
+    """Hopper's decode ring on wgmma up to DECODE_MAX_M tokens (gemm_params asks past the rows form), or None where
+    it does not apply: 64 weight rows a CTA (one warp group, wgmma m64) against an 8-, 16- or 32-token tile (its N;
+    two 32-token tiles from 33 tokens), split-K over the most splits that keep the grid within one wave of the SMs
+    while each CTA's whole K share fits its ring, which then requests that share before the grid dependency sync
+    (fill). ptxas emulates the ring's e4m3 mma.sync on Hopper; wgmma runs e4m3 natively. Per layer on an H200
+    (benchmarks/gemm/ab_gemm_swap.py), against the mma.sync ring: at 9-32 tokens faster at 59 of 76 points by 2-48%
+    (V4-Flash TP 8 shared expert w1+w3 7.24 -> 3.82 us at 9 tokens), level at 13, 4-7% slower at 4 (N 4,096 x K 2,048
+    at 24-32 tokens); at 1-8 tokens faster at all 24 points by 10-52%. Against the 64 x 64 TMA WGMMA tile at 33, 48
+    and 64 tokens (two token tiles whose CTAs read each weight row in the same wave: V4-Flash TP 2 / 4 / 8): faster
+    at all 21 points by 10-37% (TP 8 wq_b 5.92 -> 4.86 us at 64 tokens, shared expert w2 4.29 -> 2.70); where two
+    tiles' grid takes more than one wave it was slower (V4-Flash TP 1 wq_b 13.6 -> 23.1, sweep_gemm_decode.py --swap
+    --swap-block-m 32); docs/kernels.md."""
+    if not (arch.has_wgmma and num_tokens <= DECODE_MAX_M) or n % 64:
         return None
     kb = k // BLOCK_K
-    tiles = groups * n // 64
     block_m = 8 if num_tokens <= 8 else 16 if num_tokens <= 16 else DECODE_MID_M
+    # 33..64 tokens: two 32-token tiles, each CTA pair reading the same weight rows in the same wave
+    tiles = -(-num_tokens // block_m) * groups * n // 64
     for split in sorted((d for d in range(1, kb + 1) if kb % d == 0 and tiles * d <= arch.num_sms_hint),
                         reverse=True):
         p = swap_ring_params(n, k, groups, block_m, split)
