@@ -387,3 +387,28 @@ def test_pass_lines_name_each_measuring_pass_and_skip_a_folder_without_floors():
     assert lines == ["GPU A: copy 3,000 GB/s; a PDL-chained one-CTA kernel 1.50 us a layer; MMA peaks fp8 1,400 TFLOP/s",
                      "GPU A (moe): copy 2,900 GB/s; a PDL-chained one-CTA kernel 1.50 us a layer; MMA peaks fp8 1,400 "
                      "TFLOP/s"]
+
+
+def test_decode_sweep_swap_candidates_take_the_token_tile_asked_for():
+    """sweep_gemm_decode.py --swap (CPU): select's pick first, then the wgmma ring at decode_split's split and its
+    neighbours; --swap-block-m 32 at 64 tokens gives two token tiles, with fill as ring_fill counts both tiles' CTAs."""
+    import argparse
+
+    from dsv4_jit.arch import get_profile
+    from dsv4_jit.kernels.gemm import fp8_gemm as gk
+    sweep = _load("gemm.sweep_gemm_decode")
+    hopper = get_profile("sm_90a")
+    ns = argparse.Namespace(block_m=None, picked_only=True, wgmma=False, pdl_ab=False, swap=True, swap_block_m=32,
+                            wgmma_splits=False, rows=False, fill=False, block_n=[64, 128], ring=[0, 1],
+                            k_stage=[1, 2, 4], threads=[128, 256], max_waves=4)
+    for n, k, groups, one_wave in ((4096, 256, 1, True), (7168, 384, 1, False)):   # V4-Flash / V4-Pro TP 8 w2
+        cands = sweep.candidates(hopper, n, k, groups, 64, ns)
+        assert cands[0] == gk.gemm_params(hopper, n, k, 64, groups)
+        swaps = [p for p in cands if p.get("swap")]   # (select's own pick at V4-Flash's w2)
+        assert swaps and all(p["block_m"] == 32 and p["block_n"] == 64 for p in swaps)
+        filled = [p for p in swaps if p.get("fill")]
+        # (ring_fill: the two tiles' CTAs in one wave, or a one-slot ring, which would prefetch nothing)
+        assert all(2 * groups * n // 64 * p["split"] <= hopper.num_sms_hint or p["stages"] == 1 for p in filled)
+        assert any(2 * groups * n // 64 * p["split"] <= hopper.num_sms_hint for p in filled) == one_wave
+    ns.swap_block_m = None   # the fewest of 16 / 32 / 64 rows holding M
+    assert {p["block_m"] for p in sweep.candidates(hopper, 4096, 256, 1, 20, ns) if p.get("swap")} == {32}
