@@ -19,10 +19,12 @@ Schedules (`select` picks one by the token count; the same on every arch family 
     and sum through shared memory; no split-K across CTAs, so no partials, counters or reduce kernel. Its weight
     (its whole share where it fits) is requested before the grid dependency sync. Outside that domain, and from 9
     rows, the forms below.
-  * Hopper up to 32 tokens (in the rows form's domain from 9, or where no split-K is needed), where a grid of one
-    wave can hold each CTA's whole K share: the decode ring below on wgmma (`swap`): 64 weight rows a CTA as the MMA's M side, the 8-, 16- or
-    32-token tile its N (ptxas emulates the ring's e4m3 mma.sync there), the share requested before the grid
-    dependency sync (see swap_params).
+  * Hopper up to 64 tokens (in the rows form's domain from 9, or where no split-K is needed), where a grid of one
+    wave can hold each CTA's whole K share: the decode ring below on wgmma (`swap`): 64 weight rows a CTA as the
+    MMA's M side, the 8-, 16- or 32-token tile its N (two 32-token tiles from 33 tokens; ptxas emulates the ring's
+    e4m3 mma.sync there), the share requested before the grid dependency sync (see swap_params). Up to 32 tokens
+    where no such grid exists, the same ring streams the share in place of the mma.sync ring where that has
+    64-column tiles (see streaming_swap_params).
   * decode, M <= 16 / 32 / 64: one M tile (16 / 32 / 64 rows), N tiles of 128 columns, or 64 when 128-column tiles
     alone would leave SMs idle, and split-K over a divisor of the K blocks until (N tiles x splits) reaches
     the SM count, so small-M GEMMs stream the weight with the whole GPU (in shares of at least
@@ -234,12 +236,13 @@ def streaming_swap_params(arch: ArchProfile, pick: Mapping[str, Any], num_tokens
     mma.sync ring with 64-column tiles (up to 32 tokens): streaming_candidate, at the same split. Per layer on an
     H200 against that mma.sync ring (ab_gemm_swap.py --streaming, one call, medians of 3 alternated rounds, 92 points
     of V4-Flash / V4-Pro TP 1-8 at 1 / 8 / 16 / 32 tokens): where its shared memory leaves an SM 2 CTAs, 2-15% faster
-    at 33 of 39 points and level at 6 (-0.5% to +1.3%): V4-Pro TP 1 wo_b 42.07 -> 35.97 us at 32 tokens, shared expert
-    w1+w3 20.01 -> 17.32, V4-Flash TP 1 shared expert w1+w3 8.30 -> 7.66 at 16. Where it leaves room for 3, 5-12%
-    faster at all 16 points with 8-token tiles over K shares under 16 blocks (V4-Pro wq_a+wkv 7.93 -> 7.32 at one
-    token, V4-Flash TP 2 wq_b 7.14 -> 6.33) but slower at 16 of the other 25, by up to 15% (V4-Pro TP 1 wo_a 18.03 ->
-    20.72 at one token; V4-Flash TP 1 wo_b 13.70 -> 14.65 at 32 tokens). Against 128-column mma.sync tiles (twice
-    the weight rows a CTA) it was slower at 8 of 12 points (V4-Flash TP 1 wq_b 12.07 -> 13.94 at 32), so those stay."""
+    at 33 of 39 points and level at 6 (within 2%, the slowest +1.3%): V4-Pro TP 1 wo_b 42.07 -> 35.97 us at 32
+    tokens, shared expert w1+w3 20.01 -> 17.32, V4-Flash TP 1 shared expert w1+w3 8.30 -> 7.66 at 16. Where it
+    leaves room for 3, 5-12% faster at all 16 points with 8-token tiles over K shares under 16 blocks (V4-Pro
+    wq_a+wkv 7.93 -> 7.32 at one token, V4-Flash TP 2 wq_b 7.14 -> 6.33) but slower at 16 of the other 25, by up to
+    15% (V4-Pro TP 1 wo_a 18.03 -> 20.72 at one token; V4-Flash TP 1 wo_b 13.70 -> 14.65 at 32 tokens). Against
+    128-column mma.sync tiles (twice the weight rows a CTA) it was slower at 8 of 12 points (V4-Flash TP 1 wq_b 12.07
+    -> 13.94 at 32), so those stay."""
     if not (arch.has_wgmma and num_tokens <= DECODE_MID_M and pick.get("ring") and not pick.get("swap")
             and pick["block_n"] == 64 and pick["n"] % 64 == 0):
         return None
