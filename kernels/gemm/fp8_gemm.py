@@ -176,6 +176,11 @@ def decode_split(n_tiles: int, k_blocks: int, num_sms: int, most: int | None = N
     return divs[-1]
 
 
+def swap_token_tile(num_tokens: int) -> int:
+    """Tokens a CTA of the wgmma ring multiplies (its wgmma N): 8, 16 or 32 (two 32-token tiles from 33 tokens)."""
+    return 8 if num_tokens <= 8 else 16 if num_tokens <= 16 else DECODE_MID_M
+
+
 def swap_params(arch: ArchProfile, n: int, k: int, groups: int, num_tokens: int) -> dict | None:
     """Hopper's decode ring on wgmma up to DECODE_MAX_M tokens (gemm_params asks past the rows form), or None where
     it does not apply: 64 weight rows a CTA (one warp group, wgmma m64) against an 8-, 16- or 32-token tile (its N;
@@ -192,7 +197,7 @@ def swap_params(arch: ArchProfile, n: int, k: int, groups: int, num_tokens: int)
     if not (arch.has_wgmma and num_tokens <= DECODE_MAX_M) or n % 64:
         return None
     kb = k // BLOCK_K
-    block_m = 8 if num_tokens <= 8 else 16 if num_tokens <= 16 else DECODE_MID_M
+    block_m = swap_token_tile(num_tokens)
     # 33..64 tokens: two 32-token tiles, each CTA pair reading the same weight rows in the same wave
     tiles = -(-num_tokens // block_m) * groups * n // 64
     for split in sorted((d for d in range(1, kb + 1) if kb % d == 0 and tiles * d <= arch.num_sms_hint),
@@ -222,8 +227,7 @@ def streaming_candidate(pick: Mapping[str, Any], num_tokens: int) -> dict:
     """The wgmma ring in place of mma.sync ring params `pick` (64-column tiles) at the same split: 64 weight rows a
     CTA over the token tile holding num_tokens, its ring as deep as ring_stages fits, the K share streaming through
     it (no fill)."""
-    block_m = 8 if num_tokens <= 8 else 16 if num_tokens <= 16 else DECODE_MID_M
-    return swap_ring_params(pick["n"], pick["k"], pick["groups"], block_m, pick["split"])
+    return swap_ring_params(pick["n"], pick["k"], pick["groups"], swap_token_tile(num_tokens), pick["split"])
 
 
 # Where streaming_swap_params' ring leaves an SM room for 3 CTAs (the 8-token tile, or 32 tokens at 3 ring stages) it
@@ -244,7 +248,7 @@ def streaming_swap_params(arch: ArchProfile, pick: Mapping[str, Any], num_tokens
     128-column mma.sync tiles (twice the weight rows a CTA) it was slower at 8 of 12 points (V4-Flash TP 1 wq_b 12.07
     -> 13.94 at 32), so those stay."""
     if not (arch.has_wgmma and num_tokens <= DECODE_MID_M and pick.get("ring") and not pick.get("swap")
-            and pick["block_n"] == 64 and pick["n"] % 64 == 0):
+            and pick["block_n"] == 64):
         return None
     q = streaming_candidate(pick, num_tokens)
     share = q["k"] // BLOCK_K // q["split"]
