@@ -101,7 +101,8 @@ if step env; then
     nvcc --version | tail -1; nproc; python3 -c "import sys, torch; print(sys.version.split()[0], torch.__version__)"'
   # the vLLM peer columns need .peers (scripts/fetch_peers.sh, carried beside the bundle); without it they stay empty
   if [ "$mode" != list ]; then
-    if [ -n "$(ls -d .peers/vllm-* 2>/dev/null)" ]; then echo "  peers: $(ls -d .peers/vllm-*)"
+    peers=$(ls -d .peers/vllm-* 2>/dev/null)
+    if [ -n "$peers" ]; then echo "  peers: $peers"
     else echo "  peers: none (no .peers/vllm-*: the vLLM peer columns stay empty; bash scripts/fetch_peers.sh first)"; fi
   fi
   end env
