@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,12 +62,19 @@ def goal(family: str, key: dict) -> Goal:
 
 
 def load(path: Path) -> dict | None:
-    """A benchmark's JSON document, or None (unreadable, or not an object: e.g. the pass's variant list)."""
+    """A benchmark's JSON document, or None (unreadable, or not an object: e.g. the pass's variant list). A run cut
+    short ("complete": false, harness.write_rows) keeps its measured rows, and stderr names it: its missing points
+    are absent from the scoreboard, not judged."""
     try:
         doc = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    return doc if isinstance(doc, dict) else None
+    if not isinstance(doc, dict):
+        return None
+    if doc.get("complete") is False:
+        print(f"goal_table: {path} is a run cut short ({len(doc.get('rows', []))} rows); its missing points are "
+              f"not on the scoreboard", file=sys.stderr)
+    return doc
 
 
 def family_of(doc: dict) -> str | None:

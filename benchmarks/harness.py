@@ -138,12 +138,18 @@ def run_info() -> dict:
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
 
 
-def write_rows(path: str, rows: list, **extra) -> Path:
-    """{"device", run_info(), **extra, "rows"} as JSON at `path` (parents created)."""
+def write_rows(path: str, rows: list, partial: bool = False, **extra) -> Path:
+    """{"device", run_info(), **extra, "complete", "rows"} as JSON at `path` (parents created). partial=True: the rows
+    so far, rewritten after each point of a long run, so a run cut short (a timeout, a lost GPU) keeps what it
+    measured ("complete": false), and nothing is printed."""
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"device": torch.cuda.get_device_name(), **run_info(), **extra, "rows": rows}, indent=1))
-    print(f"wrote {out}")
+    doc = {"device": torch.cuda.get_device_name(), **run_info(), **extra, "complete": not partial, "rows": rows}
+    tmp = out.with_name(out.name + ".tmp")   # replaced whole, never left half-written
+    tmp.write_text(json.dumps(doc, indent=1))
+    tmp.replace(out)
+    if not partial:
+        print(f"wrote {out}")
     return out
 
 

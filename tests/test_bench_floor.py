@@ -412,3 +412,21 @@ def test_decode_sweep_swap_candidates_take_the_token_tile_asked_for():
         assert any(2 * groups * n // 64 * p["split"] <= hopper.num_sms_hint for p in filled) == one_wave
     ns.swap_block_m = None   # the fewest of 16 / 32 / 64 rows holding M
     assert {p["block_m"] for p in sweep.candidates(hopper, 4096, 256, 1, 20, ns) if p.get("swap")} == {32}
+
+
+def test_write_rows_keeps_a_cut_run_and_goal_table_names_it(tmp_path, monkeypatch, capsys):
+    """A long run rewrites its JSON after each point ("complete": false), whole each time; the final write marks it
+    complete. goal_table keeps a cut run's rows and says on stderr that its missing points are not judged."""
+    harness, gt = _load("harness"), _load("goal_table")
+    monkeypatch.setattr(harness.torch.cuda, "get_device_name", lambda *a: "test GPU")
+    out = tmp_path / "sub" / "run.json"
+    harness.write_rows(str(out), [{"us": 1.0}], partial=True, model="m")
+    doc = json.loads(out.read_text())
+    assert doc["complete"] is False and doc["rows"] == [{"us": 1.0}] and doc["model"] == "m"
+    assert capsys.readouterr().out == "" and not list(out.parent.glob("*.tmp"))
+    assert gt.load(out)["rows"] == [{"us": 1.0}]
+    assert "cut short (1 rows)" in capsys.readouterr().err
+    harness.write_rows(str(out), [{"us": 1.0}, {"us": 2.0}], model="m")
+    doc = json.loads(out.read_text())
+    assert doc["complete"] is True and len(doc["rows"]) == 2 and "wrote" in capsys.readouterr().out
+    assert gt.load(out) == doc and capsys.readouterr().err == ""

@@ -189,6 +189,7 @@ def main() -> int:
                "us_a_layer": None if us_plain is None else us_plain / len(pts), "why": why, "max_token_rel_err": err}
         if traced is None:
             rows.append(row)
+            write_rows(args.out, rows, partial=True)
             print(f"H{heads} x {batch} ({plain.name}; grid {grid}): op {fmt(row['us_a_layer'])} us a layer; "
                   f"err {err:.1e}", flush=True)
             continue
@@ -213,6 +214,7 @@ def main() -> int:
         summ = summarize([b.cpu() for b in bufs], names)
         row.update({"traced_us_a_layer": None if us_traced is None else us_traced / len(pts), **summ})
         rows.append(row)
+        write_rows(args.out, rows, partial=True)
         print(f"\nH{heads} x {batch} ({plain.name}; grid {grid}): op {fmt(row['us_a_layer'])} us a layer, traced "
               f"{fmt(row['traced_us_a_layer'])}; err {err:.1e}; forward span {summ['layer_span_ns'] / 1e3:.2f} us, "
               f"previous layer's last stamp -> this layer's first release "

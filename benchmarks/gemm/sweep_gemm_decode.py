@@ -276,8 +276,8 @@ def main() -> int:
                   f"err {err:.1e}{'  <- select' if row['selected'] else ''}", flush=True)
         del a, sa, b, sb, copies, dst
         torch.cuda.empty_cache()
+        write_rows(args.out, rows, partial=True, schedule=prof.schedule, model=args.model, tp=args.tp)
     write_rows(args.out, rows, schedule=prof.schedule, model=args.model, tp=args.tp)
-    print(f"wrote {args.out}")
     return 0
 
 

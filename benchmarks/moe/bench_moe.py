@@ -20,14 +20,13 @@ Columns (us: one call per CUDA-graph replay, median of triton's do_bench, L2 flu
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: benchmarks.* imports
-from benchmarks.harness import copy_bandwidth_gbs, graph_us_or_reason, row_rel_err, run_info  # noqa: E402
+from benchmarks.harness import copy_bandwidth_gbs, graph_us_or_reason, row_rel_err, write_rows  # noqa: E402
 
 
 def random_experts(num_experts: int, n: int, k: int, g: torch.Generator):
@@ -72,6 +71,7 @@ def main() -> None:
     print(f"{'GEMM':>6} {'T':>5} {'experts':>7} {'bm':>3} {'bn':>3} {'ours':>8} {'GB/s':>7} {'%copy':>6} {'TFLOP/s':>7} "
           f"{'/layer':>8} {'%copy/L':>7} {'torch':>9} {'err':>8}")
     rows = []
+    meta = {"schedule": arch.schedule, "arch": arch.name, "model": args.model, "tp": args.tp, "copy_gbs": bw}
     from dsv4_jit import jit
     from dsv4_jit.kernels.moe import fp4_moe_gemm as kmod
     if args.layers < 1:
@@ -111,11 +111,8 @@ def main() -> None:
                 print(f"-- stages {st} tile {tile}")
             g.manual_seed(0)   # every swept tile sees the same weights, routing and activations
             rows += run_shapes(args, m, arch, experts, topk, g, bw)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"device": torch.cuda.get_device_name(), **run_info(), "schedule": arch.schedule, "arch": arch.name,
-                               "model": args.model, "tp": args.tp, "copy_gbs": bw, "rows": rows}, indent=1))
-    print(f"wrote {out}")
+            write_rows(args.out, rows, partial=True, **meta)
+    write_rows(args.out, rows, **meta)
 
 
 def routed_rows(t: int, experts: int, topk: int, k: int, bm: int, g):
