@@ -152,6 +152,7 @@ def main() -> int:
             rows.append(row)
             print(f"ratio={ratio} H={heads} B={batch} hb={hb} bi={bi} thr={thr} S={s} st={ns} {ex}: {us if us is None else round(us, 1)} us "
                   f"err {err:.1e}{'  <- select' if row['selected'] else ''}", flush=True)
+            write_rows(args.out, rows, partial=True, schedule=prof.schedule, ratio=args.ratio, ctx=args.ctx)
     write_rows(args.out, rows, schedule=prof.schedule, ratio=args.ratio, ctx=args.ctx)
     return 0
 

@@ -148,6 +148,7 @@ def main() -> int:
                          "max_token_rel_err": side["err"]})
         del weights
         torch.cuda.empty_cache()
+        write_rows(args.out, rows, partial=True)
     write_rows(args.out, rows)
     return 0
 
