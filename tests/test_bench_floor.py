@@ -300,7 +300,9 @@ def test_gemm_swap_ab_times_every_wgmma_ring_pick_against_the_mma_sync_ring():
             assert pick["fill"] and pick["block_m"] == 32 and base["wgmma"] and base["block_m"] == 64
         else:
             assert base["ring"] and base["block_m"] == (16 if m <= 16 else 32)
-        if not pick.get("fill"):   # streaming: the mma.sync ring's split and 64-column tiles
+        if 16 < m <= 32 and pick["block_m"] == 16:   # two 16-row token tiles at their own split
+            assert pick == gk.two_tile_params(hopper, s["n"], s["k"], s["groups"])
+        elif not pick.get("fill"):   # streaming: the mma.sync ring's split and 64-column tiles
             assert (pick["split"], base["block_n"]) == (base["split"], 64)
     assert any(not p.get("fill") for *_, p, _ in work) and any(p.get("fill") for *_, p, _ in work)
     # --streaming: every mma.sync ring point with both rules off, the wgmma side streaming at the ring's split

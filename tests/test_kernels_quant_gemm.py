@@ -237,6 +237,21 @@ def test_gemm_select_ladder_and_split():
                             continue
                         assert "rows" not in p
                         assert kb % p["split"] == 0 and s["n"] % p["block_n"] == 0
+                        if p.get("swap") and 16 < t <= 32 and p["block_m"] == 16:
+                            # Hopper at 17..32 rows where a one-wave 32-row grid holds its K shares: two 16-row
+                            # token tiles at decode_split's split for their grid, shares of at least 8 K blocks
+                            assert arch.has_wgmma
+                            assert p == gemm_kernel.two_tile_params(arch, s["n"], s["k"], s["groups"])
+                            assert p == gemm_kernel.swap_params(arch, s["n"], s["k"], s["groups"], t)
+                            assert p["split"] == gemm_kernel.decode_split(2 * s["groups"] * s["n"] // 64, kb,
+                                                                          arch.num_sms_hint)
+                            assert kb // p["split"] >= gemm_kernel.TWO_TILE_MIN_SHARE
+                            assert p.get("fill", False) == gemm_kernel.ring_fill(p, 2, arch.num_sms_hint)
+                            assert spec.smem_bytes(spec.select(arch, st, t)) <= 100_000
+                            continue
+                        if p.get("swap") and 16 < t <= 32:   # the 32-row grid stands where two tiles' shares are short
+                            assert gemm_kernel.two_tile_params(arch, s["n"], s["k"], s["groups"]) is None or not (
+                                p.get("fill"))
                         if p.get("swap") and not p.get("fill"):
                             # Hopper up to 32 rows where no grid holds a K share in the ring: the wgmma ring in place
                             # of the mma.sync ring with 64-column tiles, at its split, the share streaming through
@@ -389,7 +404,10 @@ def test_decode_ring_fills_where_the_share_fits_one_wave_or_one_slot():
             assert p["swap"] and p["fill"] and p["split"] == 1 and p["block_m"] == 8
             assert spec.select(SM120, idx, t).p["rows"]
             continue
-        assert p["fill"] and p["split"] == 1 and (p["n"] // p["block_n"]) <= hopper.num_sms_hint
+        if t == 32:   # two 16-token tiles: 256 CTAs, more than the SMs
+            assert p["swap"] and p["block_m"] == 16 and "fill" not in p and p["split"] == 1
+        else:
+            assert p["fill"] and p["split"] == 1 and (p["n"] // p["block_n"]) <= hopper.num_sms_hint
         # 2 splits on SM12x: 256 CTAs, more than the SMs
         assert "fill" not in spec.select(SM120, idx, t).p
     assert "fill" not in spec.select(hopper, idx, 64).p and "fill" not in spec.select(hopper, idx, 300).p
@@ -438,7 +456,7 @@ def test_wgmma_ring_fences_each_landed_stage_for_the_async_proxy(tmp_path):
     requested before the grid dependency sync (cross-compiled, no GPU)."""
     from dsv4_jit import jit
     spec = get_spec("fp8_gemm")
-    for n, k, m, bm in ((768, 7168, 1, 8), (1536, 4096, 32, 32)):
+    for n, k, m, bm in ((768, 7168, 1, 8), (1536, 4096, 16, 16), (4096, 1024, 48, 32)):
         v = spec.select(get_profile("sm_90a"), gops.gemm_static(n, k), m)
         assert v.p["swap"] and v.p["fill"] and v.p["block_m"] == bm
         out = tmp_path / f"{n}_{m}"

@@ -21,8 +21,8 @@ Schedules (`select` picks one by the token count; the same on every arch family 
     rows, the forms below.
   * Hopper up to 64 tokens (in the rows form's domain from 9, or where no split-K is needed), where a grid of one
     wave can hold each CTA's whole K share: the decode ring below on wgmma (`swap`): 64 weight rows a CTA as the
-    MMA's M side, the 8-, 16- or 32-token tile its N (two 32-token tiles from 33 tokens; ptxas emulates the ring's
-    e4m3 mma.sync there), the share requested before the grid dependency sync (see swap_params). Up to 32 tokens
+    MMA's M side, the 8-, 16- or 32-token tile its N (two 16-token tiles at 17..32 tokens where their K shares stay
+    long, see two_tile_params; two 32-token tiles from 33 tokens; ptxas emulates the ring's e4m3 mma.sync there), the share requested before the grid dependency sync (see swap_params). Up to 32 tokens
     where no such grid exists, the same ring streams the share in place of the mma.sync ring where that has
     64-column tiles (see streaming_swap_params).
   * decode, M <= 16 / 32 / 64: one M tile (16 / 32 / 64 rows), N tiles of 128 columns, or 64 when 128-column tiles
@@ -186,7 +186,7 @@ def swap_params(arch: ArchProfile, n: int, k: int, groups: int, num_tokens: int)
     it does not apply: 64 weight rows a CTA (one warp group, wgmma m64) against an 8-, 16- or 32-token tile (its N;
     two 32-token tiles from 33 tokens), split-K over the most splits that keep the grid within one wave of the SMs
     while each CTA's whole K share fits its ring, which then requests that share before the grid dependency sync
-    (fill). ptxas emulates the ring's e4m3 mma.sync on Hopper; wgmma runs e4m3 natively. Per layer on an H200
+    (fill); at 17..32 tokens two 16-token tiles in its place where two_tile_params takes them. ptxas emulates the ring's e4m3 mma.sync on Hopper; wgmma runs e4m3 natively. Per layer on an H200
     (benchmarks/gemm/ab_gemm_swap.py), against the mma.sync ring: at 9-32 tokens faster at 59 of 76 points by 2-48%
     (V4-Flash TP 8 shared expert w1+w3 7.24 -> 3.82 us at 9 tokens), level at 13, 4-7% slower at 4 (N 4,096 x K 2,048
     at 24-32 tokens); at 1-8 tokens faster at all 24 points by 10-52%. Against the 64 x 64 TMA WGMMA tile at 33, 48
@@ -204,8 +204,31 @@ def swap_params(arch: ArchProfile, n: int, k: int, groups: int, num_tokens: int)
                         reverse=True):
         p = swap_ring_params(n, k, groups, block_m, split)
         if ring_holds_share(p):
+            if 16 < num_tokens <= DECODE_MID_M:
+                return two_tile_params(arch, n, k, groups) or {**p, "fill": True}
             return {**p, "fill": True}
     return None
+
+
+# 17..32 tokens: two 16-token tiles in place of the one-wave 32-token grid where their own split leaves each CTA at
+# least this many K blocks
+TWO_TILE_MIN_SHARE = 8
+
+
+def two_tile_params(arch: ArchProfile, n: int, k: int, groups: int) -> dict | None:
+    """The wgmma ring over two 16-token tiles (17..32 tokens) at decode_split's split for their grid, where each CTA
+    keeps at least TWO_TILE_MIN_SHARE K blocks; None elsewhere. A 32-token grid of one wave leaves SMs idle or its
+    CTAs few; two 16-token tiles give twice the CTAs (each pair reading the same weight rows in the same wave) at half
+    the MMA width. Per layer on an H100, against the 32-token pick (sweep_gemm_decode.py --swap --swap-block-m 16,
+    one call): V4-Pro TP 8 shared expert w1+w3 8.4 -> 6.7 us at 32 tokens, wo_a 8.0 -> 7.3, V4-Flash TP 1 wq_a+wkv
+    7.2 -> 6.9, shared expert w2 7.6 -> 7.1 at 24; slower with a share under 8 blocks (V4-Pro TP 8 shared expert w2,
+    3 blocks: 3.3 -> 3.8)."""
+    kb = k // BLOCK_K
+    split = decode_split(2 * groups * n // 64, kb, arch.num_sms_hint)
+    if kb // split < TWO_TILE_MIN_SHARE:
+        return None
+    p = swap_ring_params(n, k, groups, 16, split)
+    return {**p, "fill": True} if ring_fill(p, 2, arch.num_sms_hint) else p
 
 
 def swap_ring_params(n: int, k: int, groups: int, block_m: int, split: int) -> dict:
