@@ -210,25 +210,28 @@ def swap_params(arch: ArchProfile, n: int, k: int, groups: int, num_tokens: int)
     return None
 
 
-# 17..32 tokens: two 16-token tiles in place of the one-wave 32-token grid where their own split leaves each CTA at
-# least this many K blocks
+# 17..32 tokens: two 16-token tiles in place of the one-wave 32-token grid at a split that leaves each CTA at least
+# this many K blocks, or at fewer (short K) only where the grid still fills one wave of CTAs requesting their shares
 TWO_TILE_MIN_SHARE = 8
 
 
 def two_tile_params(arch: ArchProfile, n: int, k: int, groups: int) -> dict | None:
-    """The wgmma ring over two 16-token tiles (17..32 tokens) at decode_split's split for their grid, where each CTA
-    keeps at least TWO_TILE_MIN_SHARE K blocks; None elsewhere. A 32-token grid of one wave leaves SMs idle or its
-    CTAs few; two 16-token tiles give twice the CTAs (each pair reading the same weight rows in the same wave) at half
-    the MMA width. Per layer on an H100, against the 32-token pick (sweep_gemm_decode.py --swap --swap-block-m 16,
-    one call): V4-Pro TP 8 shared expert w1+w3 8.4 -> 6.7 us at 32 tokens, wo_a 8.0 -> 7.3, V4-Flash TP 1 wq_a+wkv
-    7.2 -> 6.9, shared expert w2 7.6 -> 7.1 at 24; slower with a share under 8 blocks (V4-Pro TP 8 shared expert w2,
-    3 blocks: 3.3 -> 3.8)."""
+    """The wgmma ring over two 16-token tiles (17..32 tokens) at decode_split's split for their grid, capped so each
+    CTA keeps TWO_TILE_MIN_SHARE K blocks; under that share only with fill (one CTA an SM); None elsewhere. A 32-token
+    grid of one wave leaves SMs idle or its CTAs few; two 16-token tiles give twice the CTAs (each pair reading the
+    same weight rows in the same wave) at half the MMA width. Per layer on an H100, against the 32-token pick
+    (sweep_gemm_decode.py --swap --swap-block-m 16, one call each): V4-Pro TP 8 shared expert w1+w3 8.4 -> 6.7 us at
+    32 tokens, wo_a 8.0 -> 7.3; V4-Flash TP 1 / 2 / 4 / 8 wq_a+wkv 7.2 -> 6.9 at 32, TP 8 wq_b 5.5 -> 4.2, TP 4 shared
+    expert w2 4.4 -> 2.8 at 24 (one K-block pair a CTA, filled), TP 4 shared expert w1+w3 6.6 -> 5.8 at 32 (4 splits
+    in place of 8). Slower with a short share and no fill (V4-Pro TP 8 shared expert w2, 3 blocks over 224 CTAs: 3.3
+    -> 3.8)."""
     kb = k // BLOCK_K
-    split = decode_split(2 * groups * n // 64, kb, arch.num_sms_hint)
-    if kb // split < TWO_TILE_MIN_SHARE:
-        return None
+    split = decode_split(2 * groups * n // 64, kb, arch.num_sms_hint, most=max(1, kb // TWO_TILE_MIN_SHARE))
     p = swap_ring_params(n, k, groups, 16, split)
-    return {**p, "fill": True} if ring_fill(p, 2, arch.num_sms_hint) else p
+    fill = ring_fill(p, 2, arch.num_sms_hint)
+    if kb // split < TWO_TILE_MIN_SHARE and not fill:
+        return None
+    return {**p, "fill": True} if fill else p
 
 
 def swap_ring_params(n: int, k: int, groups: int, block_m: int, split: int) -> dict:
