@@ -239,15 +239,19 @@ def test_gemm_select_ladder_and_split():
                         assert kb % p["split"] == 0 and s["n"] % p["block_n"] == 0
                         if p.get("swap") and 16 < t <= 32 and p["block_m"] == 16:
                             # Hopper at 17..32 rows where a one-wave 32-row grid holds its K shares: two 16-row
-                            # token tiles at decode_split's split for their grid, capped at shares of 8 K blocks;
-                            # a shorter share only where the whole K is short and the grid fills (one CTA an SM)
+                            # token tiles, either one filled wave at the largest split that keeps it one wave (shares
+                            # of 4-8 K blocks) or decode_split's split for their grid capped at 8-block shares
                             assert arch.has_wgmma
                             assert p == gemm_kernel.two_tile_params(arch, s["n"], s["k"], s["groups"])
                             assert p == gemm_kernel.swap_params(arch, s["n"], s["k"], s["groups"], t)
-                            least = gemm_kernel.TWO_TILE_MIN_SHARE
-                            assert p["split"] == gemm_kernel.decode_split(2 * s["groups"] * s["n"] // 64, kb,
-                                                                          arch.num_sms_hint, most=max(1, kb // least))
-                            assert kb // p["split"] >= least or (p["split"] == 1 and p["fill"])
+                            least, short = gemm_kernel.TWO_TILE_MIN_SHARE, gemm_kernel.TWO_TILE_SHORT_SHARE
+                            tiles, sms = 2 * s["groups"] * s["n"] // 64, arch.num_sms_hint
+                            wave = [d for d in range(1, kb + 1) if kb % d == 0 and tiles * d <= sms]
+                            if p.get("fill") and wave and p["split"] == wave[-1] and short <= kb // wave[-1] <= least:
+                                pass   # one filled wave
+                            else:
+                                assert p["split"] == gemm_kernel.decode_split(tiles, kb, sms, most=max(1, kb // least))
+                                assert kb // p["split"] >= least
                             assert p.get("fill", False) == gemm_kernel.ring_fill(p, 2, arch.num_sms_hint)
                             assert spec.smem_bytes(spec.select(arch, st, t)) <= 100_000
                             continue
@@ -427,6 +431,25 @@ def test_decode_ring_fills_where_the_share_fits_one_wave_or_one_slot():
 
 
 @pytest.mark.compile
+def test_two_token_tiles_take_the_measured_split_at_17_to_32_tokens():
+    """Hopper, 17..32 tokens: two 16-token tiles at one filled wave where its shares are 4-8 K blocks (V4-Flash TP 8
+    shared expert w1+w3: 8 splits, 128 CTAs; TP 4 shared expert w2: 1 split), else decode_split's split capped at
+    8-block shares (V4-Flash wq_a+wkv: 4, not the one wave's 2); the 32-token grid where shares would be shorter
+    (V4-Flash TP 8 shared expert w2, 2 K blocks; V4-Pro TP 8 shared expert w2, 3 over 224 CTAs). SM12x never."""
+    spec, hopper = get_spec("fp8_gemm"), get_profile("sm_90a")
+    for n, k, split, fill in ((512, 4096, 8, True), (4096, 512, 1, True), (1536, 4096, 4, False),
+                              (768, 7168, 7, False)):
+        for t in (17, 24, 32):
+            p = spec.select(hopper, gops.gemm_static(n, k), t).p
+            assert (p["swap"], p["block_m"], p["split"], p.get("fill", False)) == (True, 16, split, fill), (n, k, t)
+            assert "swap" not in spec.select(SM120, gops.gemm_static(n, k), t).p
+    for n, k in ((4096, 256), (7168, 384)):
+        p = spec.select(hopper, gops.gemm_static(n, k), 24).p
+        assert gemm_kernel.two_tile_params(hopper, n, k, 1) is None and p["block_m"] == 32 and p["fill"]
+    one = spec.select(hopper, gops.gemm_static(512, 4096), 16).p   # one 16-token tile up to 16 tokens
+    assert one["block_m"] == 16 and one == gemm_kernel.swap_params(hopper, 512, 4096, 1, 16)
+
+
 def test_ring_fill_requests_every_weight_stage_before_the_grid_sync(tmp_path):
     """A fill variant issues all its weight stages' copies before cudaGridDependencySynchronize and waits once for
     everything; the same shape without fill keeps stages - 1 before it (cross-compiled, no GPU)."""

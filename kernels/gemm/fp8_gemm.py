@@ -21,8 +21,9 @@ Schedules (`select` picks one by the token count; the same on every arch family 
     rows, the forms below.
   * Hopper up to 64 tokens (in the rows form's domain from 9, or where no split-K is needed), where a grid of one
     wave can hold each CTA's whole K share: the decode ring below on wgmma (`swap`): 64 weight rows a CTA as the
-    MMA's M side, the 8-, 16- or 32-token tile its N (two 16-token tiles at 17..32 tokens where their K shares stay
-    long, see two_tile_params; two 32-token tiles from 33 tokens; ptxas emulates the ring's e4m3 mma.sync there), the share requested before the grid dependency sync (see swap_params). Up to 32 tokens
+    MMA's M side, the 8-, 16- or 32-token tile its N (two 16-token tiles at 17..32 tokens at their own split, see
+    two_tile_params; two 32-token tiles from 33 tokens; ptxas emulates the ring's e4m3 mma.sync there), the share
+    requested before the grid dependency sync (see swap_params). Up to 32 tokens
     where no such grid exists, the same ring streams the share in place of the mma.sync ring where that has
     64-column tiles (see streaming_swap_params).
   * decode, M <= 16 / 32 / 64: one M tile (16 / 32 / 64 rows), N tiles of 128 columns, or 64 when 128-column tiles
@@ -210,28 +211,36 @@ def swap_params(arch: ArchProfile, n: int, k: int, groups: int, num_tokens: int)
     return None
 
 
-# 17..32 tokens: two 16-token tiles in place of the one-wave 32-token grid at a split that leaves each CTA at least
-# this many K blocks, or at fewer (short K) only where the grid still fills one wave of CTAs requesting their shares
+# 17..32 tokens: two 16-token tiles in place of the one-wave 32-token grid. Their CTAs keep K shares of
+# TWO_TILE_SHORT_SHARE..TWO_TILE_MIN_SHARE blocks in one filled wave where a split gives that, else shares of at least
+# TWO_TILE_MIN_SHARE blocks over decode_split's grid
 TWO_TILE_MIN_SHARE = 8
+TWO_TILE_SHORT_SHARE = 4
 
 
 def two_tile_params(arch: ArchProfile, n: int, k: int, groups: int) -> dict | None:
-    """The wgmma ring over two 16-token tiles (17..32 tokens) at decode_split's split for their grid, capped so each
-    CTA keeps TWO_TILE_MIN_SHARE K blocks; under that share only with fill (one CTA an SM); None elsewhere. A 32-token
-    grid of one wave leaves SMs idle or its CTAs few; two 16-token tiles give twice the CTAs (each pair reading the
-    same weight rows in the same wave) at half the MMA width. Per layer on an H100, against the 32-token pick
-    (sweep_gemm_decode.py --swap --swap-block-m 16, one call each): V4-Pro TP 8 shared expert w1+w3 8.4 -> 6.7 us at
-    32 tokens, wo_a 8.0 -> 7.3; V4-Flash TP 1 / 2 / 4 / 8 wq_a+wkv 7.2 -> 6.9 at 32, TP 8 wq_b 5.5 -> 4.2, TP 4 shared
-    expert w2 4.4 -> 2.8 at 24 (one K-block pair a CTA, filled), TP 4 shared expert w1+w3 6.6 -> 5.8 at 32 (4 splits
-    in place of 8). Slower with a short share and no fill (V4-Pro TP 8 shared expert w2, 3 blocks over 224 CTAs: 3.3
-    -> 3.8)."""
+    """The wgmma ring over two 16-token tiles (17..32 tokens), or None. A 32-token grid of one wave leaves SMs idle
+    or its CTAs few; two 16-token tiles give twice the CTAs (each pair reading the same weight rows in the same wave)
+    at half the MMA width. The split: the largest whose grid is one wave (one CTA an SM, each requesting its whole
+    share before the grid dependency sync) where that share is 4-8 K blocks; else decode_split's split for the two
+    tiles' grid, capped at 8-block shares, and no two tiles where the share is shorter.
+    Per layer on an H100, against the 32-token pick (sweep_gemm_decode.py --swap --swap-block-m 16, one call each):
+    one filled wave, V4-Flash TP 8 shared expert w1+w3 6.55 -> 4.52 us at 32 tokens (4 blocks), wq_b 5.50 -> 4.27 (8),
+    TP 4 shared expert w1+w3 6.62 -> 5.78 (8), shared expert w2 4.39 -> 2.78 at 24 (4); decode_split's grid, V4-Pro TP 8
+    shared expert w1+w3 8.4 -> 6.7 at 32, wo_a 8.0 -> 7.3, V4-Flash TP 1 / 2 / 4 / 8 wq_a+wkv 7.2 -> 6.9, TP 4 wo_b
+    7.80 -> 7.21. Slower with a 3-block share over more than a wave (V4-Pro TP 8 shared expert w2: 3.3 -> 3.8)."""
     kb = k // BLOCK_K
-    split = decode_split(2 * groups * n // 64, kb, arch.num_sms_hint, most=max(1, kb // TWO_TILE_MIN_SHARE))
-    p = swap_ring_params(n, k, groups, 16, split)
-    fill = ring_fill(p, 2, arch.num_sms_hint)
-    if kb // split < TWO_TILE_MIN_SHARE and not fill:
+    tiles = 2 * groups * n // 64
+    wave = [d for d in range(1, kb + 1) if kb % d == 0 and tiles * d <= arch.num_sms_hint]
+    if wave and TWO_TILE_SHORT_SHARE <= kb // wave[-1] <= TWO_TILE_MIN_SHARE:
+        p = swap_ring_params(n, k, groups, 16, wave[-1])
+        if ring_fill(p, 2, arch.num_sms_hint):
+            return {**p, "fill": True}
+    split = decode_split(tiles, kb, arch.num_sms_hint, most=max(1, kb // TWO_TILE_MIN_SHARE))
+    if kb // split < TWO_TILE_MIN_SHARE:
         return None
-    return {**p, "fill": True} if fill else p
+    p = swap_ring_params(n, k, groups, 16, split)
+    return {**p, "fill": True} if ring_fill(p, 2, arch.num_sms_hint) else p
 
 
 def swap_ring_params(n: int, k: int, groups: int, block_m: int, split: int) -> dict:
