@@ -187,8 +187,9 @@ def swap_params(arch: ArchProfile, n: int, k: int, groups: int, num_tokens: int)
     it does not apply: 64 weight rows a CTA (one warp group, wgmma m64) against an 8-, 16- or 32-token tile (its N;
     two 32-token tiles from 33 tokens), split-K over the most splits that keep the grid within one wave of the SMs
     while each CTA's whole K share fits its ring, which then requests that share before the grid dependency sync
-    (fill); at 17..32 tokens two 16-token tiles in its place where two_tile_params takes them. ptxas emulates the ring's e4m3 mma.sync on Hopper; wgmma runs e4m3 natively. Per layer on an H200
-    (benchmarks/gemm/ab_gemm_swap.py), against the mma.sync ring: at 9-32 tokens faster at 59 of 76 points by 2-48%
+    (fill); at 17..32 tokens two 16-token tiles in its place where two_tile_params takes them. ptxas emulates the
+    ring's e4m3 mma.sync on Hopper; wgmma runs e4m3 natively. Per layer on an H200 (benchmarks/gemm/ab_gemm_swap.py),
+    against the mma.sync ring: at 9-32 tokens faster at 59 of 76 points by 2-48%
     (V4-Flash TP 8 shared expert w1+w3 7.24 -> 3.82 us at 9 tokens), level at 13, 4-7% slower at 4 (N 4,096 x K 2,048
     at 24-32 tokens); at 1-8 tokens faster at all 24 points by 10-52%. Against the 64 x 64 TMA WGMMA tile at 33, 48
     and 64 tokens (two token tiles whose CTAs read each weight row in the same wave: V4-Flash TP 2 / 4 / 8): faster
