@@ -430,7 +430,6 @@ def test_decode_ring_fills_where_the_share_fits_one_wave_or_one_slot():
                             assert ring_fill(p, -(-t // p["block_m"]), arch.num_sms_hint)
 
 
-@pytest.mark.compile
 def test_two_token_tiles_take_the_measured_split_at_17_to_32_tokens():
     """Hopper, 17..32 tokens: two 16-token tiles at one filled wave where its shares are 4-8 K blocks (V4-Flash TP 8
     shared expert w1+w3: 8 splits, 128 CTAs; TP 4 shared expert w2: 1 split), else decode_split's split capped at
@@ -450,6 +449,7 @@ def test_two_token_tiles_take_the_measured_split_at_17_to_32_tokens():
     assert one["block_m"] == 16 and one == gemm_kernel.swap_params(hopper, 512, 4096, 1, 16)
 
 
+@pytest.mark.compile
 def test_ring_fill_requests_every_weight_stage_before_the_grid_sync(tmp_path):
     """A fill variant issues all its weight stages' copies before cudaGridDependencySynchronize and waits once for
     everything; the same shape without fill keeps stages - 1 before it (cross-compiled, no GPU)."""
