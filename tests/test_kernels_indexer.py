@@ -195,9 +195,9 @@ def test_sm120_shared_memory_figures():
     for use in family._uses(m, ParallelConfig()):
         for v in _variants(use.spec.name, use.static, "sm_120a"):
             got[(v.kernel, v.p.get("group"), v.p.get("threads"))] = use.spec.smem_bytes(v)
-    # q (next_n x 64 heads x 128) + 3 stages of a K tile 64 x 128 and its 64 scales
-    assert got[("indexer_decode_logits", 1, 128)] == 8_192 + 3 * (8_192 + 256) == 33_536
-    assert got[("indexer_decode_logits", 3, 128)] == 24_576 + 3 * (8_192 + 256) == 49_920
+    # q (next_n x 64 heads x 128) + 3 stages of a K tile 64 x 128 and its 64 scales (+ the paged page list)
+    assert got[("indexer_decode_logits", 1, 128)] == 8_192 + 3 * (8_192 + 256) + 1_024 == 34_560
+    assert got[("indexer_decode_logits", 3, 128)] == 24_576 + 3 * (8_192 + 256) + 1_024 == 50_944
     assert got[("indexer_prefill_logits", 2, 128)] == 16_384 + 3 * (8_192 + 256)
     # histogram (2,049 bins) 8,208 + scan totals (one a warp) + counters 16 + threshold 16, the 512 selected
     # columns and CAND_MAX candidate columns, then the resident row: 7,168 keys (two CTAs per SM:
@@ -211,12 +211,13 @@ def test_sm120_shared_memory_figures():
 
 
 def test_hopper_logits_shared_memory():
-    """Hopper's f16 form: q as f16, 2 fp8 stages and their scales, then the f16 K tile at a 1,024-byte boundary
-    (WGMMA's swizzled operand). Four CTAs (and their 1 KB reserves) fit the 233,472 B an SM has."""
+    """Hopper's f16 form: q as f16, 2 fp8 stages and their scales, the page list (256 int32), then the f16 K tile at
+    a 1,024-byte boundary (WGMMA's swizzled operand). Four CTAs (and their 1 KB reserves) fit the 233,472 B an SM
+    has."""
     spec = get_spec("indexer_decode_logits")
     v = spec.select(get_profile("sm_90a"), ops.decode_static(64, 128, 1, 64), 8)
-    used = 16_384 + 2 * (8_192 + 256)
-    assert spec.smem_bytes(v) == -(-used // 1024) * 1024 + 16_384 == 50_176
+    used = 16_384 + 2 * (8_192 + 256) + 1_024
+    assert spec.smem_bytes(v) == -(-used // 1024) * 1024 + 16_384 == 51_200
     assert 4 * (spec.smem_bytes(v) + 1024) <= 233_472
 
 
@@ -691,7 +692,7 @@ def test_fp8_wgmma_logits_form_fences_the_ring_before_its_wgmma(tmp_path, monkey
     assert "kFloat8_e4m3, tl::DataType::kFloat8_e4m3" in src and "wgmma_ss" in src
     ring = src[src.index("cp_async_wait"):]
     assert ring.index("fence_proxy_async") < ring.index("__syncthreads")
-    assert meta["smem_bytes"] == spec.smem_bytes(v) == 8_192 + 3 * (8_192 + 256)
+    assert meta["smem_bytes"] == spec.smem_bytes(v) == 8_192 + 3 * (8_192 + 256) + 1_024   # + the page list
     # SM12x is unchanged: fp8 mma.sync, no WGMMA
     sm120 = spec.select(get_profile("sm_120a"), st, 8)
     assert (sm120.p["operand"], sm120.p["wgmma"]) == ("float8_e4m3", False)

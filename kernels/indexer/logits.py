@@ -57,12 +57,13 @@ SCALE_BYTES = 4
 
 # Per schedule family: (block_n, stages, threads). 4 warps along 64 columns (FullRow: each warp owns 16 columns
 # and every head of its tokens, so the head reduction stays inside the warp). Shared memory on SM12x: q (group x
-# heads x D fp8) + 3 stages of a K tile (64 x D) and its scales: 33,536 B at next_n 1 and 64 heads. An SM12x SM
-# (100 KB of shared memory, 1 KB reserved per CTA) holds two such CTAs. Two stages would let SM12x hold three;
-# which is faster there is unmeasured (no SM12x GPU here). Hopper: 2 stages (50,176 B with its f16 buffers, below),
-# so the four CTAs the registers allow fit an SM; 3 stages fit three and were 16-46% slower (H100, 2026-11-24),
-# and 4-22% slower still with the grid in whole waves of those three (3 and 4 stages, 64K and 256K context, batch
-# 1-96; 64K x 8 17.1 -> 20.8 us, 256K x 64 245.7 -> 270.6: H100, 2026-11-25, sweep_indexer_logits --stages).
+# heads x D fp8) + 3 stages of a K tile (64 x D) and its scales + the page list (PAGE_SLOTS): 34,560 B at next_n 1
+# and 64 heads. An SM12x SM (100 KB of shared memory, 1 KB reserved per CTA) holds two such CTAs. Two stages would
+# let SM12x hold three; which is faster there is unmeasured (no SM12x GPU here). Hopper: 2 stages (51,200 B with
+# its f16 buffers, below), so the four CTAs the registers allow fit an SM; 3 stages fit three and were 16-46% slower
+# (H100, 2026-11-24), and 4-22% slower still with the grid in whole waves of those three (3 and 4 stages, 64K and
+# 256K context, batch 1-96; 64K x 8 17.1 -> 20.8 us, 256K x 64 245.7 -> 270.6: H100, 2026-11-25,
+# sweep_indexer_logits --stages).
 SCHEDULES = {
     "blackwell_consumer": (64, 3, 128),
     "hopper": (64, 2, 128),
@@ -85,6 +86,16 @@ MIN_BLOCKS = 4
 # errors reached 1.6e-3 on the GPU cases (f16: 3e-7), above LOGITS_TOL; summing each 32- or 64-wide K chunk's WGMMA
 # chain in fp32 was slower (72.5 / 58.7 us) and no better on those cases (1.1e-3 / 2.7e-3). Kept for the sweep.
 FP8_WGMMA: dict[str, bool] = {}
+# Paged: the physical pages of a CTA's first PAGE_SLOTS copies are read from the block table into shared memory
+# once, before the ring starts, so each tile's copies wait on a shared-memory read instead of an L2 round trip
+# between the conversion and the MMA (ncu on an H100, 64K x 64: that load held 17% of the logits' stall samples).
+# Copies past them read the block table as before (a CTA walks 129 tiles at 256K context and 64 tokens), and so do
+# the copies of a CTA with no more tiles than the ring issues before its loop (one token's), which have nothing to
+# wait less for. H100, per layer (bench_indexer.py --no-torch, one call): logits 64K x 64 65.9 -> 63.8 us, 256K x 64
+# 225.7 -> 221.9, 64K x 8 13.4 -> 13.2; the indexer step 70.4 -> 67.9, 245.1 -> 235.8, 22.7 -> 22.3; one token
+# level (-0.1 to 0 us). Reading the list for every CTA instead cost one token up to 0.5 us (256K x 1 step 19.1 ->
+# 19.6); reading it behind the ring's first copies gained less at 64 tokens (64K x 64 step 70.3 -> 68.4).
+PAGE_SLOTS = 256
 # Tiles one CTA walks at most: at large batch the CTAs per row grow past CTAS_PER_SM's share so no CTA walks more
 # than this many (valid or -inf) tiles. Prefill keeps 32. H100, 256K-context width (1,025 tiles), batch 64: 411 us
 # with 9 CTAs per row (114 tiles each), 320 us with 33 (32 each), measured before the grid came in whole waves (9 a
@@ -138,13 +149,15 @@ def min_blocks(rows: int) -> int:
 
 
 def logits_smem_bytes(p: Mapping[str, Any]) -> int:
-    """Pre-nvcc shared memory, in TileLang's allocation order: the q tile (group * heads rows of D, in the
-    operand type), `stages` K tiles of block_n x D fp8, their block_n fp32 row scales, and with an f16 operand the
-    converted K tile (at a 1,024-byte boundary under WGMMA: its swizzled descriptor's alignment). Weights and the
-    accumulator live in registers; the head reduction stays inside a warp (FullRow), so TileLang adds no
-    reduction workspace."""
+    """Pre-nvcc shared memory: the q tile (group * heads rows of D, in the operand type), `stages` K tiles of
+    block_n x D fp8, their block_n fp32 row scales, the paged kernel's page list (PAGE_SLOTS int32), and with an
+    f16 operand the converted K tile (TileLang places it last, at a 1,024-byte boundary under WGMMA: its swizzled
+    descriptor's alignment). Weights and the accumulator live in registers; the head reduction stays inside a warp
+    (FullRow), so TileLang adds no reduction workspace."""
     ob = 1 if p.get("operand", FP8) == FP8 else 2
     used = p["group"] * p["heads"] * p["dim"] * ob + p["stages"] * p["block_n"] * (p["dim"] + SCALE_BYTES)
+    if p.get("page_size"):      # paged decode: the CTA's page list
+        used += PAGE_SLOTS * 4
     if ob == 1:
         return used
     if p.get("wgmma"):
@@ -208,12 +221,19 @@ def build_logits(*, paged: bool, heads: int, dim: int, group: int, block_n: int,
     def scale_at(ks_shared, st, n):
         return ks_shared[st, n // 4, n % 4] if paged else ks_shared[st, n]
 
+    def tile_page(src_b, bg, tile, j):
+        """The physical page of copy j of tile `tile` (clamped to the cache)."""
+        return T.min(page_of(src_b, bg, tile * BN + j * R), num_pages - 1)
+
     @T.macro
-    def issue_tile(k_rows, k_b, src_b, bg, tile, k_shared, ks_shared, st):
-        """cp.async of tile `tile`'s K rows and scales into one stage (groups are committed per copy)."""
+    def issue_tile(k_rows, k_b, src_b, bg, tile, k_shared, ks_shared, st, it=None, pages_s=None):
+        """cp.async of tile `tile` (the CTA's `it`-th) K rows and scales into one stage (groups are committed per
+        copy); paged: its pages from the CTA's page list where given and it holds them, else the block table."""
         for j in T.unroll(NPT):
             if paged:
-                pg = T.min(page_of(src_b, bg, tile * BN + j * R), num_pages - 1)
+                pg = tile_page(src_b, bg, tile, j) if pages_s is None else T.if_then_else(
+                    it * NPT + j < PAGE_SLOTS, pages_s[T.min(it * NPT + j, PAGE_SLOTS - 1)],
+                    tile_page(src_b, bg, tile, j))
                 T.async_copy(k_rows[pg, T.floormod(tile * BN + j * R, P): T.floormod(tile * BN + j * R, P) + R, 0:D],
                              k_shared[st, j * R: j * R + R, 0:D])
                 T.async_copy(k_b[pg, SCALE_ROW + T.floordiv(T.floormod(tile * BN + j * R, P), 4):
@@ -238,6 +258,7 @@ def build_logits(*, paged: bool, heads: int, dim: int, group: int, block_n: int,
             lo_min = T.alloc_local([1], "int32")
             hi_max = T.alloc_local([1], "int32")
             ks_shared = T.alloc_shared([NS, BN // 4, 4] if paged else [NS, BN], acc)
+            pages_s = T.alloc_shared([PAGE_SLOTS], "int32") if paged else None
             # registers capped for several resident CTAs (unbounded, nvcc took 238 at 128 threads: 2 per SM)
             T.annotate_min_blocks_per_sm(min_blocks(G * H))
             if paged:
@@ -291,9 +312,27 @@ def build_logits(*, paged: bool, heads: int, dim: int, group: int, block_n: int,
             # refilled only once tile i is computed, and tiles i + 1 .. i + NS - 1 fly during its math. Converted
             # operands (Hopper): the stage is free as soon as tile i is converted, so it is refilled with tile
             # i + NS before the MMA: NS tiles fly during the math with the same shared memory.
-            for st in T.serial(NS if CONVERT else NS - 1):
-                if st < nv:
-                    issue_tile(k_rows, k_b, src_b, bg, t_lo + bc + st * gx, k_shared, ks_shared, st)
+            AHEAD = NS if CONVERT else NS - 1     # tiles the ring issues before its loop
+            if paged:
+                if nv > AHEAD:
+                    # the page list, before the first copies (which read it too); a CTA whose tiles all fit the
+                    # ring's first issue (one token's: two tiles) reads the block table instead, as it has no wait
+                    # to save
+                    for t in T.Parallel(PAGE_SLOTS):
+                        if t < nv * NPT:
+                            pages_s[t] = tile_page(src_b, bg, t_lo + bc + (t // NPT) * gx, t % NPT)
+                    T.sync_threads()
+                    for st in T.serial(AHEAD):
+                        issue_tile(k_rows, k_b, src_b, bg, t_lo + bc + st * gx, k_shared, ks_shared, st, st,
+                                   pages_s)
+                else:
+                    for st in T.serial(AHEAD):
+                        if st < nv:
+                            issue_tile(k_rows, k_b, src_b, bg, t_lo + bc + st * gx, k_shared, ks_shared, st)
+            else:
+                for st in T.serial(AHEAD):
+                    if st < nv:
+                        issue_tile(k_rows, k_b, src_b, bg, t_lo + bc + st * gx, k_shared, ks_shared, st)
             for i in T.serial(nv):
                 c0 = (t_lo + bc + i * gx) * BN
                 if CONVERT:
@@ -309,7 +348,7 @@ def build_logits(*, paged: bool, heads: int, dim: int, group: int, block_n: int,
                     T.sync_threads()
                     if i + NS < nv:
                         issue_tile(k_rows, k_b, src_b, bg, t_lo + bc + (i + NS) * gx,
-                                   k_shared, ks_shared, T.floormod(i, NS))
+                                   k_shared, ks_shared, T.floormod(i, NS), i + NS, pages_s)
                     T.gemm(k_op, q_shared, s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
                 else:
                     if i + NS - 2 < nv:
@@ -321,7 +360,7 @@ def build_logits(*, paged: bool, heads: int, dim: int, group: int, block_n: int,
                     T.sync_threads()
                     if i + NS - 1 < nv:
                         issue_tile(k_rows, k_b, src_b, bg, t_lo + bc + (i + NS - 1) * gx,
-                                   k_shared, ks_shared, T.floormod(i + NS - 1, NS))
+                                   k_shared, ks_shared, T.floormod(i + NS - 1, NS), i + NS - 1, pages_s)
                     for n in T.Parallel(BN):
                         ks_frag[n] = scale_at(ks_shared, T.floormod(i, NS), n)
                     T.gemm(k_shared[T.floormod(i, NS), :, :], q_shared, s, transpose_B=True, clear_accum=True,
