@@ -50,6 +50,19 @@ __device__ __forceinline__ void dsv4_dequant8(void* dst, const void* src, unsign
   o.w = dsv4_e4m3x2_bf16x2(w.y, 0x3424u, scale);
   *reinterpret_cast<uint4*>(dst) = o;
 }
+__device__ __forceinline__ unsigned long long dsv4_ld8(const void* src) {
+  return *reinterpret_cast<const unsigned long long*>(src);
+}
+__device__ __forceinline__ void dsv4_dequant8_w(void* dst, unsigned long long w64, unsigned e) {
+  unsigned scale = (e << 7) | (e << 23);
+  unsigned lo = (unsigned)w64, hi = (unsigned)(w64 >> 32);
+  uint4 o;
+  o.x = dsv4_e4m3x2_bf16x2(lo, 0x1404u, scale);
+  o.y = dsv4_e4m3x2_bf16x2(lo, 0x3424u, scale);
+  o.z = dsv4_e4m3x2_bf16x2(hi, 0x1404u, scale);
+  o.w = dsv4_e4m3x2_bf16x2(hi, 0x3424u, scale);
+  *reinterpret_cast<uint4*>(dst) = o;
+}
 """
 
 
@@ -237,22 +250,32 @@ def build_decode(heads: int, head_block: int, block_i: int, threads: int, n_spli
 
     NQ8 = NOPE // 8   # 8-byte groups of a row's NoPE bytes
     TPRW = threads // BI if threads % BI == 0 else 0   # dequantizing threads a row (0: the flat walk)
+    NIT = (NQ8 + TPRW - 1) // TPRW if TPRW else 0     # groups a thread dequantizes
+    LD_BATCH = min(NIT, 7) if NIT else 1               # of them loaded before the first store
 
     @T.macro
-    def dequant_stage(nope_s, rope_s, scr_s, st, kv_s):
+    def dequant_stage(nope_s, rope_s, scr_s, st, kv_s, w_loc, e_loc):
         # 8 e4m3 bytes -> 8 bf16 a thread by bit placement and two bf16x2 multiplies (DEQUANT8_SRC); kv_s's
         # swizzle moves 16-byte chunks, so the 8 values of kv_s[j, c0 .. c0 + 7] are one aligned 16-byte store.
         # TPRW threads a row, thread c of it taking the row's groups c, c + TPRW, ...: the row is fixed a thread and
         # each step moves its column by a constant, so the swizzled addresses are a per-thread base plus constants
         # (a flat walk over the tile's groups divided by 56 a group; that address math was most of this step).
         if TPRW:
+            # a thread's groups loaded into registers LD_BATCH at a time before any is stored: kv_s and the stage
+            # are one merged buffer to nvcc, which cannot move a load past a store that may alias it
             r = T.get_thread_binding() // TPRW
             c = T.get_thread_binding() % TPRW
-            for i in T.unroll((NQ8 + TPRW - 1) // TPRW):
-                if NQ8 % TPRW == 0 or c + i * TPRW < NQ8:
-                    T.call_extern("handle", "dsv4_dequant8", T.address_of(kv_s[r, (c + i * TPRW) * 8]),
-                                  T.address_of(nope_s[st, r, (c + i * TPRW) * 8]),
-                                  T.Cast("uint32", scr_s[st, r, (c + i * TPRW) * 8 // GROUP]))
+            for i0 in T.unroll((NIT + LD_BATCH - 1) // LD_BATCH):
+                for i1 in T.unroll(LD_BATCH):
+                    if i0 * LD_BATCH + i1 < NIT and (NQ8 % TPRW == 0 or c + (i0 * LD_BATCH + i1) * TPRW < NQ8):
+                        w_loc[i1] = T.call_extern("uint64", "dsv4_ld8",
+                                                  T.address_of(nope_s[st, r, (c + (i0 * LD_BATCH + i1) * TPRW) * 8]))
+                        e_loc[i1] = T.Cast("uint32", scr_s[st, r, (c + (i0 * LD_BATCH + i1) * TPRW) * 8 // GROUP])
+                for i1 in T.unroll(LD_BATCH):
+                    if i0 * LD_BATCH + i1 < NIT and (NQ8 % TPRW == 0 or c + (i0 * LD_BATCH + i1) * TPRW < NQ8):
+                        T.call_extern("handle", "dsv4_dequant8_w",
+                                      T.address_of(kv_s[r, (c + (i0 * LD_BATCH + i1) * TPRW) * 8]), w_loc[i1],
+                                      e_loc[i1])
         else:
             for i in T.unroll((BI * NQ8 + threads - 1) // threads):
                 k = i * threads + T.get_thread_binding()
@@ -282,6 +305,8 @@ def build_decode(heads: int, head_block: int, block_i: int, threads: int, n_spli
                 nope_s = T.alloc_shared([NST, BI, NOPE], "float8_e4m3fn")
                 rope_s = T.alloc_shared([NST, BI, ROPE], "bfloat16")
                 scr_s = T.alloc_shared([NST, BI, 8], "uint8")
+                w_loc = T.alloc_local([LD_BATCH], "uint64")
+                e_loc = T.alloc_local([LD_BATCH], "uint32")
                 acc_s = T.alloc_fragment([HB, BI], "float32")
                 acc_b = T.alloc_fragment([HB, BI], "float32")
                 acc_c = T.alloc_fragment([HB, BI], "float32")
@@ -329,7 +354,7 @@ def build_decode(heads: int, head_block: int, block_i: int, threads: int, n_spli
                     # tile it's stamps, the first TRACED_TILES tiles only (-1: none)
                     k0 = T.if_then_else(it < TRACED_TILES, 4 + NTS * it, -1)
                     stamp(trace_buf, t, hb, split, k0, 0, 0)
-                    dequant_stage(nope_s, rope_s, scr_s, it % NST, kv_s)
+                    dequant_stage(nope_s, rope_s, scr_s, it % NST, kv_s, w_loc, e_loc)
                     # the same thread reads row tx's validity and then writes the row NST tiles ahead in its place
                     if tx < BI:
                         valid_s[tx] = pg_s[it % NST, tx]
