@@ -40,28 +40,30 @@ __device__ __forceinline__ unsigned dsv4_e4m3x2_bf16x2(unsigned w, unsigned sel,
   unsigned b = (t & 0x80008000u) | ((t >> 4) & 0x07F007F0u);
   return dsv4_bf16x2_mul(dsv4_bf16x2_mul(b, 0x7B807B80u), scale);
 }
-__device__ __forceinline__ void dsv4_dequant8(void* dst, const void* src, unsigned e) {
-  uint2 w = *reinterpret_cast<const uint2*>(src);
-  unsigned scale = (e << 7) | (e << 23);
-  uint4 o;
-  o.x = dsv4_e4m3x2_bf16x2(w.x, 0x1404u, scale);
-  o.y = dsv4_e4m3x2_bf16x2(w.x, 0x3424u, scale);
-  o.z = dsv4_e4m3x2_bf16x2(w.y, 0x1404u, scale);
-  o.w = dsv4_e4m3x2_bf16x2(w.y, 0x3424u, scale);
-  *reinterpret_cast<uint4*>(dst) = o;
+__device__ __forceinline__ unsigned dsv4_ue8m0_bf16x2(unsigned e) {   // 2^(e - 127) in both bf16 halves
+  return (e << 7) | (e << 23);
 }
-__device__ __forceinline__ unsigned long long dsv4_ld8(const void* src) {
-  return *reinterpret_cast<const unsigned long long*>(src);
-}
-__device__ __forceinline__ void dsv4_dequant8_w(void* dst, unsigned long long w64, unsigned e) {
-  unsigned scale = (e << 7) | (e << 23);
-  unsigned lo = (unsigned)w64, hi = (unsigned)(w64 >> 32);
+// the 8 e4m3 bytes of (lo, hi) times scale (dsv4_ue8m0_bf16x2) into one 16-byte store at dst
+__device__ __forceinline__ void dsv4_dequant8_words(void* dst, unsigned lo, unsigned hi, unsigned scale) {
   uint4 o;
   o.x = dsv4_e4m3x2_bf16x2(lo, 0x1404u, scale);
   o.y = dsv4_e4m3x2_bf16x2(lo, 0x3424u, scale);
   o.z = dsv4_e4m3x2_bf16x2(hi, 0x1404u, scale);
   o.w = dsv4_e4m3x2_bf16x2(hi, 0x3424u, scale);
   *reinterpret_cast<uint4*>(dst) = o;
+}
+__device__ __forceinline__ void dsv4_dequant8(void* dst, const void* src, unsigned e) {
+  uint2 w = *reinterpret_cast<const uint2*>(src);
+  unsigned scale = dsv4_ue8m0_bf16x2(e);
+  dsv4_dequant8_words(dst, w.x, w.y, scale);
+}
+// dsv4_dequant8 in two steps, the load and the dequantize of the loaded word: a thread issues all its loads first
+__device__ __forceinline__ unsigned long long dsv4_ld8(const void* src) {
+  return *reinterpret_cast<const unsigned long long*>(src);
+}
+__device__ __forceinline__ void dsv4_dequant8_w(void* dst, unsigned long long w64, unsigned e) {
+  unsigned scale = dsv4_ue8m0_bf16x2(e);
+  dsv4_dequant8_words(dst, (unsigned)w64, (unsigned)(w64 >> 32), scale);
 }
 """
 
@@ -267,15 +269,14 @@ def build_decode(heads: int, head_block: int, block_i: int, threads: int, n_spli
             c = T.get_thread_binding() % TPRW
             for i0 in T.unroll((NIT + LD_BATCH - 1) // LD_BATCH):
                 for i1 in T.unroll(LD_BATCH):
-                    if i0 * LD_BATCH + i1 < NIT and (NQ8 % TPRW == 0 or c + (i0 * LD_BATCH + i1) * TPRW < NQ8):
-                        w_loc[i1] = T.call_extern("uint64", "dsv4_ld8",
-                                                  T.address_of(nope_s[st, r, (c + (i0 * LD_BATCH + i1) * TPRW) * 8]))
-                        e_loc[i1] = T.Cast("uint32", scr_s[st, r, (c + (i0 * LD_BATCH + i1) * TPRW) * 8 // GROUP])
+                    g = c + (i0 * LD_BATCH + i1) * TPRW   # the group, of the row's NQ8
+                    if i0 * LD_BATCH + i1 < NIT and (NQ8 % TPRW == 0 or g < NQ8):
+                        w_loc[i1] = T.call_extern("uint64", "dsv4_ld8", T.address_of(nope_s[st, r, g * 8]))
+                        e_loc[i1] = T.Cast("uint32", scr_s[st, r, g * 8 // GROUP])
                 for i1 in T.unroll(LD_BATCH):
-                    if i0 * LD_BATCH + i1 < NIT and (NQ8 % TPRW == 0 or c + (i0 * LD_BATCH + i1) * TPRW < NQ8):
-                        T.call_extern("handle", "dsv4_dequant8_w",
-                                      T.address_of(kv_s[r, (c + (i0 * LD_BATCH + i1) * TPRW) * 8]), w_loc[i1],
-                                      e_loc[i1])
+                    g = c + (i0 * LD_BATCH + i1) * TPRW
+                    if i0 * LD_BATCH + i1 < NIT and (NQ8 % TPRW == 0 or g < NQ8):
+                        T.call_extern("handle", "dsv4_dequant8_w", T.address_of(kv_s[r, g * 8]), w_loc[i1], e_loc[i1])
         else:
             for i in T.unroll((BI * NQ8 + threads - 1) // threads):
                 k = i * threads + T.get_thread_binding()
