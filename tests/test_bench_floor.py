@@ -254,6 +254,7 @@ def test_moe_tile_sweep_times_the_pick_against_the_pick_without_spread():
     ns = argparse.Namespace(model=list(sweep.MODELS), tp=[1, 2, 4, 8], gemm=["w13", "w2"], tokens=[1, 2, 3, 4, 5],
                             ab=True, ab_wgmma=False, tiles=None, wgmma=None)
     before = (km.SPREAD_TOKENS, dict(km.COLS_BY_ROWS), km.NARROW_COLS)
+    before_stages = km.STAGES
     points = sweep.plan(ns, hopper)
     assert (km.SPREAD_TOKENS, dict(km.COLS_BY_ROWS), km.NARROW_COLS) == before
     got = {(m[12:], tp, g, t): [(tile, v.p["block_n"], v.p["threads"] // 32) for tile, v in picks]
@@ -270,8 +271,15 @@ def test_moe_tile_sweep_times_the_pick_against_the_pick_without_spread():
                             tiles=[(48, 8), (32, 8)], wgmma=None)
     assert [(tile, v.p["block_n"]) for *_, picks in sweep.plan(ns, hopper) for tile, v in picks] == [
         (None, 48), ((32, 8), 32)]
-    with pytest.raises(argparse.ArgumentTypeError, match="expected BNxW"):
-        sweep.parse_tile("48")
+    # a third figure sets the stages a warp (as many as fit and as it walks K blocks): V4-Flash w2 at 8 tokens
+    ns = argparse.Namespace(model=["deepseek-v4-flash"], tp=[1], gemm=["w2"], tokens=[8], ab=False, ab_wgmma=False,
+                            tiles=[sweep.parse_tile("64x4x3"), sweep.parse_tile("64x4x2"), (64, 8, 3)], wgmma=None)
+    assert [(tile, v.p["block_n"], v.p["threads"] // 32, v.p["stages"]) for *_, picks in sweep.plan(ns, hopper)
+            for tile, v in picks] == [(None, 64, 4, 2), ((64, 4, 3), 64, 4, 3), ((64, 8, 3), 64, 8, 2)]
+    assert km.STAGES == before_stages
+    for bad in ("48", "48x8x2x1", "0x4", "ax4"):
+        with pytest.raises(argparse.ArgumentTypeError, match="expected BNxW"):
+            sweep.parse_tile(bad)
 
 
 def test_gemm_swap_ab_times_every_wgmma_ring_pick_against_the_mma_sync_ring():

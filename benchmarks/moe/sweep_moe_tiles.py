@@ -1,7 +1,8 @@
 """Column tiles of the MXFP4 grouped expert GEMM (`fp4_moe_gemm`) at a few tokens, on the GPU: select's pick against
 the pick without the few-token spread rule (--ab: every shape where the two differ), against the mma.sync pick where
 Hopper takes the WGMMA form (--ab-wgmma), or against explicit tiles (--tiles BNxW: block_n weight rows and W warps a
-CTA, 8-row blocks) and the WGMMA form at given ring depths (--wgmma).
+CTA, 8-row blocks; BNxWxS also sets S cp.async stages a warp, as many as fit and as the warp walks K blocks) and the
+WGMMA form at given ring depths (--wgmma).
 
 Time: per layer, 8 layers' calls in one CUDA graph, each layer with its own experts' weights and routing (nothing
 served from L2 across layers), L2 flushed before each replay, as bench_moe.py's per-layer column; the same weights
@@ -38,22 +39,25 @@ WITHOUT_SPREAD = "without spread"   # the tile select picks with the few-token s
 WITHOUT_WGMMA = "without wgmma"     # the mma.sync tile select picks where Hopper takes the WGMMA form
 
 
-def parse_tile(text: str) -> tuple[int, int]:
+def parse_tile(text: str) -> tuple[int, ...]:
+    """BNxW (block_n, warps) or BNxWxS (and cp.async stages a warp)."""
     try:
-        bn, w = (int(v) for v in text.lower().split("x"))
+        tile = tuple(int(v) for v in text.lower().split("x"))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected BNxW, e.g. 48x8") from None
-    return bn, w
+        tile = ()
+    if len(tile) not in (2, 3) or min(tile) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected BNxW or BNxWxS, e.g. 48x8 or 64x4x3")
+    return tile
 
 
 @contextmanager
 def picking(tile):
-    """select (8-row blocks) picks `tile`: None (as shipped), WITHOUT_SPREAD, (block_n, warps) forced, or
+    """select (8-row blocks) picks `tile`: None (as shipped), WITHOUT_SPREAD, (block_n, warps[, stages]) forced, or
     ("wgmma", stages): Hopper's WGMMA form."""
     from dsv4_jit import jit
     from dsv4_jit.kernels.moe import fp4_moe_gemm as km
     names = ("ONE_TOKEN_COLS", "NARROW_COLS", "WIDE_COLS", "LONG_K_WARPS", "SPREAD_TOKENS", "WGMMA_MAX_K_BLOCKS",
-             "moe_params")
+             "STAGES", "moe_params")
     saved = {nm: getattr(km, nm) for nm in names}
     cols, warps = dict(km.COLS_BY_ROWS), dict(km.WARPS_BY_ROWS)
     try:
@@ -69,7 +73,9 @@ def picking(tile):
                 return km.wgmma_params(n, k, tile[1]) if p["block_m"] == km.ROWS[0] else p
             km.moe_params = forced_wgmma
         elif isinstance(tile, tuple):
-            bn, w = tile
+            bn, w = tile[:2]
+            if len(tile) == 3:
+                km.STAGES = tile[2]
             km.WGMMA_MAX_K_BLOCKS = 0
             km.COLS_BY_ROWS[8] = km.ONE_TOKEN_COLS = km.NARROW_COLS = km.WIDE_COLS = bn
             km.WARPS_BY_ROWS[8] = km.LONG_K_WARPS = w
@@ -163,7 +169,7 @@ def time_point(model, tp, gemm, t, picks, arch, rounds: int) -> list[dict]:
     rows_out = []
     for i, (tile, v) in enumerate(picks):
         label = ("pick" if tile is None else tile if isinstance(tile, str)
-                 else f"wgmma {tile[1]} stages" if tile[0] == "wgmma" else f"{tile[0]}x{tile[1]}")
+                 else f"wgmma {tile[1]} stages" if tile[0] == "wgmma" else "x".join(map(str, tile)))
         rows_out.append({"model": model, "tp": tp, "gemm": gemm, "n": n, "k": k, "tokens": t, "tile": label,
                          "block_n": v.p["block_n"], "warps": v.p["threads"] // 32, "stages": v.p["stages"],
                          "per_layer_us": times[i], "max_row_rel_err": errs[i]})
@@ -180,7 +186,7 @@ def main() -> None:
     what.add_argument("--ab", action="store_true", help="the pick against the pick without the spread rule")
     what.add_argument("--ab-wgmma", action="store_true",
                       help="the pick against the mma.sync pick where Hopper takes the WGMMA form")
-    what.add_argument("--tiles", type=parse_tile, nargs="+", help="BNxW tiles timed beside the pick")
+    what.add_argument("--tiles", type=parse_tile, nargs="+", help="BNxW or BNxWxS tiles timed beside the pick")
     what.add_argument("--wgmma", type=int, nargs="+", metavar="STAGES",
                       help="Hopper's WGMMA form (8-row blocks) at these ring depths, beside the pick")
     ap.add_argument("--rounds", type=int, default=3)
