@@ -253,10 +253,11 @@ def test_moe_tile_sweep_times_the_pick_against_the_pick_without_spread():
     hopper = get_profile("sm_90a")
     ns = argparse.Namespace(model=list(sweep.MODELS), tp=[1, 2, 4, 8], gemm=["w13", "w2"], tokens=[1, 2, 3, 4, 5],
                             ab=True, ab_wgmma=False, tiles=None, wgmma=None)
-    before = (km.SPREAD_TOKENS, dict(km.COLS_BY_ROWS), km.NARROW_COLS)
-    before_stages = km.STAGES
+    def constants():
+        return km.SPREAD_TOKENS, dict(km.COLS_BY_ROWS), km.NARROW_COLS, km.STAGES
+    before = constants()
     points = sweep.plan(ns, hopper)
-    assert (km.SPREAD_TOKENS, dict(km.COLS_BY_ROWS), km.NARROW_COLS) == before
+    assert constants() == before
     got = {(m[12:], tp, g, t): [(tile, v.p["block_n"], v.p["threads"] // 32) for tile, v in picks]
            for m, tp, g, t, picks in points}
     assert got[("pro", 8, "w13", 1)] == [(None, 48, 8), (sweep.WITHOUT_SPREAD, 64, 8)]
@@ -276,7 +277,7 @@ def test_moe_tile_sweep_times_the_pick_against_the_pick_without_spread():
                             tiles=[sweep.parse_tile("64x4x3"), sweep.parse_tile("64x4x2"), (64, 8, 3)], wgmma=None)
     assert [(tile, v.p["block_n"], v.p["threads"] // 32, v.p["stages"]) for *_, picks in sweep.plan(ns, hopper)
             for tile, v in picks] == [(None, 64, 4, 2), ((64, 4, 3), 64, 4, 3), ((64, 8, 3), 64, 8, 2)]
-    assert km.STAGES == before_stages
+    assert constants() == before
     for bad in ("48", "48x8x2x1", "0x4", "ax4"):
         with pytest.raises(argparse.ArgumentTypeError, match="expected BNxW"):
             sweep.parse_tile(bad)
