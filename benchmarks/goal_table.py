@@ -285,6 +285,30 @@ def large_m_rows(files: list[dict], fp8_peak: float | None) -> list[dict]:
     return rows
 
 
+MOE_PREFILL_FROM = 2048   # MoE rows from this many tokens are prefill: reported in TFLOP/s, not judged on a floor
+
+
+def moe_prefill_rows(files: list[dict], fp8_peak: float | None, sync_peaks: dict[str, float]) -> list[dict]:
+    """MXFP4 MoE at prefill token counts (both schedules): TFLOP/s over the routed rows, against the fastest measured
+    fp8 rate (cuBLAS) and against mma.sync's rate for the operand the variant multiplies (Hopper's 16+ row blocks:
+    f16; the SM120 schedule: e4m3)."""
+    rows = []
+    for doc in files:
+        if family_of(doc) != "moe":
+            continue
+        for r in doc["rows"]:
+            if r["tokens"] < MOE_PREFILL_FROM:
+                continue
+            tf = r.get("ours_tflops")
+            sync = sync_peaks.get("fp16" if r.get("operand") == "float16" else "fp8")
+            point = f"{doc['model'][12:]} TP{doc['tp']} MoE {r['gemm']} {r['k']}->{r['n']} T{r['tokens']}"
+            rows.append({"family": "moe prefill", "schedule": schedule_of(doc), "point": point,
+                         "ours_us": r.get("ours_us"), "tflops": tf, "operand": r.get("operand"),
+                         "share_of_fp8_peak": tf / fp8_peak if fp8_peak and tf else None,
+                         "share_of_mma_sync_peak": tf / sync if sync and tf else None, "torch_us": r.get("torch_us")})
+    return rows
+
+
 def summary(rows: list[dict]) -> dict[tuple[str, str], dict[str, int]]:
     """(family, schedule) -> verdict -> count."""
     out: dict[tuple[str, str], dict[str, int]] = {}
@@ -372,10 +396,13 @@ def scoreboard(dirs, got: dict | None = None) -> dict:
     rows = judge(floor_doc, files, *both) + block_rows(floor_doc, files, *both)
     gemm_pass = next((p for p in reversed(got["passes"]) if "gemm" in p["families"]), base)
     big = large_m_rows(files, gemm_pass["mma_peak_tflops"].get("fp8"))
+    moe_pass = next((p for p in reversed(got["passes"]) if "moe" in p["families"]), base)
+    prefill = moe_prefill_rows(files, moe_pass["mma_peak_tflops"].get("fp8"),
+                               moe_pass.get("mma_sync_peak_tflops") or {})
     return {"device": base["device"], "date": base["date"], "copy_bandwidth_gbs": base["copy_bandwidth_gbs"],
             "pdl_one_cta_kernel_us": base["pdl_one_cta_kernel_us"], "mma_peak_tflops": base["mma_peak_tflops"],
             "mma_sync_peak_tflops": base.get("mma_sync_peak_tflops", {}),
-            "passes": got["passes"], "rows": rows, "large_m": big,
+            "passes": got["passes"], "rows": rows, "large_m": big, "moe_prefill": prefill,
             "summary": [{"family": f, "schedule": s, **c} for (f, s), c in summary(rows + big).items()]}
 
 
@@ -424,6 +451,9 @@ def main() -> None:
     for r in sb["large_m"]:
         print(f"{'gemm':<9} {r['schedule']:<17} {r['point']:<44} {_f(r['ours_us'], 8, 1)} cuBLAS "
               f"{_f(r['cublas_us'], 8, 1)}  {r['verdict']}")
+    for r in sb["moe_prefill"]:
+        print(f"{'moe':<9} {r['schedule']:<17} {r['point']:<44} {_f(r['ours_us'], 8, 1)} {_f(r['tflops'], 6, 0)} "
+              f"TFLOP/s")
     for s in sb["summary"]:
         print(f"{s['family']} ({s['schedule']}): " + ", ".join(f"{k} {v}" for k, v in sorted(s.items())
                                                               if k not in ("family", "schedule")))

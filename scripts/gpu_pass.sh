@@ -23,7 +23,9 @@
 # changing a family; `results.py FULL_PASS_DIR THIS_DIR` judges them on this call's floors, the rest on the full pass's).
 # Extra steps, for a call of their own (STEPS="container plugin"): container (BUNDLE=path: a bundle built with no GPU,
 # imported and run with compiles forbidden, scripts/container_case.py; CONTAINER_ARGS adds families), plugin (the vLLM
-# plugin on both models), warm_load and host (warm-start and host-overhead benchmarks).
+# plugin on both models), warm_load and host (warm-start and host-overhead benchmarks), prefill (the MoE at prefill
+# token counts, both models and schedules: STEPS="env compile floors bench prefill scoreboard" FAMILIES=moe; the
+# bench list compiles its variants too).
 # The GPU machine needs the toolchain (tilelang, nvcc) and, for the peer columns, .peers (scripts/fetch_peers.sh).
 # $OUT gets gpu_pass.tgz (everything), summary.log and RESULTS.md: the device returns at most 8 files.
 set -uo pipefail
@@ -53,6 +55,7 @@ TJ=${TEST_JOBS:-4}                 # GPU test workers: they take turns on the GP
 B_env=${B_env:-10} B_tests=${B_tests:-540} B_floors=${B_floors:-155} B_bench=${B_bench:-395} B_scoreboard=${B_scoreboard:-10}
 if [ "$PASS" = cases ]; then B_compile=${B_compile:-420}; else B_compile=${B_compile:-200}; fi
 B_container=${B_container:-300} B_plugin=${B_plugin:-200} B_warm_load=${B_warm_load:-60} B_host=${B_host:-60}
+B_prefill=${B_prefill:-135}
 export PYTHONUNBUFFERED=1 DSV4_JIT_CACHE_DIR=${DSV4_JIT_CACHE_DIR:-/tmp/dsv4-jit-cache} DSV4_JIT_BENCH_REP_MS=${DSV4_JIT_BENCH_REP_MS:-50}
 status=0
 t_pass=$SECONDS
@@ -150,6 +153,16 @@ if step bench; then
   done < <(python3 scripts/gpu_pass_variants.py --bench-steps "$P" "${fam_args[@]}")
   beyond
   end bench
+fi
+
+if step prefill; then
+  begin prefill "$B_prefill"
+  wait_compile
+  while read -r log budget cmd; do
+    # shellcheck disable=SC2086  (the command's words: paths and flags, no spaces)
+    run "$log" "$budget" $cmd
+  done < <(python3 scripts/gpu_pass_variants.py --bench-steps "$P" --prefill)
+  end prefill
 fi
 
 if step scoreboard; then

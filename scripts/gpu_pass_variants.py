@@ -13,6 +13,7 @@ the commands `--bench-steps` prints, so the table and the step cannot drift apar
     python scripts/gpu_pass_variants.py --list --json FILE             # and every variant as JSON
     python scripts/gpu_pass_variants.py --pass cases -j 16 [--time-budget 300] [--families attention indexer]
     python scripts/gpu_pass_variants.py --bench-steps DIR [--families F ...]   # the bench commands: "log budget command"
+    python scripts/gpu_pass_variants.py --bench-steps DIR --prefill   # the extra prefill step's commands
     python scripts/gpu_pass_variants.py --beyond --pass cases          # after a pass: what was compiled off the list
 
 Compiles go to the default store (DSV4_JIT_CACHE_DIR); variants already there count as cached.
@@ -47,6 +48,7 @@ class BenchStep:
     kernels: tuple[str, ...] = ()
     fixes: dict = field(default_factory=dict, hash=False)
     quantized_inputs: bool = False  # each fp8 GEMM's bf16 input quantized first (act_quant_fp8 over its K)
+    prefill: bool = False           # gpu_pass.sh's extra `prefill` step runs it, not the bench step
 
     def command(self, out_dir: str) -> list[str]:
         return ["python3", *(a.replace("{out}", out_dir) for a in self.argv)]
@@ -54,6 +56,8 @@ class BenchStep:
 
 BOTH = ("native", "sm_120a")
 GEMM_M = (1, 8, 32, 64, 2048, 8192)      # bench_gemm.py's default --decode and --prefill
+MOE_PREFILL_T = (2048, 8192)             # the MoE's prefill token counts
+MOE_PREFILL = tuple(str(t) for t in MOE_PREFILL_T)
 BENCH_STEPS: tuple[BenchStep, ...] = (
     BenchStep("bench_attention", 40, ("benchmarks/attention/bench_attention.py", "--heads", "64", "16", "--batch", "1",
                                       "8", "64", "--layers", "8", "--out", "{out}/bench_attention.json"),
@@ -85,6 +89,17 @@ BENCH_STEPS: tuple[BenchStep, ...] = (
     BenchStep("bench_moe_sm120", 15, ("benchmarks/moe/bench_moe.py", "--tokens", "1", "8", "64", "--layers", "8",
                                       "--arch", "sm_120a", "--out", "{out}/bench_moe_sm120.json"),
               ("moe",), ((FLASH, 1),), (1, 8, 64), ("sm_120a",), kernels=("fp4_moe_gemm",)),
+    # MoE at prefill token counts, one call a replay (compute-bound: TFLOP/s against the MMA peaks): the extra
+    # `prefill` step (STEPS="... prefill ..."), outside the bench step's budget
+    BenchStep("bench_moe_prefill", 45, ("benchmarks/moe/bench_moe.py", "--tokens", *MOE_PREFILL,
+                                        "--out", "{out}/bench_moe_prefill.json"),
+              ("moe",), ((FLASH, 1),), MOE_PREFILL_T, kernels=("fp4_moe_gemm",), prefill=True),
+    BenchStep("bench_moe_pro_prefill", 45, ("benchmarks/moe/bench_moe.py", "--model", PRO, "--tp", "8", "--tokens",
+                                            *MOE_PREFILL, "--out", "{out}/bench_moe_pro_prefill.json"),
+              ("moe",), ((PRO, 8),), MOE_PREFILL_T, kernels=("fp4_moe_gemm",), prefill=True),
+    BenchStep("bench_moe_sm120_prefill", 45, ("benchmarks/moe/bench_moe.py", "--tokens", *MOE_PREFILL, "--arch",
+                                              "sm_120a", "--out", "{out}/bench_moe_sm120_prefill.json"),
+              ("moe",), ((FLASH, 1),), MOE_PREFILL_T, ("sm_120a",), kernels=("fp4_moe_gemm",), prefill=True),
     # the peers (vLLM's TileLang mHC, tile-kernels) compile their own kernels inside this budget
     BenchStep("bench_mhc", 135, ("benchmarks/mhc/bench_mhc.py", "--tokens", "1", "64", "4096",
                                 "--out", "{out}/bench_mhc.json"),
@@ -252,6 +267,8 @@ def main() -> int:
     ap.add_argument("--time-budget", type=float, default=None, help="start no compile after this many seconds")
     ap.add_argument("--bench-steps", metavar="DIR", default=None,
                     help="print the bench step's commands (log, budget in s, command), writing into DIR; nothing else")
+    ap.add_argument("--prefill", action="store_true",
+                    help="with --bench-steps: the extra prefill step's commands instead (MoE at prefill token counts)")
     ap.add_argument("--beyond", action="store_true",
                     help="after a pass: name the store's entries that are not in the list (what the tests and "
                          "benchmarks compiled for themselves; none when the list is complete); nothing else")
@@ -261,7 +278,7 @@ def main() -> int:
         return report_beyond(args.pass_, args.arch, args.since)
     if args.bench_steps is not None:
         for step in BENCH_STEPS:
-            if not args.families or set(step.families) & set(args.families):
+            if step.prefill == args.prefill and (not args.families or set(step.families) & set(args.families)):
                 print(step.log, step.budget, *step.command(args.bench_steps))
         return 0
     t0 = time.perf_counter()

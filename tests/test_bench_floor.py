@@ -96,6 +96,7 @@ def _pass_files(points) -> dict:
                       fl("moe", "flash TP1 MoE w13 4096->4096 T8", 91.0)]}
     peak = {"device": "H100", "benchmark": "benchmarks/bench_mma_peak.py",
             "rows": [{"mma": "bf16 m16n8k16, fp32 acc", "tflops": 600.0},
+                     {"mma": "fp16 m16n8k16, fp32 acc", "tflops": 620.0},
                      {"mma": "fp8 e4m3 m16n8k32, fp32 acc", "tflops": 450.0},
                      {"mma": "torch._scaled_mm fp8 8192^3 (cuBLAS)", "tflops": 1200.0}]}
     # bench_attention times a ratio-4 layer at its first context only (the list is 512 + 128 at any context)
@@ -113,6 +114,12 @@ def _pass_files(points) -> dict:
     sm120 = {**gemm, "schedule": "sm_120a", "rows": [{**gemm["rows"][0], "ours_per_layer_us": 20.0}]}
     moe = {"arch": "sm_90a", "schedule": "sm_90a", "model": "deepseek-v4-flash", "tp": 1,
            "rows": [{"gemm": "w13", "n": 4096, "k": 4096, "tokens": 8, "ours_per_layer_us": 155.0}]}
+    # the MoE at a prefill token count (one call a replay, no per-layer time): reported in TFLOP/s, not judged
+    moe_prefill = {**moe, "rows": [{"gemm": "w13", "n": 4096, "k": 4096, "tokens": 8192, "ours_us": 1000.0,
+                                    "ours_tflops": 310.0, "operand": "float16", "ours_per_layer_us": None,
+                                    "torch_us": 1500.0}]}
+    moe_prefill_sm120 = {**moe_prefill, "schedule": "sm_120a",
+                         "rows": [{**moe_prefill["rows"][0], "ours_tflops": 225.0, "operand": "float8_e4m3"}]}
     mhc = {"device": "H100", "benchmark": "benchmarks/mhc/bench_mhc.py", "date": "2026-11-26 10:05 UTC",
            "command": "python3 benchmarks/mhc/bench_mhc.py --out bench_out/bench_mhc.json",
            "rows": [{"model": "flash", "T": 1, "pre_graph_us": 6.3}]}
@@ -124,7 +131,8 @@ def _pass_files(points) -> dict:
                        "ours_sm90": {"us": 5.0, "schedule": "sm_90a"}}]}
     return {"bench_floor.json": floor, "mma_peak.json": peak, "bench_attention.json": att, "bench_indexer.json": idx,
             "bench_gemm.json": gemm, "bench_gemm_sm120.json": sm120, "bench_moe.json": moe, "bench_mhc.json": mhc,
-            "bench_attention_block.json": block}
+            "bench_attention_block.json": block, "bench_moe_prefill.json": moe_prefill,
+            "bench_moe_sm120_prefill.json": moe_prefill_sm120}
 
 
 def test_goal_table_judges_each_point_against_the_largest_floor(points, tmp_path):
@@ -159,6 +167,12 @@ def test_goal_table_judges_each_point_against_the_largest_floor(points, tmp_path
     # MoE from 8 tokens: 155 > 1.25 x 91
     assert got[("sm_90a", "flash TP1 MoE w13 4096->4096 T8")]["verdict"] == "short"
     assert got[("sm_90a", "flash TP1 MoE w13 4096->4096 T8")]["goal"] == "<= 1.25x floor"
+    # the MoE at prefill: its TFLOP/s against the fastest fp8 rate and mma.sync's rate for the variant's operand
+    pre = {r["schedule"]: r for r in sb["moe_prefill"]}
+    assert pre["sm_90a"]["point"] == "flash TP1 MoE w13 4096->4096 T8192" and "T8192" not in str(got)
+    assert pre["sm_90a"]["share_of_fp8_peak"] == pytest.approx(310 / 1200)
+    assert pre["sm_90a"]["share_of_mma_sync_peak"] == pytest.approx(310 / 620)               # f16 operands
+    assert pre["sm_120a on sm_90a"]["share_of_mma_sync_peak"] == pytest.approx(225 / 450)    # e4m3 operands
     # large M against cuBLAS, and its share of the fastest measured fp8 rate
     big = sb["large_m"]
     assert [(r["point"], r["verdict"]) for r in big] == [("flash TP1 wq_b M=8192", "met")]
@@ -194,6 +208,9 @@ def test_results_md_names_every_source_and_summarises_each_family_and_schedule(p
     assert "| gemm | sm_120a on sm_90a | 1 passed, worst 2.5e-03 | 2.00-2.00x | 1 short |" in status
     assert "| attention | sm_90a | - | 1.17-1.40x | 2 met |" in status
     assert "| flash TP1 wq_b M=8192 | 500.00 | 520.00 |" in md
+    # the MoE at prefill token counts: its own table (TFLOP/s and the two shares), no verdict
+    assert "MXFP4 MoE at prefill token counts" in md
+    assert "| sm_90a | flash TP1 MoE w13 4096->4096 T8192 | 1,000.00 | 310.00 | 0.26 | 0.50 | 1,500.00 |" in md
     assert "## mhc (`bench_mhc.json`)" in md and "| flash | 1 | 6.30 |" in md
     # the block's rows are scoreboard rows (with their own status line), not an unjudged family's table
     assert "| attention block | sm_90a | - | 1.17-1.17x | 1 met |" in status

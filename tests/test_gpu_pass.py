@@ -94,8 +94,16 @@ def test_bench_steps_name_real_scripts_and_print_as_the_table_says():
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    assert [ln.split()[0] for ln in lines] == [s.log for s in gpv.BENCH_STEPS]
+    assert [ln.split()[0] for ln in lines] == [s.log for s in gpv.BENCH_STEPS if not s.prefill]
     assert all(ln.split()[2] == "python3" and "OUTDIR/" in ln for ln in lines)
+    # the extra prefill step's commands: the MoE at prefill token counts, both models and schedules
+    r = subprocess.run([sys.executable, "scripts/gpu_pass_variants.py", "--bench-steps", "OUTDIR", "--prefill"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    pre = r.stdout.splitlines()
+    assert [ln.split()[0] for ln in pre] == [s.log for s in gpv.BENCH_STEPS if s.prefill] == [
+        "bench_moe_prefill", "bench_moe_pro_prefill", "bench_moe_sm120_prefill"]
+    assert all("--tokens 2048 8192 " in ln and "--layers" not in ln for ln in pre)
 
 
 def test_unknown_family_is_one_line_and_exit_2():
@@ -140,8 +148,14 @@ def test_each_gpu_pass_fits_one_device_call(tmp_path):
     assert "-m gpu" in cmds["tests"][0][1]
     budgets, cmds, _ = _listed(tmp_path, "bench")
     bench = [c for _, c in cmds["bench"] if "--beyond" not in c]
-    assert [c.split()[1] for c in bench] == [s.argv[0] for s in gpv.BENCH_STEPS]
+    assert [c.split()[1] for c in bench] == [s.argv[0] for s in gpv.BENCH_STEPS if not s.prefill]
     assert any("--arch sm_120a" in c for c in bench)                                 # both schedules benchmarked
+    # the extra prefill step: its commands fit its budget, and with the MoE's bench pass it fits one call
+    budgets, cmds, total = _listed(tmp_path, "bench", STEPS="env compile floors bench prefill scoreboard",
+                                   FAMILIES="moe")
+    assert sum(t for t, _ in cmds["prefill"]) <= budgets["prefill"]
+    moe_bench = sum(t for t, c in cmds["bench"])
+    assert budgets["env"] + sum(t for t, _ in cmds["floors"]) + moe_bench + budgets["prefill"] + 10 <= 570
 
 
 def test_a_bench_pass_of_some_families_runs_their_floors_and_benchmarks_only(tmp_path):
