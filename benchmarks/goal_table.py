@@ -394,9 +394,10 @@ def scoreboard(dirs, got: dict | None = None) -> dict:
     files = got["files"]   # judge, block_rows and large_m_rows each take their own families' files
     both = (base["mma_peak_tflops"], base.get("mma_sync_peak_tflops"))
     rows = judge(floor_doc, files, *both) + block_rows(floor_doc, files, *both)
-    gemm_pass = next((p for p in reversed(got["passes"]) if "gemm" in p["families"]), base)
-    big = large_m_rows(files, gemm_pass["mma_peak_tflops"].get("fp8"))
-    moe_pass = next((p for p in reversed(got["passes"]) if "moe" in p["families"]), base)
+    def last_pass_of(family: str) -> dict:   # the latest pass that benchmarked the family: its peaks go with it
+        return next((p for p in reversed(got["passes"]) if family in p["families"]), base)
+    big = large_m_rows(files, last_pass_of("gemm")["mma_peak_tflops"].get("fp8"))
+    moe_pass = last_pass_of("moe")
     prefill = moe_prefill_rows(files, moe_pass["mma_peak_tflops"].get("fp8"),
                                moe_pass.get("mma_sync_peak_tflops") or {})
     return {"device": base["device"], "date": base["date"], "copy_bandwidth_gbs": base["copy_bandwidth_gbs"],

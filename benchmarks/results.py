@@ -119,7 +119,7 @@ def scoreboard_lines(sb: dict) -> list[str]:
         out += _table(["schedule", "point", "ours", "cuBLAS", "TFLOP/s", "share of fp8 peak", "verdict"],
                       [[r["schedule"], r["point"], r["ours_us"], r["cublas_us"], r["tflops"], r["share_of_fp8_peak"],
                         r["verdict"]] for r in sb["large_m"]])
-    if sb.get("moe_prefill"):
+    if sb["moe_prefill"]:
         out += ["", "MXFP4 MoE at prefill token counts (us, one call a graph replay; TFLOP/s over the routed rows; "
                 "reported, not judged on a floor):", ""]
         out += _table(["schedule", "point", "ours", "TFLOP/s", "share of fp8 peak", "share of mma.sync peak",
@@ -160,7 +160,7 @@ def other_gpu_lines(d: Path, families: tuple[str, ...] | None = None) -> list[st
         shown = f" ({', '.join(keep)})"
     sb = {**sb, "rows": [r for r in sb["rows"] if _in_families(r["family"], keep)],
           "large_m": sb["large_m"] if "gemm" in keep else [],
-          "moe_prefill": sb.get("moe_prefill", []) if "moe" in keep else []}
+          "moe_prefill": sb["moe_prefill"] if "moe" in keep else []}
     used = [(n, doc) for n, doc in got["used"] if family_of(doc) is None or _in_families(family_of(doc), keep)]
     out = ["", f"## Scoreboard on {sb['device'] or '?'}{shown}", "", "The same code's bench pass on this GPU, judged "
            "on the floors of its own call:", ""]

@@ -91,6 +91,13 @@ wait_compile() {
   compile_pid=
   echo "   compile ended at $((SECONDS - t_pass)) s"
 }
+# bench_steps ARGS...: run each command gpu_pass_variants.py --bench-steps prints (ARGS: --families ..., --prefill)
+bench_steps() {
+  while read -r log budget cmd; do
+    # shellcheck disable=SC2086  (the command's words: paths and flags, no spaces)
+    run "$log" "$budget" $cmd
+  done < <(python3 scripts/gpu_pass_variants.py --bench-steps "$P" "$@")
+}
 beyond() {
   run beyond_list 15 python3 scripts/gpu_pass_variants.py --beyond --pass "$PASS" --since "$t_start"
   [ "$mode" = list ] || sed 's/^/  /' "$P/beyond_list.log"
@@ -147,10 +154,7 @@ fi
 if step bench; then
   begin bench "$B_bench"
   wait_compile
-  while read -r log budget cmd; do
-    # shellcheck disable=SC2086  (the command's words: paths and flags, no spaces)
-    run "$log" "$budget" $cmd
-  done < <(python3 scripts/gpu_pass_variants.py --bench-steps "$P" "${fam_args[@]}")
+  bench_steps "${fam_args[@]}"
   beyond
   end bench
 fi
@@ -158,10 +162,7 @@ fi
 if step prefill; then
   begin prefill "$B_prefill"
   wait_compile
-  while read -r log budget cmd; do
-    # shellcheck disable=SC2086  (the command's words: paths and flags, no spaces)
-    run "$log" "$budget" $cmd
-  done < <(python3 scripts/gpu_pass_variants.py --bench-steps "$P" --prefill)
+  bench_steps --prefill
   end prefill
 fi
 
