@@ -293,7 +293,8 @@ def test_moe_tile_sweep_times_the_pick_against_the_pick_without_spread():
     ns = argparse.Namespace(model=["deepseek-v4-flash"], tp=[1], gemm=["w2"], tokens=[8], ab=False, ab_wgmma=False,
                             tiles=[sweep.parse_tile("64x4x3"), sweep.parse_tile("64x4x2"), (64, 8, 3)], wgmma=None)
     assert [(tile, v.p["block_n"], v.p["threads"] // 32, v.p["stages"]) for *_, picks in sweep.plan(ns, hopper)
-            for tile, v in picks] == [(None, 64, 4, 2), ((64, 4, 3), 64, 4, 3), ((64, 8, 3), 64, 8, 2)]
+            for tile, v in picks] == [(None, 32, 4, 3), ((64, 4, 3), 64, 4, 3), ((64, 4, 2), 64, 4, 2),
+                                      ((64, 8, 3), 64, 8, 2)]
     assert constants() == before
     for bad in ("48", "48x8x2x1", "0x4", "ax4"):
         with pytest.raises(argparse.ArgumentTypeError, match="expected BNxW"):

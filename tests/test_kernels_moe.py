@@ -262,7 +262,7 @@ def test_stages_never_exceed_the_k_blocks():
              for k in (2048, 4096, 7168) for t in (1, 8, 9)}
     assert warps == {(2048, 1): 4, (2048, 8): 4, (2048, 9): 4, (4096, 1): 4, (4096, 8): 4, (4096, 9): 4,
                      (7168, 1): 8, (7168, 8): 8, (7168, 9): 4}
-    assert [spec.select(hopper, {"n": 768, "k": 7168}, t).p["threads"] // 32 for t in (1, 2, 8)] == [8, 4, 4]
+    assert [spec.select(hopper, {"n": 768, "k": 7168}, t).p["threads"] // 32 for t in (1, 2, 8, 9)] == [8, 4, 8, 4]
     assert spec.select(hopper, {"n": 768, "k": 7168}, 1).p["stages"] == 2
     assert kmod.moe_smem_bytes(spec.select(hopper, {"n": 768, "k": 7168}, 1).p) == 78_880   # 48 columns
     assert spec.select(SM120, {"n": 768, "k": 7168}, 1).p["threads"] == 128
@@ -394,6 +394,14 @@ def test_rings_and_wide_tiles_follow_the_token_count():
     assert kmod.moe_smem_bytes(p64) == 58_144 and ctas_by_smem(hopper, 58_144) == 3
     for arch in ("sm_120a", "sm_121a"):
         assert {pick(get_profile(arch), 4096, 4096, t)[2] for t in (1, 4, 64, 128, 256)} == {2}
+    # Hopper, w2 at TP 1 (V4-Flash K = 2,048, V4-Pro 3,072: 16 / 24 K blocks) from 5 to 16 tokens: 32 columns x 3
+    # stages; TP 2 (8 / 12 K blocks) and SM12x keep 64 x 2
+    for n, k in ((4096, 2048), (7168, 3072)):
+        assert [pick(hopper, n, k, t) for t in (4, 5, 8, 16, 17)] == [
+            (64, 4, 2), (32, 4, 3), (32, 4, 3), (32, 4, 3), (64, 4, 2)]
+    for n, k in ((4096, 1024), (7168, 1536)):
+        assert {pick(hopper, n, k, t) for t in (5, 8, 16)} == {(64, 4, 2)}
+    assert {pick(SM120, 4096, 2048, t) for t in (5, 8, 16)} == {(64, 4, 2)}
     # 128 weight rows a CTA where a warp walks one K block (w2 at TP 8, K = 384 / 256) from 32 to 256 tokens, 32 at
     # one token
     for arch in (SM120,):   # Hopper: the WGMMA form (test_hopper_takes_the_wgmma_form_for_short_k_walks)
@@ -402,12 +410,14 @@ def test_rings_and_wide_tiles_follow_the_token_count():
         assert pick(arch, 4096, 256, 64) == (128, 2, 1)
         assert pick(arch, 4096, 2048, 64)[0] == 64          # 16 K blocks: not a short walk
         assert spec.smem_bytes(spec.select(arch, {"n": 7168, "k": 384}, 64)) <= 101_376
-    # Hopper, a long K walk over a narrow N (V4-Pro w1+w3 at TP 4 / 8): 32 columns x 4 warps from 2 to 16 tokens (but
-    # where the few-token spread takes 48: test_few_token_tiles_spread_the_grid_over_the_sms), 8 warps x 48 / 96
-    # columns at one token, 64 columns again from 17; wider N (TP 1 / 2) and SM12x keep 64 columns from two tokens
+    # Hopper, a long K walk over a narrow N (V4-Pro w1+w3 at TP 4 / 8): 32 columns from 2 to 16 tokens, 4 warps but 8
+    # from 5 to 8 tokens (and where the few-token spread takes 48: test_few_token_tiles_spread_the_grid_over_the_sms),
+    # 8 warps x 48 / 96 columns at one token, 64 columns again from 17; wider N (TP 1 / 2) and SM12x keep 64 columns
+    # from two tokens
     for n, one, two, four in ((768, 48, 32, 48), (1536, 96, 48, 32)):
-        assert [pick(hopper, n, 7168, t) for t in (1, 2, 3, 4, 8, 16, 17, 64)] == [
-            (one, 8, 2), (two, 4, 2), (32, 4, 2), (four, 4, 2), (32, 4, 2), (32, 4, 2), (64, 4, 2), (64, 4, 2)]
+        assert [pick(hopper, n, 7168, t) for t in (1, 2, 3, 4, 5, 8, 9, 16, 17, 64)] == [
+            (one, 8, 2), (two, 4, 2), (32, 4, 2), (four, 4, 2), (32, 8, 2), (32, 8, 2), (32, 4, 2), (32, 4, 2),
+            (64, 4, 2), (64, 4, 2)]
     assert [pick(hopper, 3072, 7168, t)[0] for t in (2, 8, 16)] == [96, 64, 64]   # 2 tokens: the spread
     assert {pick(SM120, 768, 7168, t)[:2] for t in (1, 2, 8, 16)} == {(64, 4)}
     assert pick(hopper, 768, 4096, 8) == (64, 4, 2)                  # K = 4,096: 32 K blocks, not a long walk
@@ -433,7 +443,7 @@ def test_few_token_tiles_spread_the_grid_over_the_sms():
     # 2-4 tokens: V4-Flash TP 8 / 4, V4-Pro TP 8 / 4 (their 32-column narrow tiles the usual ones there)
     assert [pick(hopper, 512, 4096, t) for t in (2, 3, 4, 5)] == [(64, 8), (32, 4), (32, 4), (64, 4)]
     assert [pick(hopper, 1024, 4096, t) for t in (2, 3, 4)] == [(32, 4), (32, 4), (64, 4)]
-    assert [pick(hopper, 768, 7168, t) for t in (2, 3, 4, 5)] == [(32, 4), (32, 4), (48, 4), (32, 4)]
+    assert [pick(hopper, 768, 7168, t) for t in (2, 3, 4, 5)] == [(32, 4), (32, 4), (48, 4), (32, 8)]
     assert [pick(hopper, 1536, 7168, t) for t in (2, 3, 4)] == [(48, 4), (32, 4), (32, 4)]
     # past the cap (6+ CTAs an SM with the usual tile) nothing changes: V4-Pro's w2 (N = 7,168), TP 1 at 3-4 tokens
     assert [pick(hopper, 7168, k) for k in (3072, 1536, 768)] == [(64, 4)] * 3

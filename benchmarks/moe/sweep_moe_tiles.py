@@ -57,7 +57,7 @@ def picking(tile):
     from dsv4_jit import jit
     from dsv4_jit.kernels.moe import fp4_moe_gemm as km
     names = ("ONE_TOKEN_COLS", "NARROW_COLS", "WIDE_COLS", "LONG_K_WARPS", "SPREAD_TOKENS", "WGMMA_MAX_K_BLOCKS",
-             "STAGES", "moe_params")
+             "STAGES", "MID_TOKENS", "moe_params")
     saved = {nm: getattr(km, nm) for nm in names}
     cols, warps = dict(km.COLS_BY_ROWS), dict(km.WARPS_BY_ROWS)
     try:
@@ -65,6 +65,8 @@ def picking(tile):
             km.WGMMA_MAX_K_BLOCKS = 0
         elif tile is not None:
             km.SPREAD_TOKENS = 0
+        if isinstance(tile, tuple):   # a forced tile is the tile: no rule of moe_params's widens or deepens it
+            km.MID_TOKENS = (0, -1)
         if isinstance(tile, tuple) and tile[0] == km.WGMMA:
             params = saved["moe_params"]
 

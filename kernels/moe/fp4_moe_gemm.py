@@ -161,10 +161,23 @@ SHORT_K_BLOCKS = 4
 # 64 columns (8 warps up to 8 tokens): N = 768 at 2 tokens 24.6 -> 19.3 us, 8: 59.0 -> 57.5, 16: 103.7 -> 100.3;
 # N = 1,536 at 2: 35.1 -> 33.6, 8: 103.7 -> 102.1, 16: 192.8 -> 189.0. Wider N gained at 2 tokens only (N = 3,072
 # 61.3 -> 57.5) and lost at 16 (368.9 -> 376.3; N = 6,144: 712.3 -> 733.4). One token keeps 8 warps x 64 columns
-# (12.8 against 13.3 us with 32 columns at N = 768).
+# (12.8 against 13.3 us with 32 columns at N = 768). From NARROW_WARPS_FROM up to FEW_TOKENS tokens they take 8 warps
+# (H100, V4-Pro w1+w3, against 4: TP 8 at 5 / 8 tokens 41.1 -> 37.2 / 57.4 -> 54.1 us, TP 4 66.1 -> 66.0 / 100.3
+# -> 98.6).
 NARROW_COLS = 32
 NARROW_TOKENS = (2, 16)
 NARROW_MAX_N = 1536
+NARROW_WARPS_FROM = 5
+
+
+# Mid K walks (MID_K_BLOCKS K blocks, inclusive: w2 at TP 1) at MID_TOKENS tokens on Hopper: MID_COLS weight rows a CTA
+# with MID_STAGES cp.async stages a warp. H100, per layer, against 64 x 4 warps x 2 stages (sweep_moe_tiles.py, 3
+# rounds): V4-Flash w2 TP 1 at 8 / 16 tokens 74.3 -> 71.9 / 128.6 -> 125.9 us, V4-Pro 197.1 -> 190.3 / 369.7 ->
+# 356.5; at TP 2 V4-Flash (8 K blocks) was slower (41.7 -> 43.7 / 69.0 -> 74.7) and V4-Pro (12) level.
+MID_COLS = 32
+MID_STAGES = 3
+MID_TOKENS = (5, 16)
+MID_K_BLOCKS = (16, 24)
 
 
 # One token, short K walks (at most SHORT_K_BLOCKS K blocks, one warp each: w2 at TP 4 / 8): ONE_TOKEN_COLS weight rows a
@@ -318,14 +331,18 @@ def moe_params(arch: ArchProfile, n: int, k: int, num_tokens: int) -> dict:
     narrow = long_k and bm == ROWS[0] and NARROW_TOKENS[0] <= num_tokens <= NARROW_TOKENS[1] and n <= NARROW_MAX_N
     if narrow:
         bn = NARROW_COLS
-    warps = cta_warps(k, bm, long_k and num_tokens <= FEW_TOKENS and not narrow)
+    warps = cta_warps(k, bm, long_k and num_tokens <= FEW_TOKENS and (not narrow or num_tokens >= NARROW_WARPS_FROM))
+    stage_cap = STAGES
+    if (bm == ROWS[0] and arch.family == "hopper" and MID_TOKENS[0] <= num_tokens <= MID_TOKENS[1]
+            and MID_K_BLOCKS[0] <= kb <= MID_K_BLOCKS[1] and n % MID_COLS == 0):
+        bn, stage_cap = MID_COLS, MID_STAGES
     if (bm == ROWS[0] and num_tokens <= SPREAD_TOKENS and kb > SHORT_K_BLOCKS and arch.family == "hopper"
             and busiest_rows(n, bn, num_tokens, arch.num_sms_hint) <= SPREAD_MAX_PER_SM * bn):
         bn = spread_cols(n, bn, num_tokens, arch.num_sms_hint)
         if TOPK_EXPERTS * num_tokens * n // bn <= arch.num_sms_hint:   # a CTA an SM at most
             warps = max(warps, min(SPREAD_WARPS, kb))
     # never more stages than K blocks a warp walks, nor than fit the budget (64 rows at K = 7168 on SM12x: one)
-    stages = max(1, min(STAGES, -(-kb // warps)))
+    stages = max(1, min(stage_cap, -(-kb // warps)))
     while stages > 1 and moe_smem_bytes_for(k, stages, bm, bn, warps) > arch.max_smem_per_block:
         stages -= 1
     if bm == ROWS[0] and kb <= WGMMA_MAX_K_BLOCKS and arch.family == "hopper" and n % WGMMA_COLS == 0:
