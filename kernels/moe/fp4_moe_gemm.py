@@ -162,8 +162,8 @@ SHORT_K_BLOCKS = 4
 # N = 1,536 at 2: 35.1 -> 33.6, 8: 103.7 -> 102.1, 16: 192.8 -> 189.0. Wider N gained at 2 tokens only (N = 3,072
 # 61.3 -> 57.5) and lost at 16 (368.9 -> 376.3; N = 6,144: 712.3 -> 733.4). One token keeps 8 warps x 64 columns
 # (12.8 against 13.3 us with 32 columns at N = 768). From NARROW_WARPS_FROM up to FEW_TOKENS tokens they take 8 warps
-# (H100, V4-Pro w1+w3, against 4: TP 8 at 5 / 8 tokens 41.1 -> 37.2 / 57.4 -> 54.1 us, TP 4 66.1 -> 66.0 / 100.3
-# -> 98.6).
+# (H100, V4-Pro w1+w3, against 4: TP 8 at 5 / 8 tokens 41.1 -> 37.2 / 57.4 -> 54.2 us; TP 4 level at 5 (66.3),
+# 100.6 -> 98.8 at 8).
 NARROW_COLS = 32
 NARROW_TOKENS = (2, 16)
 NARROW_MAX_N = 1536
@@ -172,8 +172,8 @@ NARROW_WARPS_FROM = 5
 
 # Mid K walks (MID_K_BLOCKS K blocks, inclusive: w2 at TP 1) at MID_TOKENS tokens on Hopper: MID_COLS weight rows a CTA
 # with MID_STAGES cp.async stages a warp. H100, per layer, against 64 x 4 warps x 2 stages (sweep_moe_tiles.py, 3
-# rounds): V4-Flash w2 TP 1 at 8 / 16 tokens 74.3 -> 71.9 / 128.6 -> 125.9 us, V4-Pro 197.1 -> 190.3 / 369.7 ->
-# 356.5; at TP 2 V4-Flash (8 K blocks) was slower (41.7 -> 43.7 / 69.0 -> 74.7) and V4-Pro (12) level.
+# rounds): V4-Flash w2 TP 1 at 8 / 16 tokens 74.4 -> 72.2 / 128.8 -> 126.0 us, V4-Pro 197.2 -> 190.5 / 369.8 ->
+# 356.6; at TP 2 V4-Flash (8 K blocks) was slower (41.7 -> 43.7 / 69.0 -> 74.8) and V4-Pro (12) level.
 MID_COLS = 32
 MID_STAGES = 3
 MID_TOKENS = (5, 16)
