@@ -296,6 +296,13 @@ def test_moe_tile_sweep_times_the_pick_against_the_pick_without_spread():
             for tile, v in picks] == [(None, 32, 4, 3), ((64, 4, 3), 64, 4, 3), ((64, 4, 2), 64, 4, 2),
                                       ((64, 8, 3), 64, 8, 2)]
     assert constants() == before
+    # a forced tile holds at every row block: prefill token counts run 64-row blocks
+    ns = argparse.Namespace(model=["deepseek-v4-flash"], tp=[1], gemm=["w13"], tokens=[8192], ab=False,
+                            ab_wgmma=False, tiles=[(32, 8), (32, 4, 3)], wgmma=None)
+    assert [(tile, v.p["block_m"], v.p["block_n"], v.p["threads"] // 32, v.p["stages"])
+            for *_, picks in sweep.plan(ns, hopper) for tile, v in picks] == [
+        (None, 64, 32, 4, 2), ((32, 8), 64, 32, 8, 2), ((32, 4, 3), 64, 32, 4, 3)]
+    assert km.COLS_BY_ROWS == {8: 64, 16: 64, 32: 64, 64: 32} and km.WARPS_BY_ROWS[64] == 4
     for bad in ("48", "48x8x2x1", "0x4", "ax4"):
         with pytest.raises(argparse.ArgumentTypeError, match="expected BNxW"):
             sweep.parse_tile(bad)

@@ -1,7 +1,7 @@
 """Column tiles of the MXFP4 grouped expert GEMM (`fp4_moe_gemm`) at a few tokens, on the GPU: select's pick against
 the pick without the few-token spread rule (--ab: every shape where the two differ), against the mma.sync pick where
 Hopper takes the WGMMA form (--ab-wgmma), or against explicit tiles (--tiles BNxW: block_n weight rows and W warps a
-CTA, 8-row blocks; BNxWxS also sets S cp.async stages a warp, as many as fit and as the warp walks K blocks) and the
+CTA, at whatever row block the token count takes; BNxWxS also sets S cp.async stages a warp, as many as fit and as the warp walks K blocks) and the
 WGMMA form at given ring depths (--wgmma).
 
 Time: per layer, 8 layers' calls in one CUDA graph, each layer with its own experts' weights and routing (nothing
@@ -79,8 +79,11 @@ def picking(tile):
             if len(tile) == 3:
                 km.STAGES = tile[2]
             km.WGMMA_MAX_K_BLOCKS = 0
-            km.COLS_BY_ROWS[8] = km.ONE_TOKEN_COLS = km.NARROW_COLS = km.WIDE_COLS = bn
-            km.WARPS_BY_ROWS[8] = km.LONG_K_WARPS = w
+            km.ONE_TOKEN_COLS = km.NARROW_COLS = km.WIDE_COLS = bn
+            km.LONG_K_WARPS = w
+            for rows in km.COLS_BY_ROWS:   # every row block's tile: the prefill token counts' 16-128 rows too
+                km.COLS_BY_ROWS[rows] = bn
+                km.WARPS_BY_ROWS[rows] = w
         jit._SELECT_MEMO.clear()   # select reads the constants: drop the memoised variants
         yield
     finally:
