@@ -49,29 +49,29 @@ K0 = [1, 2, 4] + list(range(8, 256, 8)) + list(range(256, 513, 16))           # 
 K3_V1 = [4] + list(range(8, 256, 8)) + list(range(256, 513, 16))               # 49: rounded to 4s
 
 MTP2 = "--speculative-config '{\"method\":\"mtp\",\"num_speculative_tokens\":2}'"
-ISSUE_8 = f"--max-num-seqs 48 --max-num-batched-tokens 100 {MTP2}"
-# Hand-derived from vLLM 0.33.0 for ISSUE_8 (q = 3, V2 runner, FULL_AND_PIECEWISE):
+FEW_TOKENS_MTP2 = f"--max-num-seqs 48 --max-num-batched-tokens 100 {MTP2}"
+# Hand-derived from vLLM 0.33.0 for FEW_TOKENS_MTP2 (q = 3, V2 runner, FULL_AND_PIECEWISE):
 #  _set_cudagraph_sizes: ceiling min(48*3*2, 512) = 288, clamped to 100 -> grid 1,2,4,8..96, plus 100
 #  (max_num_batched_tokens) and the decode sizes 3 x {1,2,4,8,16,24,32} <= 100 -> 19 config sizes;
 #  _init_candidates: mixed graphs at all 19, FULL decode graphs at round_up(s, 3) <= min(144, 100).
-ISSUE_8_CONFIG = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 100]
-ISSUE_8_DECODE = [3, 6, 9, 12, 18, 24, 33, 42, 48, 57, 66, 72, 81, 90, 96]
-ISSUE_8_SIZES = [1, 2, 3, 4, 6, 8, 9, 12, 16, 18, 24, 32, 33, 40, 42, 48, 56, 57, 64, 66, 72, 80, 81, 88, 90,
+FEW_TOKENS_MTP2_CONFIG = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 100]
+FEW_TOKENS_MTP2_DECODE = [3, 6, 9, 12, 18, 24, 33, 42, 48, 57, 66, 72, 81, 90, 96]
+FEW_TOKENS_MTP2_SIZES = [1, 2, 3, 4, 6, 8, 9, 12, 16, 18, 24, 32, 33, 40, 42, 48, 56, 57, 64, 66, 72, 80, 81, 88, 90,
                  96, 100]
 
 
 def test_reference_agrees_with_hand_derivation():
-    assert ref_vllm(48, 100, k=2) == ISSUE_8_SIZES == sorted(set(ISSUE_8_CONFIG) | set(ISSUE_8_DECODE))
-    assert ref_vllm(48, 100, k=2, v2=False) == ISSUE_8_DECODE
+    assert ref_vllm(48, 100, k=2) == FEW_TOKENS_MTP2_SIZES == sorted(set(FEW_TOKENS_MTP2_CONFIG) | set(FEW_TOKENS_MTP2_DECODE))
+    assert ref_vllm(48, 100, k=2, v2=False) == FEW_TOKENS_MTP2_DECODE
     assert ref_vllm() == K0 and ref_vllm(k=3, v2=False) == K3_V1
 
 
-# ---- issue #8: every config vLLM accepts is planned, odd ones with a note ------------------------
+# ---- every config vLLM accepts is planned, odd ones with a note ----------------------------------
 
-def test_issue_8_mtp_batched_tokens_below_seqs_times_q_is_accepted():
-    s = parse_engine_args("vllm", ISSUE_8)
-    assert list(s.capture_sizes) == ISSUE_8_SIZES and len(ISSUE_8_SIZES) == 27
-    assert s.settings["config_capture_sizes"] == ISSUE_8_CONFIG
+def test_mtp_batched_tokens_below_seqs_times_q_is_accepted():
+    s = parse_engine_args("vllm", FEW_TOKENS_MTP2)
+    assert list(s.capture_sizes) == FEW_TOKENS_MTP2_SIZES and len(FEW_TOKENS_MTP2_SIZES) == 27
+    assert s.settings["config_capture_sizes"] == FEW_TOKENS_MTP2_CONFIG
     assert s.settings["model_runner"] == "v2" and s.settings["cudagraph_mode"] == "FULL_AND_PIECEWISE"
     assert s.max_num_tokens == 100 and list(s.token_counts()) == list(range(1, 101))
     assert s.spec_tokens == 2 and s.tokens_per_seq == 3
@@ -81,9 +81,9 @@ def test_issue_8_mtp_batched_tokens_below_seqs_times_q_is_accepted():
     assert same.capture_sizes == s.capture_sizes
 
 
-def test_issue_8_cli_prints_the_note():
+def test_cli_prints_the_note_for_batched_tokens_below_seqs_times_q():
     r = subprocess.run([sys.executable, "-m", "dsv4_jit", "plan", "--model", "deepseek-v4-flash", "--arch", "sm_90a",
-                        "--vllm-args", ISSUE_8], capture_output=True, text=True, timeout=300)
+                        "--vllm-args", FEW_TOKENS_MTP2], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     out = r.stdout + r.stderr
     assert "27 capture sizes 1..100" in out and "note: --max-num-batched-tokens=100 < --max-num-seqs=48" in out
@@ -96,12 +96,12 @@ def test_issue_8_cli_prints_the_note():
     # MTP K=1/K=3 at defaults: the decode sizes 2n / 4n all lie on the grid, and V2 keeps size 1 (mixed)
     ("-tp 8 --speculative-config '{\"method\":\"mtp\",\"num_speculative_tokens\":1}'", K0, 8192),
     ("--speculative-config '{\"method\":\"deepseek_mtp\",\"num_speculative_tokens\":3}'", K0, 8192),
-    # the issue, and the same under the V1 model runner (sizes rounded to multiples of 3)
-    (ISSUE_8, ISSUE_8_SIZES, 100),
-    (f"VLLM_USE_V2_MODEL_RUNNER=0 vllm serve m {ISSUE_8}", ISSUE_8_DECODE, 100),
-    (f"{ISSUE_8} -cc.cudagraph_mode=FULL_DECODE_ONLY", ISSUE_8_DECODE, 100),
-    (f"{ISSUE_8} -cc.cudagraph_mode=PIECEWISE", ISSUE_8_CONFIG, 100),
-    (f"{ISSUE_8} -cc.cudagraph_mode=FULL", ISSUE_8_CONFIG, 100),
+    # the config, and the same under the V1 model runner (sizes rounded to multiples of 3)
+    (FEW_TOKENS_MTP2, FEW_TOKENS_MTP2_SIZES, 100),
+    (f"VLLM_USE_V2_MODEL_RUNNER=0 vllm serve m {FEW_TOKENS_MTP2}", FEW_TOKENS_MTP2_DECODE, 100),
+    (f"{FEW_TOKENS_MTP2} -cc.cudagraph_mode=FULL_DECODE_ONLY", FEW_TOKENS_MTP2_DECODE, 100),
+    (f"{FEW_TOKENS_MTP2} -cc.cudagraph_mode=PIECEWISE", FEW_TOKENS_MTP2_CONFIG, 100),
+    (f"{FEW_TOKENS_MTP2} -cc.cudagraph_mode=FULL", FEW_TOKENS_MTP2_CONFIG, 100),
     # 100 seqs, K=0: ceiling 200, and max_num_seqs=100 itself is captured off the 8-grid
     ("--max-num-seqs 100", [1, 2, 4] + list(range(8, 97, 8)) + [100] + list(range(104, 201, 8)), 8192),
     # -O1 (PIECEWISE), MTP K=1, 48 seqs, 100 tokens: decode sizes 2n are on the grid, 100 appended
@@ -253,7 +253,7 @@ def test_vllm_no_cuda_graphs():
 @pytest.mark.parametrize("flags,match", [
     ("--max-num-seqs 300 --max-num-batched-tokens 256", "--max-num-batched-tokens=256 is smaller than --max-num-seqs"),
     (f"--max-num-seqs 2 --max-num-batched-tokens 2 {MTP2}", "no slot for a scheduled token"),
-    (f"--enable-lora {ISSUE_8}", "--enable-lora with speculative decoding: vLLM refuses --max-num-batched-tokens=100"),
+    (f"--enable-lora {FEW_TOKENS_MTP2}", "--enable-lora with speculative decoding: vLLM refuses --max-num-batched-tokens=100"),
     ("--disable-chunked-prefill --max-model-len 4096 --max-num-batched-tokens 2048 --max-num-seqs 64",
      "--max-num-batched-tokens=2048 is smaller than --max-model-len=4096"),
     ("--speculative-config '{\"num_speculative_tokens\": 1}'", "needs a draft \"model\""),
@@ -544,16 +544,16 @@ def test_vllm_config_object():
         shapes_from_config(fake_vllm_config(scheduler_config__max_num_seqs=0))
 
 
-def test_vllm_config_object_issue_8_as_vllm_resolves_it():
+def test_vllm_config_object_with_few_batched_tokens_as_vllm_resolves_it():
     # A VllmConfig after __post_init__: sizes and ceiling written back, eager -> NONE with [] / 0.
     live = dict(scheduler_config__max_num_seqs=48, scheduler_config__max_num_batched_tokens=100,
                 speculative_config__num_speculative_tokens=2,
-                compilation_config__cudagraph_capture_sizes=ISSUE_8_CONFIG,
+                compilation_config__cudagraph_capture_sizes=FEW_TOKENS_MTP2_CONFIG,
                 compilation_config__max_cudagraph_capture_size=100)
-    assert list(shapes_from_config(fake_vllm_config(**live)).capture_sizes) == ISSUE_8_SIZES
+    assert list(shapes_from_config(fake_vllm_config(**live)).capture_sizes) == FEW_TOKENS_MTP2_SIZES
     cfg = fake_vllm_config(**live)
     cfg.use_v2_model_runner = False                  # the VllmConfig property, read as is
-    assert list(shapes_from_config(cfg).capture_sizes) == ISSUE_8_DECODE
+    assert list(shapes_from_config(cfg).capture_sizes) == FEW_TOKENS_MTP2_DECODE
     s = shapes_from_config(fake_vllm_config(**{**live, "compilation_config__cudagraph_capture_sizes": [],
                                                "compilation_config__max_cudagraph_capture_size": 0,
                                                "compilation_config__cudagraph_mode": CUDAGraphMode.NONE}))

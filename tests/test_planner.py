@@ -96,7 +96,7 @@ def test_intervals():
 
 
 @pytest.mark.parametrize("flags", ["", "--speculative-config '{\"method\": \"mtp\", \"num_speculative_tokens\": 1}'",
-                                   # issue #8: 2 MTP tokens, fewer batched tokens than 48 full decode steps
+                                   # 2 MTP tokens, fewer batched tokens than 48 full decode steps
                                    "--max-num-seqs 48 --max-num-batched-tokens 100 "
                                    "--speculative-config '{\"method\":\"mtp\",\"num_speculative_tokens\":2}'",
                                    "--max-num-seqs 64 --max-num-batched-tokens 6000",
