@@ -30,7 +30,7 @@ from dsv4_jit.kernels.attention import reference
 from dsv4_jit.kernels.attention.family import TOLERANCE
 from dsv4_jit.model_config import load_model_config
 
-FP8_MAX = 448.0
+FP8_MAX = reference.FP8_MAX
 FORMS = {"bf16": 0, "e4m3": 1, "e4m3 x2": 2}
 # (Q form, P form): the rows of the table
 PAIRS = (("bf16", "bf16"), ("e4m3", "bf16"), ("e4m3 x2", "bf16"), ("bf16", "e4m3"), ("bf16", "e4m3 x2"),
@@ -50,18 +50,6 @@ def as_e4m3(x: torch.Tensor, dim: int, terms: int) -> torch.Tensor:
         term = rest.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).float()
         got, rest = got + term, rest - term
     return got * scale
-
-
-def cache_parts(cache: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Every slot's NoPE e4m3 values [slots, 7, 64], their scales [slots, 7] and RoPE [slots, 64] (float32)."""
-    rows = reference.unpack_fp8_ds_mla(cache, block_size)
-    p = cache.shape[0]
-    flat = cache.reshape(p, -1)
-    data = flat[:, :block_size * reference.TOKEN_BYTES].reshape(p * block_size, reference.TOKEN_BYTES)
-    nope = data[:, :reference.NOPE].contiguous().view(torch.float8_e4m3fn).float()
-    sc = flat[:, block_size * reference.TOKEN_BYTES: block_size * (reference.TOKEN_BYTES + reference.SCALE_BYTES)]
-    e = sc.reshape(p * block_size, reference.SCALE_BYTES)[:, :reference.NOPE // reference.GROUP].float()
-    return nope.reshape(-1, 7, 64), torch.exp2(e - 127), rows[:, reference.NOPE:]
 
 
 def candidates(inp: dict, t: int, parts: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -118,9 +106,9 @@ def measure(model: str, tokens: int, tile: int, seed: int) -> list[dict]:
         label = f"{ctx // 1024}K"
         case = cases[f"sparse_mla_decode[tp=1,ratio={ratio},ctx={label}]"]
         inp = case.make_inputs(tokens, "cpu", torch.Generator().manual_seed(seed))
-        parts = {"1": cache_parts(inp["cache1"], family.SWA_BLOCK)}
+        parts = {"1": reference.split_fp8_ds_mla(inp["cache1"], family.SWA_BLOCK)}
         if "cache2" in inp:
-            parts["2"] = cache_parts(inp["cache2"], family.COMP_BLOCK)
+            parts["2"] = reference.split_fp8_ds_mla(inp["cache2"], family.COMP_BLOCK)
         kvs = [candidates(inp, t, parts) for t in range(tokens)]
         for qf, pf in PAIRS:
             err = max(token_error(inp["q"][t], inp["sink"], kvs[t], m.head_dim ** -0.5, FORMS[qf], FORMS[pf], tile)

@@ -55,8 +55,9 @@ def pack_fp8_ds_mla(kv: torch.Tensor, slots: torch.Tensor, num_pages: int, block
     return cache
 
 
-def unpack_fp8_ds_mla(cache: torch.Tensor, block_size: int) -> torch.Tensor:
-    """[num_pages, page_bytes] uint8 -> [num_pages * block_size, 512] float32, every slot dequantized."""
+def split_fp8_ds_mla(cache: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """[num_pages, page_bytes] uint8 -> every slot's parts as stored, in float32: NoPE e4m3 values [slots, 7, 64],
+    their group scales 2^(e - 127) [slots, 7], RoPE [slots, 64]."""
     p = cache.shape[0]
     flat = cache.reshape(p, -1)
     data = flat[:, :block_size * TOKEN_BYTES].reshape(p * block_size, TOKEN_BYTES)
@@ -64,8 +65,13 @@ def unpack_fp8_ds_mla(cache: torch.Tensor, block_size: int) -> torch.Tensor:
     rope = data[:, NOPE:].contiguous().view(torch.bfloat16).float()
     sc = flat[:, block_size * TOKEN_BYTES: block_size * (TOKEN_BYTES + SCALE_BYTES)]
     e = sc.reshape(p * block_size, SCALE_BYTES)[:, :NOPE // GROUP].float()
-    nope = (nope.reshape(-1, NOPE // GROUP, GROUP) * torch.exp2(e - 127)[..., None]).reshape(-1, NOPE)
-    return torch.cat([nope, rope], 1)
+    return nope.reshape(-1, NOPE // GROUP, GROUP), torch.exp2(e - 127), rope
+
+
+def unpack_fp8_ds_mla(cache: torch.Tensor, block_size: int) -> torch.Tensor:
+    """[num_pages, page_bytes] uint8 -> [num_pages * block_size, 512] float32, every slot dequantized."""
+    nope, scale, rope = split_fp8_ds_mla(cache, block_size)
+    return torch.cat([(nope * scale[..., None]).reshape(-1, NOPE), rope], 1)
 
 
 def _gather(rows: torch.Tensor, idx: torch.Tensor, lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
