@@ -56,12 +56,13 @@ FEW_TOKENS_MTP2 = f"--max-num-seqs 48 --max-num-batched-tokens 100 {MTP2}"
 #  _init_candidates: mixed graphs at all 19, FULL decode graphs at round_up(s, 3) <= min(144, 100).
 FEW_TOKENS_MTP2_CONFIG = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 100]
 FEW_TOKENS_MTP2_DECODE = [3, 6, 9, 12, 18, 24, 33, 42, 48, 57, 66, 72, 81, 90, 96]
-FEW_TOKENS_MTP2_SIZES = [1, 2, 3, 4, 6, 8, 9, 12, 16, 18, 24, 32, 33, 40, 42, 48, 56, 57, 64, 66, 72, 80, 81, 88, 90,
-                 96, 100]
+FEW_TOKENS_MTP2_SIZES = [1, 2, 3, 4, 6, 8, 9, 12, 16, 18, 24, 32, 33, 40, 42, 48, 56, 57, 64, 66, 72, 80, 81, 88,
+                         90, 96, 100]
 
 
 def test_reference_agrees_with_hand_derivation():
-    assert ref_vllm(48, 100, k=2) == FEW_TOKENS_MTP2_SIZES == sorted(set(FEW_TOKENS_MTP2_CONFIG) | set(FEW_TOKENS_MTP2_DECODE))
+    assert ref_vllm(48, 100, k=2) == FEW_TOKENS_MTP2_SIZES == sorted(set(FEW_TOKENS_MTP2_CONFIG)
+                                                                     | set(FEW_TOKENS_MTP2_DECODE))
     assert ref_vllm(48, 100, k=2, v2=False) == FEW_TOKENS_MTP2_DECODE
     assert ref_vllm() == K0 and ref_vllm(k=3, v2=False) == K3_V1
 
@@ -253,7 +254,8 @@ def test_vllm_no_cuda_graphs():
 @pytest.mark.parametrize("flags,match", [
     ("--max-num-seqs 300 --max-num-batched-tokens 256", "--max-num-batched-tokens=256 is smaller than --max-num-seqs"),
     (f"--max-num-seqs 2 --max-num-batched-tokens 2 {MTP2}", "no slot for a scheduled token"),
-    (f"--enable-lora {FEW_TOKENS_MTP2}", "--enable-lora with speculative decoding: vLLM refuses --max-num-batched-tokens=100"),
+    (f"--enable-lora {FEW_TOKENS_MTP2}",
+     "--enable-lora with speculative decoding: vLLM refuses --max-num-batched-tokens=100"),
     ("--disable-chunked-prefill --max-model-len 4096 --max-num-batched-tokens 2048 --max-num-seqs 64",
      "--max-num-batched-tokens=2048 is smaller than --max-model-len=4096"),
     ("--speculative-config '{\"num_speculative_tokens\": 1}'", "needs a draft \"model\""),

@@ -1,8 +1,8 @@
 """Column tiles of the MXFP4 grouped expert GEMM (`fp4_moe_gemm`) at a few tokens, on the GPU: select's pick against
 the pick without the few-token spread rule (--ab: every shape where the two differ), against the mma.sync pick where
 Hopper takes the WGMMA form (--ab-wgmma), or against explicit tiles (--tiles BNxW: block_n weight rows and W warps a
-CTA, at whatever row block the token count takes; BNxWxS also sets S cp.async stages a warp, as many as fit and as the warp walks K blocks) and the
-WGMMA form at given ring depths (--wgmma).
+CTA, at whatever row block the token count takes; BNxWxS also sets S cp.async stages a warp, as many as fit and as
+the warp walks K blocks) and the WGMMA form at given ring depths (--wgmma).
 
 Time: per layer, 8 layers' calls in one CUDA graph, each layer with its own experts' weights and routing (nothing
 served from L2 across layers), L2 flushed before each replay, as bench_moe.py's per-layer column; the same weights
